@@ -1,0 +1,304 @@
+package window
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+)
+
+// ErrCorruptRecord reports record bytes that the codec did not write.
+var ErrCorruptRecord = errors.New("window: corrupt record")
+
+const (
+	timeBits     = 44 // unix ms up to year 2527
+	maxTime      = 1<<timeBits - 1
+	widthBits    = 6
+	maxValueBits = timeBits
+	countBits    = 4
+	countExtBits = 11
+	countEscape  = 1<<countBits - 1
+	maxCount     = countEscape + 1<<countExtBits - 1 // 2062
+	fpBits       = 32
+	tagBits      = 16
+)
+
+// contentLog locates one content log inside Scratch.ctimes.
+type contentLog struct {
+	fp  uint32 // fingerprint of the content hash (see contentFP)
+	off int32  // first entry in Scratch.ctimes
+	n   int32  // entries, ascending
+}
+
+// state is the decoded form of one record.
+type state struct {
+	tag    uint16
+	newest int64        // unix ms of the newest entry in any log; 0 when empty
+	recip  []int64      // recipient log, unix ms, ascending
+	clogs  []contentLog // content logs, in record order
+	ctimes []int64      // entries of every content log, each log contiguous and ascending
+	in     []byte       // the record being decoded, padded for bitReader
+}
+
+func (s *state) reset(tag uint16) {
+	s.tag, s.newest = tag, 0
+	s.recip = s.recip[:0]
+	s.clogs = s.clogs[:0]
+	s.ctimes = s.ctimes[:0]
+}
+
+// contentFP folds a 64-bit content hash into the 32-bit fingerprint a
+// record keeps. Two contents of one recipient with equal fingerprints share
+// their content logs: they can only be denied early, never admitted beyond
+// a limit.
+func contentFP(h uint64) uint32 { return uint32(h ^ h>>32) }
+
+// pad is the slack after the last byte of a stream that bitReader and
+// bitWriter may touch: every run of fixed-size fields between two overrun
+// checks is shorter than 8*pad-64 bits.
+const pad = 32
+
+// bitReader reads a little-endian bit stream, least significant bit first.
+// b holds the stream followed by pad zero bytes, so that read can always
+// load 8 bytes; callers check pos against end before trusting what they read.
+type bitReader struct {
+	b   []byte
+	pos uint // next bit
+	end uint // bits in the stream
+}
+
+// read returns the next n bits, n <= 56.
+func (r *bitReader) read(n uint) uint64 {
+	v := binary.LittleEndian.Uint64(r.b[r.pos>>3:]) >> (r.pos & 7) & (1<<n - 1)
+	r.pos += n
+	return v
+}
+
+func (r *bitReader) count() int {
+	v := r.read(countBits)
+	if v == countEscape {
+		v += r.read(countExtBits)
+	}
+	return int(v)
+}
+
+// overrun reports whether the reader has gone, or would go with the next
+// more bits, past the end of the stream.
+func (r *bitReader) overrun(more uint) bool { return r.pos+more > r.end }
+
+// bitWriter appends a little-endian bit stream to buf, a whole word at a
+// time (storing partial words would stall on store-to-load forwarding). buf
+// must have room for every bit written plus 8 bytes.
+type bitWriter struct {
+	buf []byte
+	off int    // bytes stored
+	acc uint64 // pending bits
+	n   uint   // pending bits in acc, < 64
+}
+
+// write appends the low nb bits of v, nb <= 56; v must have no higher bits.
+func (w *bitWriter) write(v uint64, nb uint) {
+	w.acc |= v << w.n
+	if w.n+nb < 64 {
+		w.n += nb
+		return
+	}
+	binary.LittleEndian.PutUint64(w.buf[w.off:], w.acc)
+	w.off += 8
+	w.acc = v >> (64 - w.n) // 0 when w.n == 0
+	w.n = w.n + nb - 64
+}
+
+// bytes flushes the pending bits and returns the stream's length in bytes.
+func (w *bitWriter) bytes() int {
+	binary.LittleEndian.PutUint64(w.buf[w.off:], w.acc)
+	return w.off + int(w.n+7)/8
+}
+
+func (w *bitWriter) count(v int) {
+	if v < countEscape {
+		w.write(uint64(v), countBits)
+		return
+	}
+	w.write(countEscape|uint64(v-countEscape)<<countBits, countBits+countExtBits)
+}
+
+// widthOf returns the bits needed to hold v.
+func widthOf(v int64) uint { return uint(bits.Len64(uint64(v))) }
+
+// RecordTag returns the opaque 16-bit tag stored in a record's header, or 0
+// for an empty or too short record.
+func RecordTag(rec []byte) uint16 {
+	if len(rec) < 2 {
+		return 0
+	}
+	return binary.LittleEndian.Uint16(rec)
+}
+
+// RecordNewest returns the unix ms time of the newest send in rec, or an
+// error wrapping ErrCorruptRecord. A record whose newest send is older than
+// its domain's Longest window holds nothing any rule counts.
+func RecordNewest(rec []byte) (int64, error) {
+	if len(rec) < (tagBits+timeBits+7)/8 {
+		return 0, fmt.Errorf("%w: %d bytes, shorter than its header", ErrCorruptRecord, len(rec))
+	}
+	var b [8]byte
+	copy(b[:], rec[tagBits/8:])
+	return int64(binary.LittleEndian.Uint64(b[:]) & maxTime), nil
+}
+
+// decode parses rec into s. Trailing bytes after the record are ignored (a
+// record may sit in a larger slot).
+func (s *state) decode(rec []byte) error {
+	if len(rec) > MaxRecordBytes {
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrCorruptRecord, len(rec), MaxRecordBytes)
+	}
+	s.in = append(append(s.in[:0], rec...), make([]byte, pad)...)
+	r := bitReader{b: s.in, end: uint(len(rec)) * 8}
+	s.tag = uint16(r.read(tagBits))
+	s.newest = int64(r.read(timeBits))
+	s.recip = s.recip[:0]
+	s.clogs = s.clogs[:0]
+	s.ctimes = s.ctimes[:0]
+
+	n := r.count()
+	if n > 0 {
+		t := s.newest
+		if r.read(1) == 1 {
+			t -= int64(r.read(timeBits))
+		}
+		var w uint
+		if n > 1 {
+			w = uint(r.read(widthBits))
+			if w > maxValueBits {
+				return fmt.Errorf("%w: recipient width %d", ErrCorruptRecord, w)
+			}
+			if r.overrun(uint(n-1) * w) {
+				return fmt.Errorf("%w: %d recipient entries of %d bits overrun %d bytes", ErrCorruptRecord, n, w, len(rec))
+			}
+		}
+		s.recip = grow(s.recip, n)
+		s.recip[n-1] = t
+		for i := n - 2; i >= 0; i-- {
+			t -= int64(r.read(w))
+			s.recip[i] = t
+		}
+		if t < 0 {
+			return fmt.Errorf("%w: recipient entry before 1970", ErrCorruptRecord)
+		}
+	}
+
+	if r.overrun(0) {
+		return fmt.Errorf("%w: %d bytes end inside the recipient log", ErrCorruptRecord, len(rec))
+	}
+	nc := r.count()
+	if nc > MaxContents {
+		return fmt.Errorf("%w: %d content logs, more than %d", ErrCorruptRecord, nc, MaxContents)
+	}
+	if nc > 0 {
+		w := uint(r.read(widthBits))
+		if w > maxValueBits {
+			return fmt.Errorf("%w: content width %d", ErrCorruptRecord, w)
+		}
+		for j := 0; j < nc; j++ {
+			fp := uint32(r.read(fpBits))
+			n := r.count()
+			if n == 0 {
+				return fmt.Errorf("%w: empty content log %d", ErrCorruptRecord, j)
+			}
+			if r.overrun(uint(n) * w) {
+				return fmt.Errorf("%w: content log %d overruns %d bytes", ErrCorruptRecord, j, len(rec))
+			}
+			off := len(s.ctimes)
+			s.ctimes = grow(s.ctimes, off+n)
+			t := s.newest - int64(r.read(w))
+			s.ctimes[off+n-1] = t
+			for i := off + n - 2; i >= off; i-- {
+				t -= int64(r.read(w))
+				s.ctimes[i] = t
+			}
+			if t < 0 {
+				return fmt.Errorf("%w: content entry before 1970", ErrCorruptRecord)
+			}
+			s.clogs = append(s.clogs, contentLog{fp: fp, off: int32(off), n: int32(n)})
+		}
+	}
+	if r.overrun(0) {
+		return fmt.Errorf("%w: %d bytes end inside the record", ErrCorruptRecord, len(rec))
+	}
+	return nil
+}
+
+// encode appends the record form of s to dst. The caller has pruned s: every
+// log holds at most maxCount entries, all within 2^44-1 ms of s.newest.
+func (s *state) encode(dst []byte) []byte {
+	entries := len(s.recip)
+	for _, c := range s.clogs {
+		entries += int(c.n)
+	}
+	maxBits := tagBits + timeBits + 2*(countBits+countExtBits) + 1 + timeBits + 2*widthBits +
+		len(s.clogs)*(fpBits+countBits+countExtBits) + entries*maxValueBits
+	start := len(dst)
+	need := start + maxBits/8 + 1 + pad
+	if cap(dst) < need {
+		dst = append(dst[:cap(dst)], make([]byte, need-cap(dst))...)
+	}
+	dst = dst[:need]
+	w := bitWriter{buf: dst[start:]}
+
+	w.write(uint64(s.tag), tagBits)
+	w.write(uint64(s.newest), timeBits)
+	n := len(s.recip)
+	w.count(n)
+	if n > 0 {
+		if age := s.newest - s.recip[n-1]; age != 0 {
+			w.write(1, 1)
+			w.write(uint64(age), timeBits)
+		} else {
+			w.write(0, 1)
+		}
+		if n > 1 {
+			var or int64 // bits.Len of the OR of the gaps is that of their max
+			for i := n - 1; i > 0; i-- {
+				or |= s.recip[i] - s.recip[i-1]
+			}
+			wd := widthOf(or)
+			w.write(uint64(wd), widthBits)
+			for i := n - 1; i > 0; i-- {
+				w.write(uint64(s.recip[i]-s.recip[i-1]), wd)
+			}
+		}
+	}
+
+	w.count(len(s.clogs))
+	if len(s.clogs) > 0 {
+		var or int64
+		for _, c := range s.clogs {
+			e := s.ctimes[c.off : c.off+c.n]
+			or |= s.newest - e[len(e)-1]
+			for i := len(e) - 1; i > 0; i-- {
+				or |= e[i] - e[i-1]
+			}
+		}
+		wd := widthOf(or)
+		w.write(uint64(wd), widthBits)
+		for _, c := range s.clogs {
+			e := s.ctimes[c.off : c.off+c.n]
+			w.write(uint64(c.fp), fpBits)
+			w.count(len(e))
+			w.write(uint64(s.newest-e[len(e)-1]), wd)
+			for i := len(e) - 1; i > 0; i-- {
+				w.write(uint64(e[i]-e[i-1]), wd)
+			}
+		}
+	}
+	return dst[:start+w.bytes()]
+}
+
+// grow returns s resized to n, reusing its storage when it can.
+func grow(s []int64, n int) []int64 {
+	if n <= cap(s) {
+		return s[:n]
+	}
+	return append(s[:cap(s)], make([]int64, n-cap(s))...)
+}

@@ -1,0 +1,61 @@
+// Package window is freqring's rule engine: exact sliding-window frequency
+// limits over compact per-recipient records. It is pure code: no goroutines,
+// no I/O, no clock; the same inputs always give the same outputs.
+//
+// # Rules and semantics
+//
+// A Domain is a set of Rules. A Rule (Limit L, Window W, Scope) admits a send
+// at time t only if fewer than L admitted sends of its scope lie in the
+// half-open window (t-W, t]. ScopeRecipient counts every admitted send to the
+// recipient; ScopeContent counts admitted sends to the recipient with the same
+// content (identified by a 64-bit content hash). An item of cost c is admitted
+// iff, for every rule that applies, used+c <= L; it is then recorded as c sends
+// at t, once for all rules. Denied attempts are not recorded. Content rules do
+// not apply to an item without content.
+//
+// Time is an argument, in unix milliseconds; the caller's clock decides. If
+// now is earlier than the newest send in a record (the clock stepped back), the
+// decision is taken at that newest send instead: a record's time never moves
+// backwards, and nothing panics.
+//
+// Because each scope keeps its newest sends in order, a rule is decided by one
+// entry: with cost c it admits iff the log holds fewer than L-c+1 entries in
+// the window, and otherwise it admits again at e+W, where e is the
+// (L-c+1)-th newest entry. RetryAfter is exact to the millisecond. Used counts
+// need one binary search per rule.
+//
+// # Records
+//
+// A record is the state of one recipient in one domain: a recipient log of
+// at most max(recipient limits) timestamps within the longest recipient
+// window, and one content log per content seen within the longest content
+// window, each of at most max(content limits) timestamps. Anything older, or
+// beyond those capacities, is dropped when the record is next written, since
+// no rule can count it. Logs are kept as a bit stream, least significant bit
+// first:
+//
+//	tag      16 bits  opaque to this package (the store keeps a key verifier here)
+//	newest   44 bits  unix ms of the newest send in any log (until year 2527)
+//	n        count    recipient entries
+//	  aged    1 bit   (if n > 0) the newest recipient entry is older than newest;
+//	  age    44 bits  (if aged) by this many ms
+//	  width   6 bits  (if n > 1) bits per gap
+//	  gaps   (n-1) x width, newest first: entry[i] - entry[i-1]
+//	k        count    content logs
+//	  width   6 bits  (if k > 0) bits per value in every content log
+//	  then k times:
+//	    fp   32 bits  fingerprint of the content hash (h ^ h>>32)
+//	    m    count    entries (>= 1)
+//	    age  width    newest - the log's newest entry
+//	    gaps (m-1) x width, newest first
+//
+//	count: 4 bits v; if v == 15, 11 more bits e and the count is 15+e.
+//
+// Gaps in ms need about log2(span/n)+1 bits each: the seed's steady state of
+// 30 sends spread over 24 hours costs 24-25 bits a timestamp. Records are
+// rewritten whole on every recorded send; a check that records nothing only
+// decodes.
+//
+// Two contents of one recipient whose fingerprints collide share their logs:
+// the recipient may be denied early, never admitted beyond a limit.
+package window

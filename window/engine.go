@@ -1,0 +1,276 @@
+package window
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned by Apply. Callers decide with errors.Is.
+var (
+	// ErrInvalid reports a bad item: a cost, mode or time out of range. It
+	// names the field and the value, and nothing was recorded.
+	ErrInvalid = errors.New("window: invalid item")
+	// ErrFull reports a record that would exceed MaxContents content logs or
+	// MaxRecordBytes. Nothing was recorded.
+	ErrFull = errors.New("window: record full")
+)
+
+// Mode says what Apply does with an item.
+type Mode uint8
+
+const (
+	// CheckAndRecord admits the item if every rule allows it and records it
+	// if admitted. Denied attempts are not recorded.
+	CheckAndRecord Mode = iota
+	// Peek decides as CheckAndRecord would and changes nothing.
+	Peek
+	// RecordOnly records the item without checking it, for flows that check
+	// with Peek, send, then record the send.
+	RecordOnly
+)
+
+// String returns the mode's name.
+func (m Mode) String() string {
+	switch m {
+	case CheckAndRecord:
+		return "check-and-record"
+	case Peek:
+		return "peek"
+	case RecordOnly:
+		return "record-only"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// MaxRecordBytes bounds one encoded record (see ErrFull). The default rules
+// keep a record under 512 bytes.
+const MaxRecordBytes = 64 << 10
+
+// Item is one send to decide.
+type Item struct {
+	Content uint64 // hash of the content; 0 means none, and content rules do not apply
+	Cost    int    // sends the item counts as, in [1, MaxCost]; 0 means 1
+	Mode    Mode
+}
+
+// RuleResult is one rule's view of a decision.
+type RuleResult struct {
+	// Used counts the sends of the rule's scope in (At-Window, At] after the
+	// decision. It saturates at the largest limit of the scope (the log keeps
+	// no more), which is never below this rule's limit.
+	Used int
+	// Remaining is Limit-Used, never below 0.
+	Remaining int
+	// RetryAfter is the time in ms until this rule would admit the item, if
+	// no other send is recorded meanwhile; 0 when it admits now.
+	RetryAfter int64
+}
+
+// Decision is the outcome of Apply.
+type Decision struct {
+	Admitted   bool  // every rule admits (always true for RecordOnly)
+	Recorded   bool  // the item's sends were added to the record
+	DeniedBy   int   // index of the denying rule with the longest RetryAfter; -1 when admitted
+	RetryAfter int64 // ms until the item would be admitted; 0 when admitted
+	At         int64 // decision time, unix ms: now, or the record's newest send if now is earlier
+
+	// Rules holds one result per domain rule, in domain order; content
+	// rules of an item without content report Used 0 and RetryAfter 0.
+	Rules    [MaxRules]RuleResult
+	NumRules int
+}
+
+// Scratch is the working memory of Apply, reused across calls so that
+// Apply does not allocate once warm. A Scratch is not safe for concurrent
+// use; the store keeps one per shard, guarded by the shard's lock.
+type Scratch struct {
+	st  state
+	out []byte
+}
+
+// Apply decides it against rec, the current record of one recipient in
+// domain d (empty for a recipient with no record), at time now (unix ms).
+//
+// It fills dec and returns the record to store in place of rec, or nil when
+// the record did not change. The returned bytes live in s and are valid until
+// the next call with s. tag is the opaque header tag of a new record; an
+// existing record keeps its own (see RecordTag).
+//
+// A send at t is admitted iff, for every rule (L, W) that applies, the
+// sends already recorded in (t-W, t] plus the item's cost are at most L.
+// This takes O(rules * log(entries)) after decoding the record.
+func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, dec *Decision) ([]byte, error) {
+	cost := it.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	switch {
+	case cost < 1 || cost > MaxCost:
+		return nil, fmt.Errorf("%w: cost %d out of range [1, %d]", ErrInvalid, it.Cost, MaxCost)
+	case it.Mode > RecordOnly:
+		return nil, fmt.Errorf("%w: mode %d is not one of check-and-record, peek, record-only", ErrInvalid, it.Mode)
+	case now < 0 || now > maxTime:
+		return nil, fmt.Errorf("%w: time %d ms out of range [0, %d]", ErrInvalid, now, int64(maxTime))
+	}
+	st := &s.st
+	if len(rec) == 0 {
+		st.reset(tag)
+	} else if err := st.decode(rec); err != nil {
+		return nil, err
+	}
+	t := max(now, st.newest)
+
+	hasContent := it.Content != 0 && d.contentCap > 0
+	var fp uint32
+	ci := -1
+	var clog []int64
+	if hasContent {
+		fp = contentFP(it.Content)
+		for j, c := range st.clogs {
+			if c.fp == fp {
+				ci = j
+				clog = st.ctimes[c.off : c.off+c.n]
+				break
+			}
+		}
+	}
+
+	*dec = Decision{DeniedBy: -1, At: t, NumRules: len(d.rules)}
+	for i, r := range d.rules {
+		log := st.recip
+		scopeCap := d.recipCap
+		if r.Scope == ScopeContent {
+			if !hasContent {
+				dec.Rules[i] = RuleResult{Remaining: r.Limit}
+				continue
+			}
+			log, scopeCap = clog, d.contentCap
+		}
+		w := d.win[i]
+		used := countAfter(log, t-w)
+		if it.Mode != RecordOnly && used+cost > r.Limit {
+			if cost > r.Limit {
+				return nil, fmt.Errorf("%w: cost %d exceeds limit %d of rule %q", ErrInvalid, cost, r.Limit, r.Name)
+			}
+			// The (Limit-cost+1)-th newest send leaves the window at e+w.
+			e := log[len(log)-(r.Limit-cost+1)]
+			retry := e + w - t
+			if retry > dec.RetryAfter {
+				dec.RetryAfter, dec.DeniedBy = retry, i
+			}
+			dec.Rules[i].RetryAfter = retry
+		}
+		dec.Rules[i].Used = min(used, scopeCap)
+	}
+	dec.Admitted = dec.DeniedBy < 0
+	if !dec.Admitted || it.Mode == Peek {
+		d.fillRemaining(dec)
+		return nil, nil
+	}
+
+	// Record: cost entries at t in every log the item belongs to.
+	recordRecip := d.recipCap > 0
+	if !recordRecip && !hasContent {
+		d.fillRemaining(dec)
+		return nil, nil
+	}
+	if hasContent && ci < 0 && len(st.clogs) >= MaxContents {
+		return nil, fmt.Errorf("%w: recipient already has %d distinct contents inside the content window", ErrFull, MaxContents)
+	}
+	if recordRecip {
+		for range cost {
+			st.recip = append(st.recip, t)
+		}
+	}
+	if hasContent {
+		st.addContent(ci, fp, t, cost)
+	}
+	st.newest = t
+	d.prune(st, t)
+	out := st.encode(s.out[:0])
+	s.out = out
+	if len(out) > MaxRecordBytes {
+		return nil, fmt.Errorf("%w: record would take %d bytes, more than %d", ErrFull, len(out), MaxRecordBytes)
+	}
+	dec.Recorded = true
+	for i, r := range d.rules {
+		if r.Scope == ScopeContent && !hasContent {
+			continue
+		}
+		scopeCap := d.recipCap
+		if r.Scope == ScopeContent {
+			scopeCap = d.contentCap
+		}
+		dec.Rules[i].Used = min(dec.Rules[i].Used+cost, scopeCap)
+	}
+	d.fillRemaining(dec)
+	return out, nil
+}
+
+func (d *Domain) fillRemaining(dec *Decision) {
+	for i, r := range d.rules {
+		dec.Rules[i].Remaining = max(0, r.Limit-dec.Rules[i].Used)
+	}
+}
+
+// addContent appends cost entries at t to content log ci (a new log for fp
+// when ci < 0), first moving the log to the end of ctimes if it is not there.
+func (s *state) addContent(ci int, fp uint32, t int64, cost int) {
+	if ci < 0 {
+		s.clogs = append(s.clogs, contentLog{fp: fp, off: int32(len(s.ctimes))})
+		ci = len(s.clogs) - 1
+	}
+	c := &s.clogs[ci]
+	if int(c.off+c.n) != len(s.ctimes) {
+		off := len(s.ctimes)
+		s.ctimes = append(s.ctimes, s.ctimes[c.off:c.off+c.n]...)
+		c.off = int32(off)
+	}
+	for range cost {
+		s.ctimes = append(s.ctimes, t)
+	}
+	c.n += int32(cost)
+}
+
+// prune drops what no rule of d can count at or after t: entries at or
+// before t minus the scope's longest window, and all but the newest
+// scope-capacity entries of each log.
+func (d *Domain) prune(s *state, t int64) {
+	if d.recipCap == 0 {
+		s.recip = s.recip[:0]
+	} else {
+		n := len(s.recip)
+		lo := max(n-countAfter(s.recip, t-d.recipSpan), n-d.recipCap)
+		if lo > 0 {
+			copy(s.recip, s.recip[lo:])
+			s.recip = s.recip[:n-lo]
+		}
+	}
+	kept := s.clogs[:0]
+	if d.contentCap > 0 {
+		for _, c := range s.clogs {
+			e := s.ctimes[c.off : c.off+c.n]
+			n := int32(len(e))
+			lo := max(n-int32(countAfter(e, t-d.contentSpan)), n-int32(d.contentCap))
+			if lo < n {
+				kept = append(kept, contentLog{fp: c.fp, off: c.off + lo, n: n - lo})
+			}
+		}
+	}
+	s.clogs = kept
+}
+
+// countAfter returns the number of entries of the ascending log that are
+// greater than bound.
+func countAfter(log []int64, bound int64) int {
+	lo, hi := 0, len(log)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if log[m] > bound {
+			hi = m
+		} else {
+			lo = m + 1
+		}
+	}
+	return len(log) - lo
+}

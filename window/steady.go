@@ -1,0 +1,32 @@
+package window
+
+import (
+	"math/rand/v2"
+	"slices"
+)
+
+// Send is one recorded send of a workload: its time (unix ms) and content
+// hash (0 for none).
+type Send struct {
+	At      int64
+	Content uint64
+}
+
+// SteadyStateSends returns, in time order, the sends of one recipient at the
+// seed's steady state as of now (unix ms): 3 billion messages a day over 100
+// million recipients is 30 sends a day each. 27 sends fall uniformly at random
+// in (now-24h, now-1h] and 3 in (now-1h, now], each of the 3 with its own
+// content, so the record holds 30 recipient timestamps and 3 live content
+// logs. The memory and speed figures in the README use this state.
+func SteadyStateSends(rng *rand.Rand, now int64) []Send {
+	const hour, day = 3_600_000, 86_400_000
+	sends := make([]Send, 0, 30)
+	for range 27 {
+		sends = append(sends, Send{At: now - hour - rng.Int64N(day-hour), Content: rng.Uint64() | 1})
+	}
+	for i := range 3 {
+		sends = append(sends, Send{At: now - rng.Int64N(hour), Content: uint64(i+1) * 0x9e3779b97f4a7c15})
+	}
+	slices.SortFunc(sends, func(a, b Send) int { return int(a.At - b.At) })
+	return sends
+}

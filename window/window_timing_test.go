@@ -1,0 +1,77 @@
+package window
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// SteadyRecord builds the record of the seed's steady state (see
+// SteadyStateSends) at time now, for benchmarks and memory figures.
+func steadyRecord(tb testing.TB, d *Domain, rng *rand.Rand, now int64) []byte {
+	tb.Helper()
+	var s Scratch
+	var rec []byte
+	var dec Decision
+	for _, snd := range SteadyStateSends(rng, now) {
+		out, err := d.Apply(&s, rec, 1, snd.At, Item{Content: snd.Content}, &dec)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if out != nil {
+			rec = append(rec[:0], out...)
+		}
+	}
+	return rec
+}
+
+// BenchmarkApply measures one 4-rule decision on a recipient at the seed's
+// steady state (30 sends over 24 h, 3 contents in the last hour), without
+// the store around it: decode, decide and, when recording, encode.
+func BenchmarkApply(b *testing.B) {
+	d, _ := NewDomain("default", DefaultRules())
+	rng := rand.New(rand.NewPCG(1, 1))
+	now := t0 + 86_400_000
+	rec := steadyRecord(b, d, rng, now)
+	b.Logf("steady-state record: %d bytes", len(rec))
+	for _, bc := range []struct {
+		name string
+		it   Item
+	}{
+		{"check-and-record", Item{Content: 77}},
+		{"peek", Item{Content: 77, Mode: Peek}},
+		{"check-no-content", Item{}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var s Scratch
+			var dec Decision
+			b.ReportAllocs()
+			for b.Loop() {
+				// Apply to the same steady record each time, so that
+				// every iteration does the same work.
+				out, err := d.Apply(&s, rec, 1, now, bc.it, &dec)
+				if err != nil || !dec.Admitted {
+					b.Fatal(err, dec)
+				}
+				sinkBytes = out
+			}
+		})
+	}
+	b.Run("denied", func(b *testing.B) {
+		full := rec
+		var s Scratch
+		var dec Decision
+		for i := range 15 { // fill the 1-minute rule
+			out, _ := d.Apply(&s, full, 1, now, Item{Content: uint64(100 + i)}, &dec)
+			full = append([]byte(nil), out...)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = d.Apply(&s, full, 1, now, Item{Content: 77}, &dec)
+			if dec.Admitted {
+				b.Fatal("admitted")
+			}
+		}
+	})
+}
+
+var sinkBytes []byte
