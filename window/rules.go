@@ -69,22 +69,38 @@ type Rule struct {
 // WindowMillis returns the rule's window in milliseconds.
 func (r Rule) WindowMillis() int64 { return int64(r.Window / time.Millisecond) }
 
-// Validate reports the first field of r that is out of range, naming it and
-// its value.
+// FieldError reports a rule field out of range. Its message names the
+// rule, the field and the value; Field lets a caller point at the field's
+// place in a rules file.
+type FieldError struct {
+	Rule  string // the rule's name
+	Field string // "name", "scope", "limit" or "window"
+	Msg   string // what is wrong, with the value and the allowed range
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("window: rule %q: %s %s", e.Rule, e.Field, e.Msg)
+}
+
+// Validate reports the first field of r that is out of range, as a
+// *FieldError naming it and its value.
 func (r Rule) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &FieldError{Rule: r.Name, Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case r.Name == "":
-		return errors.New("window: rule name is empty")
+		return bad("name", "is empty")
 	case len(r.Name) > 64:
-		return fmt.Errorf("window: rule %q: name is %d bytes, more than 64", r.Name, len(r.Name))
+		return bad("name", "is %d bytes, more than 64", len(r.Name))
 	case r.Scope != ScopeRecipient && r.Scope != ScopeContent:
-		return fmt.Errorf("window: rule %q: scope %v is not one of recipient, recipient+content", r.Name, r.Scope)
+		return bad("scope", "%v is not one of recipient, recipient+content", r.Scope)
 	case r.Limit < 1 || r.Limit > MaxLimit:
-		return fmt.Errorf("window: rule %q: limit %d out of range [1, %d] (a timestamp log keeps every send of its window)", r.Name, r.Limit, MaxLimit)
+		return bad("limit", "%d out of range [1, %d] (a timestamp log keeps every send of its window)", r.Limit, MaxLimit)
 	case r.Window < time.Millisecond || r.Window > MaxWindow:
-		return fmt.Errorf("window: rule %q: window %v out of range [1ms, %v]", r.Name, r.Window, MaxWindow)
+		return bad("window", "%v out of range [1ms, %v]", r.Window, MaxWindow)
 	case r.Window%time.Millisecond != 0:
-		return fmt.Errorf("window: rule %q: window %v is not a whole number of milliseconds", r.Name, r.Window)
+		return bad("window", "%v is not a whole number of milliseconds", r.Window)
 	}
 	return nil
 }

@@ -250,7 +250,7 @@ func TestNewDomainValidation(t *testing.T) {
 		{"window too long", []Rule{rule("r", ScopeRecipient, 1, 800*time.Hour)}, `window 800h0m0s out of range`},
 		{"window sub-ms", []Rule{rule("r", ScopeRecipient, 1, 1500*time.Microsecond)}, `window 1.5ms is not a whole number of milliseconds`},
 		{"bad scope", []Rule{rule("r", 7, 1, time.Second)}, `scope Scope(7) is not one of`},
-		{"no name", []Rule{rule("", ScopeRecipient, 1, time.Second)}, `rule name is empty`},
+		{"no name", []Rule{rule("", ScopeRecipient, 1, time.Second)}, `rule "": name is empty`},
 		{"duplicate", []Rule{ok, ok}, `rule name "r" appears twice`},
 		{"too many", make([]Rule, 17), `has 17 rules, want 1 to 16`},
 	} {

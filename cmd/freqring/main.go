@@ -1,0 +1,87 @@
+// Command freqring runs and talks to freqring nodes.
+//
+//	freqring serve [flags]                 run a node
+//	freqring check [flags] RECIPIENT...    ask a node whether messages may go out
+//	freqring rules validate FILE           check a rules file
+//	freqring rules default                 print the embedded default rules
+//
+// Run a command with -h for its flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+const usage = `freqring: exact sliding-window frequency limits for message recipients.
+
+Usage:
+  freqring serve [flags]                 run a node
+  freqring check [flags] RECIPIENT...    ask a node whether messages may go out
+  freqring rules validate FILE           check a rules file
+  freqring rules default                 print the embedded default rules
+
+Run "freqring COMMAND -h" for a command's flags.
+`
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes one command line and returns the process exit code:
+// 0 success, 1 failure, 2 usage error.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serve(ctx, args[1:], stderr)
+	case "check":
+		err = check(ctx, args[1:], stdout, stderr)
+	case "rules":
+		err = rules(args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "freqring: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(stderr, "freqring %s: %v\n", args[0], err)
+		return 2
+	}
+	fmt.Fprintf(stderr, "freqring %s: %v\n", args[0], err)
+	return 1
+}
+
+// usageError is a command line the command cannot run.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// parseFlags parses args into fs, sending its usage output to w.
+func parseFlags(fs *flag.FlagSet, args []string, w io.Writer) error {
+	fs.SetOutput(w)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err.Error()}
+	}
+	return nil
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/freqring/freqring/node"
+)
+
+func runCmd(ctx context.Context, args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = run(ctx, args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestRulesCommands(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(good, node.DefaultRulesYAML(), 0o644)
+	os.WriteFile(bad, []byte("domains:\n  - name: x\n    rules:\n      - {name: r, scope: recipient, limit: 0, window: 1s}\n"), 0o644)
+
+	if code, out, _ := runCmd(context.Background(), "rules", "validate", good); code != 0 || !strings.Contains(out, "content-59m") {
+		t.Fatalf("validate good: exit %d, %s", code, out)
+	}
+	code, _, errOut := runCmd(context.Background(), "rules", "validate", bad)
+	if code != 1 || !strings.Contains(errOut, bad+`:4: domain "x" rule "r": limit 0 out of range`) {
+		t.Fatalf("validate bad: exit %d, %s", code, errOut)
+	}
+	if code, out, _ := runCmd(context.Background(), "rules", "default"); code != 0 || !bytes.Equal([]byte(out), node.DefaultRulesYAML()) {
+		t.Fatalf("default: exit %d", code)
+	}
+	// A bad rules file stops serve before it listens, with the file:line reason.
+	code, _, errOut = runCmd(context.Background(), "serve", "--rules", bad, "--listen", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(errOut, bad+":4:") {
+		t.Fatalf("serve with bad rules: exit %d, %s", code, errOut)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{{}, {"nope"}, {"check"}, {"check", "--mode", "x", "r"}, {"serve", "extra"}, {"rules"}, {"rules", "validate"}, {"serve", "--log-level", "loud"}} {
+		if code, _, _ := runCmd(context.Background(), args...); code != 2 {
+			t.Errorf("%q: exit %d, want 2", args, code)
+		}
+	}
+	if code, _, _ := runCmd(context.Background(), "serve", "-h"); code != 0 {
+		t.Errorf("serve -h: exit %d", code)
+	}
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestServeAndCheck runs the real commands: serve from a config file, then
+// check twice against it, in text and JSON.
+func TestServeAndCheck(t *testing.T) {
+	addr := freePort(t)
+	cfg := filepath.Join(t.TempDir(), "serve.yaml")
+	os.WriteFile(cfg, []byte("listen: "+addr+"\nshards: 4\nlog_level: warn\n"), 0o644)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int)
+	go func() { code, _, _ := runCmd(ctx, "serve", "--config", cfg); done <- code }()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+	}()
+
+	var code int
+	var out, errOut string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if code, out, errOut = runCmd(context.Background(), "check", "--addr", addr, "--content", "hello", "--timeout", "1s", "+8613800000000"); code == 0 {
+			break
+		}
+	}
+	if code != 0 || !strings.Contains(out, "ADMITTED (recorded)") || !strings.Contains(out, "recipient-24h") {
+		t.Fatalf("check: exit %d\n%s%s", code, out, errOut)
+	}
+	runCmd(context.Background(), "check", "--addr", addr, "--content", "hello", "+8613800000000")
+	code, out, _ = runCmd(context.Background(), "check", "--addr", addr, "--json", "--content", "hello", "+8613800000000")
+	var r checkResult
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 {
+		t.Fatalf("json: exit %d %v\n%s", code, err, out)
+	}
+	if r.Admitted || r.DeniedBy != "content-59s" || r.RetryAfterMs <= 0 || r.Rules[2].Used != 2 {
+		t.Fatalf("third identical message: %+v", r)
+	}
+	if code, out, _ := runCmd(context.Background(), "check", "--addr", addr, "--domain", "nope", "x"); code != 1 || !strings.Contains(out, `unknown domain "nope"`) {
+		t.Fatalf("unknown domain: exit %d %s", code, out)
+	}
+}

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/freqring/freqring/node"
+)
+
+func rules(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return usagef("want a subcommand: validate FILE, or default")
+	}
+	switch args[0] {
+	case "validate":
+		if len(args) != 2 {
+			return usagef("usage: freqring rules validate FILE")
+		}
+		rs, err := node.LoadRules(args[1])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s: ok\n", args[1])
+		for _, name := range rs.Names() {
+			fmt.Fprintf(stdout, "  domain %s:\n", name)
+			for _, r := range rs.Domain(name).Rules() {
+				fmt.Fprintf(stdout, "    %-20s %-18s at most %d per %v\n", r.Name, r.Scope, r.Limit, r.Window)
+			}
+		}
+		return nil
+	case "default":
+		_, err := stdout.Write(node.DefaultRulesYAML())
+		return err
+	}
+	return usagef("unknown subcommand %q: want validate FILE, or default", args[0])
+}

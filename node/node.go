@@ -1,0 +1,393 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"math/bits"
+	"sort"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/window"
+)
+
+// Limits of one Check request.
+const (
+	MaxBatch          = 10_000   // items per request
+	MaxRecipientBytes = 256      // bytes per recipient
+	MaxContentBytes   = 64 << 10 // bytes per content
+	MaxRequestBytes   = 16 << 20 // bytes per request message
+)
+
+// DefaultDomain is the domain of an item that names none.
+const DefaultDomain = "default"
+
+// Clock returns the current time in unix nanoseconds. It is the only clock a
+// node reads to decide.
+type Clock interface{ Now() int64 }
+
+type systemClock struct{}
+
+func (systemClock) Now() int64 { return time.Now().UnixNano() }
+
+// Config configures a Node. A zero field takes the default named in its
+// comment.
+type Config struct {
+	Rules         *RuleSet      // nil means the embedded default rules (DefaultRules)
+	Shards        int           // lock shards per domain, a power of two in [1, 65536]; 0 means 256
+	SweepInterval time.Duration // how often idle records are reclaimed; 0 means 1 minute, negative disables
+	Clock         Clock         // nil means the system clock
+	Logger        *slog.Logger  // nil means discard
+}
+
+func (c *Config) fill() {
+	if c.Rules == nil {
+		c.Rules = DefaultRules()
+	}
+	if c.Shards == 0 {
+		c.Shards = 256
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = time.Minute
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c *Config) validate() error {
+	if c.Shards < 1 || c.Shards > 1<<16 || bits.OnesCount(uint(c.Shards)) != 1 {
+		return fmt.Errorf("node: Shards %d is not a power of two in [1, 65536]", c.Shards)
+	}
+	return nil
+}
+
+// Node decides checks against its rules over in-memory records. It is safe
+// for concurrent use.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	domains map[string]*domainState
+
+	checks, admitted, denied, failed atomic.Int64
+}
+
+// domainState is one domain's rules, records and API description.
+type domainState struct {
+	d     *window.Domain
+	store *store
+	proto *pb.Domain // shared by every response; never modified
+}
+
+// New returns a node serving cfg.Rules.
+func New(cfg Config) (*Node, error) {
+	cfg.fill()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, domains: make(map[string]*domainState)}
+	for _, name := range cfg.Rules.Names() {
+		d := cfg.Rules.Domain(name)
+		n.domains[name] = &domainState{d: d, store: newStore(d, cfg.Shards), proto: domainProto(d)}
+	}
+	return n, nil
+}
+
+func domainProto(d *window.Domain) *pb.Domain {
+	p := &pb.Domain{Name: d.Name()}
+	for _, r := range d.Rules() {
+		p.Rules = append(p.Rules, &pb.Rule{
+			Name: r.Name, Scope: r.Scope.String(), Limit: uint32(r.Limit),
+			WindowMs: r.WindowMillis(), Window: r.Window.String(),
+		})
+	}
+	return p
+}
+
+// castagnoli is the CRC-32C table behind record tags.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// KeyOf returns the 64-bit key hash (xxhash64) of a recipient, which places it
+// on the ring and in the store, and its 16-bit tag (CRC-32C), which tells
+// apart two recipients whose key hashes collide.
+func KeyOf(recipient string) (key uint64, tag uint16) {
+	key = xxhash.Sum64String(recipient)
+	tag = uint16(crc32.Checksum(unsafe.Slice(unsafe.StringData(recipient), len(recipient)), castagnoli))
+	return key, tag
+}
+
+// ContentHash returns the 64-bit hash of a message content (xxhash64), never
+// 0 (which means "no content").
+func ContentHash(content []byte) uint64 {
+	if len(content) == 0 {
+		return 0
+	}
+	return max(xxhash.Sum64(content), 1)
+}
+
+// column returns entry i of a per-item column of 0, 1 or n entries.
+func column[T any](c []T, i int, def T) T {
+	switch len(c) {
+	case 0:
+		return def
+	case 1:
+		return c[0]
+	}
+	return c[i]
+}
+
+// checkShape validates a request's columns: it fails whole if they are not
+// well formed.
+func checkShape(req *pb.CheckRequest) error {
+	n := len(req.Recipients)
+	if n == 0 || n > MaxBatch {
+		return status.Errorf(codes.InvalidArgument, "recipients: %d items, want 1 to %d", n, MaxBatch)
+	}
+	for _, c := range []struct {
+		name string
+		len  int
+	}{
+		{"domains", len(req.Domains)}, {"contents", len(req.Contents)},
+		{"content_hashes", len(req.ContentHashes)}, {"costs", len(req.Costs)},
+		{"modes", len(req.Modes)}, {"request_ids", len(req.RequestIds)},
+	} {
+		if c.len > 1 && c.len != n {
+			return status.Errorf(codes.InvalidArgument, "%s: %d entries, want 0, 1 or %d (one per recipient)", c.name, c.len, n)
+		}
+	}
+	if len(req.Contents) > 0 && len(req.ContentHashes) > 0 {
+		return status.Error(codes.InvalidArgument, "contents and content_hashes: set at most one of them")
+	}
+	return nil
+}
+
+// itemError is one failed item: a gRPC code and a message naming the field.
+type itemError struct {
+	code codes.Code
+	msg  string
+}
+
+func badItem(format string, args ...any) *itemError {
+	return &itemError{codes.InvalidArgument, fmt.Sprintf(format, args...)}
+}
+
+// quote shows a recipient in an error, cut to 40 bytes.
+func quote(s string) string {
+	if len(s) > 40 {
+		return fmt.Sprintf("%q... (%d bytes)", s[:40], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// item decodes and validates item i of req.
+func (n *Node) item(req *pb.CheckRequest, i int) (*domainState, window.Item, *itemError) {
+	var it window.Item
+	rcp := req.Recipients[i]
+	if rcp == "" {
+		return nil, it, badItem("recipients[%d]: empty recipient", i)
+	}
+	if len(rcp) > MaxRecipientBytes {
+		return nil, it, badItem("recipients[%d]: %d bytes, more than %d", i, len(rcp), MaxRecipientBytes)
+	}
+	name := column(req.Domains, i, "")
+	if name == "" {
+		name = DefaultDomain
+	}
+	ds := n.domains[name]
+	if ds == nil {
+		return nil, it, badItem("domains[%d]: unknown domain %s (this node serves %v)", i, quote(name), n.cfg.Rules.names)
+	}
+	if len(req.Contents) > 0 {
+		c := column(req.Contents, i, nil)
+		if len(c) > MaxContentBytes {
+			return nil, it, badItem("contents[%d]: %d bytes, more than %d", i, len(c), MaxContentBytes)
+		}
+		it.Content = ContentHash(c)
+	} else {
+		it.Content = column(req.ContentHashes, i, 0)
+	}
+	cost := column(req.Costs, i, 1)
+	if cost < 1 || cost > window.MaxCost {
+		return nil, it, badItem("costs[%d]: cost %d out of range [1, %d]", i, cost, window.MaxCost)
+	}
+	it.Cost = int(cost)
+	mode := column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD)
+	switch mode {
+	case pb.Mode_MODE_CHECK_AND_RECORD:
+		it.Mode = window.CheckAndRecord
+	case pb.Mode_MODE_PEEK:
+		it.Mode = window.Peek
+	case pb.Mode_MODE_RECORD_ONLY:
+		it.Mode = window.RecordOnly
+	default:
+		return nil, it, badItem("modes[%d]: unknown mode %d", i, int32(mode))
+	}
+	return ds, it, nil
+}
+
+// Check decides a batch. Items are decided in order at one clock reading.
+func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	if err := checkShape(req); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	cnt := len(req.Recipients)
+	resp := &pb.CheckResponse{
+		Admitted:         make([]bool, cnt),
+		Recorded:         make([]bool, cnt),
+		DeniedBy:         make([]int32, cnt),
+		RetryAfterMs:     make([]int64, cnt),
+		DecidedAtMs:      make([]int64, cnt),
+		Used:             make([]uint32, 0, cnt*4),
+		Remaining:        make([]uint32, 0, cnt*4),
+		RuleRetryAfterMs: make([]int64, 0, cnt*4),
+		Domains:          make(map[string]*pb.Domain, 1),
+	}
+	now := n.cfg.Clock.Now() / int64(time.Millisecond)
+	var dec window.Decision
+	var admitted, denied, failed int64
+	for i := range cnt {
+		resp.DeniedBy[i] = -1
+		ds, it, ierr := n.item(req, i)
+		if ierr == nil {
+			key, tag := KeyOf(req.Recipients[i])
+			if err := ds.store.apply(key, tag, now, it, &dec); err != nil {
+				ierr = n.applyError(req, i, err)
+			}
+		}
+		if ierr != nil {
+			failed++
+			resp.DecidedAtMs[i] = now
+			resp.Errors = append(resp.Errors, &pb.ItemError{Index: uint32(i), Code: uint32(ierr.code), Message: ierr.msg})
+			continue
+		}
+		resp.Domains[ds.d.Name()] = ds.proto
+		if dec.Admitted {
+			admitted++
+		} else {
+			denied++
+		}
+		resp.Admitted[i] = dec.Admitted
+		resp.Recorded[i] = dec.Recorded
+		resp.DeniedBy[i] = int32(dec.DeniedBy)
+		resp.RetryAfterMs[i] = dec.RetryAfter
+		resp.DecidedAtMs[i] = dec.At
+		for _, r := range dec.Rules[:dec.NumRules] {
+			resp.Used = append(resp.Used, uint32(r.Used))
+			resp.Remaining = append(resp.Remaining, uint32(r.Remaining))
+			resp.RuleRetryAfterMs = append(resp.RuleRetryAfterMs, r.RetryAfter)
+		}
+	}
+	n.checks.Add(int64(cnt))
+	n.admitted.Add(admitted)
+	n.denied.Add(denied)
+	n.failed.Add(failed)
+	return resp, nil
+}
+
+// applyError turns a store error into an item error.
+func (n *Node) applyError(req *pb.CheckRequest, i int, err error) *itemError {
+	switch {
+	case errors.Is(err, window.ErrInvalid):
+		return badItem("item %d (recipient %s): %s", i, quote(req.Recipients[i]), trimPrefix(err))
+	case errors.Is(err, window.ErrFull):
+		return &itemError{codes.ResourceExhausted, fmt.Sprintf("item %d (recipient %s): %s", i, quote(req.Recipients[i]), trimPrefix(err))}
+	}
+	n.log.Error("check failed", "recipient", quote(req.Recipients[i]), "err", err)
+	return &itemError{codes.Internal, fmt.Sprintf("item %d: %v", i, err)}
+}
+
+// trimPrefix drops the "window: invalid item: " style prefix of a window error.
+func trimPrefix(err error) string {
+	s := err.Error()
+	for _, p := range []string{window.ErrInvalid.Error() + ": ", window.ErrFull.Error() + ": "} {
+		if len(s) > len(p) && s[:len(p)] == p {
+			return s[len(p):]
+		}
+	}
+	return s
+}
+
+// Rules answers the Rules RPC.
+func (n *Node) Rules(context.Context, *pb.RulesRequest) (*pb.RulesResponse, error) {
+	resp := &pb.RulesResponse{}
+	for _, name := range n.cfg.Rules.names {
+		resp.Domains = append(resp.Domains, n.domains[name].proto)
+	}
+	return resp, nil
+}
+
+// Stats are a node's counters at one moment.
+type Stats struct {
+	Checks, Admitted, Denied, Failed int64 // items decided since start
+	Domains                          []DomainStats
+}
+
+// DomainStats describes one domain's store.
+type DomainStats struct {
+	Name       string
+	Records    int64 // recipients with a record
+	Collisions int64 // records created beside another recipient's with the same 64-bit key hash
+	Expired    int64 // idle records reclaimed
+	IndexBytes int64 // heap held by the index
+	SlabBytes  int64 // heap held by record slabs
+	LiveBytes  int64 // bytes of record slots in use
+}
+
+// Stats returns the node's counters. It takes each shard lock briefly.
+func (n *Node) Stats() Stats {
+	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load()}
+	for _, name := range n.cfg.Rules.names {
+		st := n.domains[name].store.stats()
+		s.Domains = append(s.Domains, DomainStats{
+			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired,
+			IndexBytes: st.IndexBytes, SlabBytes: st.SlabBytes, LiveBytes: st.LiveBytes,
+		})
+	}
+	sort.Slice(s.Domains, func(i, j int) bool { return s.Domains[i].Name < s.Domains[j].Name })
+	return s
+}
+
+// Sweep reclaims, in every domain, the records whose newest send is older
+// than the domain's longest window, and returns how many it reclaimed. It
+// locks one shard at a time for at most sweepBudget entries.
+func (n *Node) Sweep(ctx context.Context) (int, error) {
+	total := 0
+	for _, name := range n.cfg.Rules.names {
+		ds := n.domains[name]
+		for i := range ds.store.shards {
+			for pos := 0; pos >= 0; {
+				if err := ctx.Err(); err != nil {
+					return total, err
+				}
+				cutoff := n.cfg.Clock.Now()/int64(time.Millisecond) - ds.d.Longest()
+				var got int
+				var err error
+				pos, got, err = ds.store.sweep(i, pos, cutoff, sweepBudget)
+				total += got
+				if err != nil {
+					return total, err
+				}
+			}
+		}
+	}
+	return total, nil
+}
+
+// sweepBudget bounds the index entries one sweep step visits under a shard
+// lock: about 100 µs.
+const sweepBudget = 2048

@@ -1,0 +1,227 @@
+package node
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/freqring/freqring/window"
+)
+
+//go:embed default_rules.yaml
+var defaultRulesYAML []byte
+
+// DefaultRulesYAML returns the embedded default rules file.
+func DefaultRulesYAML() []byte { return slices.Clone(defaultRulesYAML) }
+
+// MaxDomains is the largest number of domains in one rules file.
+const MaxDomains = 256
+
+// RuleSet is a validated set of domains, by name. It is immutable and safe
+// for concurrent use.
+type RuleSet struct {
+	source  string // file name, or "embedded defaults"
+	domains map[string]*window.Domain
+	names   []string // sorted
+}
+
+// Source names where the rules came from.
+func (rs *RuleSet) Source() string { return rs.source }
+
+// Domain returns the named domain, or nil.
+func (rs *RuleSet) Domain(name string) *window.Domain { return rs.domains[name] }
+
+// Names returns the domain names, sorted.
+func (rs *RuleSet) Names() []string { return slices.Clone(rs.names) }
+
+// DefaultRules returns the embedded default rules.
+func DefaultRules() *RuleSet {
+	rs, err := ParseRules("embedded defaults", defaultRulesYAML)
+	if err != nil {
+		panic("BUG: embedded default rules: " + err.Error())
+	}
+	return rs
+}
+
+// LoadRules reads and validates a rules file.
+func LoadRules(path string) (*RuleSet, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("node: rules: %w", err)
+	}
+	return ParseRules(path, b)
+}
+
+// The YAML shape of a rules file. Unknown fields are errors.
+type rulesFile struct {
+	Domains []domainSpec `yaml:"domains"`
+}
+
+type domainSpec struct {
+	Name  string     `yaml:"name"`
+	Rules []ruleSpec `yaml:"rules"`
+}
+
+type ruleSpec struct {
+	Name   string `yaml:"name"`
+	Scope  string `yaml:"scope"`
+	Limit  int    `yaml:"limit"`
+	Window string `yaml:"window"`
+}
+
+// ParseRules validates the rules file data read from source. Errors read
+// "source:line: what is wrong", naming the domain, the rule and the field.
+func ParseRules(source string, data []byte) (*RuleSet, error) {
+	fail := func(line int, format string, args ...any) error {
+		return fmt.Errorf("%s:%d: %s", source, line, fmt.Sprintf(format, args...))
+	}
+	var f rulesFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fail(1, "the file is empty; want a list of domains under \"domains:\"")
+		}
+		return nil, fmt.Errorf("%s: %s", source, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	// A second pass over the node tree finds the line of each value.
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("%s: %w", source, err)
+	}
+	domainNodes := seqItems(mapValue(docMapping(&root), "domains"))
+
+	if len(f.Domains) == 0 {
+		return nil, fail(1, "no domains; want a list of domains under \"domains:\"")
+	}
+	if len(f.Domains) > MaxDomains {
+		return nil, fail(1, "%d domains, more than %d", len(f.Domains), MaxDomains)
+	}
+	rs := &RuleSet{source: source, domains: make(map[string]*window.Domain, len(f.Domains))}
+	for i, ds := range f.Domains {
+		dn := nodeAt(domainNodes, i)
+		if ds.Name == "" {
+			return nil, fail(line(dn), "domain %d: name is empty", i+1)
+		}
+		if len(ds.Name) > 64 {
+			return nil, fail(fieldLine(dn, "name"), "domain %q: name is %d bytes, more than 64", ds.Name, len(ds.Name))
+		}
+		if rs.domains[ds.Name] != nil {
+			return nil, fail(fieldLine(dn, "name"), "domain %q appears twice", ds.Name)
+		}
+		ruleNodes := seqItems(mapValue(dn, "rules"))
+		rules := make([]window.Rule, 0, len(ds.Rules))
+		seen := make(map[string]bool, len(ds.Rules))
+		for j, spec := range ds.Rules {
+			rn := nodeAt(ruleNodes, j)
+			if seen[spec.Name] {
+				return nil, fail(fieldLine(rn, "name"), "domain %q: rule name %q appears twice", ds.Name, spec.Name)
+			}
+			seen[spec.Name] = true
+			r, field, err := spec.rule()
+			if err == nil {
+				err = r.Validate()
+				var fe *window.FieldError
+				if errors.As(err, &fe) {
+					field, err = fe.Field, fmt.Errorf("%s %s", fe.Field, fe.Msg)
+				}
+			}
+			if err != nil {
+				name := spec.Name
+				if name == "" {
+					name = fmt.Sprintf("#%d", j+1)
+				}
+				return nil, fail(fieldLine(rn, field), "domain %q rule %q: %v", ds.Name, name, err)
+			}
+			rules = append(rules, r)
+		}
+		d, err := window.NewDomain(ds.Name, rules)
+		if err != nil {
+			return nil, fail(line(dn), "%s", strings.TrimPrefix(err.Error(), "window: "))
+		}
+		rs.domains[ds.Name] = d
+		rs.names = append(rs.names, ds.Name)
+	}
+	slices.Sort(rs.names)
+	return rs, nil
+}
+
+// rule converts the spec, returning the field at fault on error.
+func (s ruleSpec) rule() (window.Rule, string, error) {
+	r := window.Rule{Name: s.Name, Limit: s.Limit}
+	if s.Name == "" {
+		return r, "name", errors.New("name is empty")
+	}
+	sc, err := window.ParseScope(s.Scope)
+	if err != nil {
+		return r, "scope", fmt.Errorf("scope %q is not one of recipient, recipient+content", s.Scope)
+	}
+	r.Scope = sc
+	if s.Window == "" {
+		return r, "window", errors.New("window is missing; want a Go duration such as 59s, 59m, 24h")
+	}
+	w, err := time.ParseDuration(s.Window)
+	if err != nil {
+		return r, "window", fmt.Errorf("window %q is not a Go duration such as 59s, 59m, 24h", s.Window)
+	}
+	r.Window = w
+	return r, "", nil
+}
+
+// YAML node helpers: each tolerates nil, so a missing part reads as line 0.
+
+func docMapping(n *yaml.Node) *yaml.Node {
+	if n != nil && n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		return n.Content[0]
+	}
+	return nil
+}
+
+func mapValue(m *yaml.Node, key string) *yaml.Node {
+	if m == nil || m.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i+1]
+		}
+	}
+	return nil
+}
+
+func seqItems(n *yaml.Node) []*yaml.Node {
+	if n == nil || n.Kind != yaml.SequenceNode {
+		return nil
+	}
+	return n.Content
+}
+
+func nodeAt(ns []*yaml.Node, i int) *yaml.Node {
+	if i < len(ns) {
+		return ns[i]
+	}
+	return nil
+}
+
+func line(n *yaml.Node) int {
+	if n == nil {
+		return 0
+	}
+	return n.Line
+}
+
+// fieldLine is the line of field's value in mapping m, or of m itself.
+func fieldLine(m *yaml.Node, field string) int {
+	if v := mapValue(m, field); v != nil {
+		return v.Line
+	}
+	return line(m)
+}

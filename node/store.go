@@ -1,0 +1,172 @@
+package node
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+
+	"github.com/freqring/freqring/window"
+)
+
+// store holds the records of one domain, sharded by key hash with one lock
+// per shard. Records live in pointer-free slabs and the index maps key hashes
+// to slots, so the garbage collector's work does not grow with the number of
+// recipients. A store is safe for concurrent use.
+type store struct {
+	domain *window.Domain
+	shift  uint // shard = key >> shift
+	shards []shard
+}
+
+// shard is one lock's worth of a store.
+type shard struct {
+	mu         sync.Mutex     // guards every field below
+	index      table          // key hash -> slot
+	slabs      []slab         // per size class
+	scratch    window.Scratch // working memory of window.Apply
+	records    int64          // entries in index
+	collisions int64          // records created for a key whose hash matched another recipient's
+	expired    int64          // records reclaimed by sweep
+	_          [64]byte       // keep neighbouring shards' locks off one cache line
+}
+
+func newStore(d *window.Domain, shards int) *store {
+	// shards is a power of two; with one shard, key >> 64 is 0.
+	st := &store{domain: d, shift: uint(64 - bits.Len(uint(shards-1))), shards: make([]shard, shards)}
+	for i := range st.shards {
+		st.shards[i].slabs = make([]slab, len(classSizes))
+		for c, size := range classSizes {
+			st.shards[i].slabs[c] = newSlab(size)
+		}
+	}
+	return st
+}
+
+func (st *store) shardOf(key uint64) *shard { return &st.shards[key>>st.shift] }
+
+// apply decides it for the recipient with key hash key and verifier tag at
+// time now (unix ms), recording it if the decision says so.
+func (st *store) apply(key uint64, tag uint16, now int64, it window.Item, dec *window.Decision) error {
+	if key == 0 {
+		key = 1 // 0 marks empty index entries
+	}
+	sh := st.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	pos, rec, other := sh.lookup(key, tag)
+	out, err := st.domain.Apply(&sh.scratch, rec, tag, now, it, dec)
+	if err != nil || out == nil {
+		return err
+	}
+	return sh.put(key, pos, out, other)
+}
+
+// lookup returns the index position and slot of key's record with tag, or -1
+// and nil if there is none; other reports an entry of the same key with
+// another tag (a 64-bit hash collision between two recipients).
+func (sh *shard) lookup(key uint64, tag uint16) (pos int, rec []byte, other bool) {
+	for pos = sh.index.find(key, -1); pos >= 0; pos = sh.index.find(key, pos+1) {
+		r := sh.index.refs[pos]
+		rec = sh.slabs[r.class()].bytes(r.slot())
+		if window.RecordTag(rec) == tag {
+			return pos, rec, other
+		}
+		other = true
+	}
+	return -1, nil, other
+}
+
+// put stores rec as key's record: in place when it fits the same size class,
+// else in a new slot. pos is key's index position, or -1 for a new record.
+func (sh *shard) put(key uint64, pos int, rec []byte, collision bool) error {
+	c := sizeClass(len(rec))
+	if pos >= 0 {
+		r := sh.index.refs[pos]
+		if r.class() == c {
+			copy(sh.slabs[c].bytes(r.slot()), rec)
+			return nil
+		}
+	}
+	slot, err := sh.slabs[c].alloc()
+	if err != nil {
+		return err
+	}
+	copy(sh.slabs[c].bytes(slot), rec)
+	if pos >= 0 {
+		old := sh.index.refs[pos]
+		sh.slabs[old.class()].release(old.slot())
+		sh.index.refs[pos] = makeRef(c, slot)
+		return nil
+	}
+	sh.index.insert(key, makeRef(c, slot))
+	sh.records++
+	if collision {
+		sh.collisions++
+	}
+	return nil
+}
+
+// sweep reclaims the records of shard i whose newest send is at or before
+// cutoff (unix ms), visiting at most budget entries from position from. It
+// returns the position to continue from, or -1 when the shard is done.
+func (st *store) sweep(i int, from int, cutoff int64, budget int) (next int, reclaimed int, err error) {
+	sh := &st.shards[i]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := &sh.index
+	end := min(len(t.keys), from+budget)
+	for pos := from; pos < end; {
+		if t.keys[pos] == 0 {
+			pos++
+			continue
+		}
+		r := t.refs[pos]
+		newest, err := window.RecordNewest(sh.slabs[r.class()].bytes(r.slot()))
+		if err != nil {
+			return -1, reclaimed, fmt.Errorf("node: shard %d position %d: %w", i, pos, err)
+		}
+		if newest > cutoff {
+			pos++
+			continue
+		}
+		sh.slabs[r.class()].release(r.slot())
+		t.remove(pos) // a later entry may move into pos: look at it again
+		sh.records--
+		sh.expired++
+		reclaimed++
+	}
+	if end < len(t.keys) {
+		return end, reclaimed, nil
+	}
+	t.shrink()
+	return -1, reclaimed, nil
+}
+
+// storeStats are a store's counters at one moment.
+type storeStats struct {
+	Records    int64 // recipients with a record
+	Collisions int64 // records created beside another recipient's with the same 64-bit key hash
+	Expired    int64 // records reclaimed because nothing in them was inside any window
+	IndexBytes int64 // heap held by the index
+	SlabBytes  int64 // heap held by record slabs, free slots included
+	LiveBytes  int64 // bytes of slots in use
+}
+
+func (st *store) stats() storeStats {
+	var s storeStats
+	for i := range st.shards {
+		sh := &st.shards[i]
+		sh.mu.Lock()
+		s.Records += sh.records
+		s.Collisions += sh.collisions
+		s.Expired += sh.expired
+		s.IndexBytes += sh.index.bytes()
+		for c := range sh.slabs {
+			sl := &sh.slabs[c]
+			s.SlabBytes += sl.reserved()
+			s.LiveBytes += int64(int(sl.next)-len(sl.free)) * int64(sl.size)
+		}
+		sh.mu.Unlock()
+	}
+	return s
+}

@@ -1,0 +1,125 @@
+package node
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/freqring/freqring/window"
+)
+
+const t0 = int64(1_790_000_000_000) // unix ms
+
+// TestStoreMatchesEngine checks that the store, with its index, slabs and
+// size classes, answers exactly as window.Apply on one plain byte slice per
+// recipient.
+func TestStoreMatchesEngine(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	st := newStore(d, 4)
+	rng := rand.New(rand.NewPCG(1, 2))
+	plain := map[string][]byte{}
+	var s window.Scratch
+	now := t0
+	for op := range 100_000 {
+		now += int64(rng.IntN(400))
+		rcp := fmt.Sprintf("+86%09d", rng.IntN(300))
+		it := window.Item{Content: uint64(rng.IntN(4))}
+		if rng.IntN(10) == 0 {
+			it.Mode = window.Peek
+		}
+		key, tag := KeyOf(rcp)
+		var got, want window.Decision
+		if err := st.apply(key, tag, now, it, &got); err != nil {
+			t.Fatal(err)
+		}
+		out, err := d.Apply(&s, plain[rcp], tag, now, it, &want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out != nil {
+			plain[rcp] = append([]byte(nil), out...)
+		}
+		if got != want {
+			t.Fatalf("op %d %s: store %+v, engine %+v", op, rcp, got, want)
+		}
+	}
+	if s := st.stats(); s.Records != int64(len(plain)) || s.Collisions != 0 {
+		t.Fatalf("stats %+v, want %d records", s, len(plain))
+	}
+}
+
+// TestStoreTellsCollidingRecipientsApart forces two recipients onto one key
+// hash: the tag must keep their records apart and the collision be counted.
+func TestStoreTellsCollidingRecipientsApart(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "one", Scope: window.ScopeRecipient, Limit: 1, Window: time.Hour}})
+	st := newStore(d, 1)
+	const key = 0xdeadbeef
+	var dec window.Decision
+	for _, tag := range []uint16{1, 2} {
+		if err := st.apply(key, tag, t0, window.Item{}, &dec); err != nil || !dec.Admitted {
+			t.Fatalf("tag %d: first send %+v, %v", tag, dec, err)
+		}
+	}
+	for _, tag := range []uint16{1, 2} {
+		if err := st.apply(key, tag, t0+1, window.Item{}, &dec); err != nil || dec.Admitted {
+			t.Fatalf("tag %d: second send %+v, %v; want denied", tag, dec, err)
+		}
+	}
+	if s := st.stats(); s.Records != 2 || s.Collisions != 1 {
+		t.Fatalf("stats %+v, want 2 records and 1 collision", s)
+	}
+	// Key 0 is stored as 1; it still works.
+	if err := st.apply(0, 9, t0, window.Item{}, &dec); err != nil || !dec.Admitted {
+		t.Fatalf("key 0: %+v %v", dec, err)
+	}
+}
+
+func TestSweepReclaimsIdleRecords(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{
+		{Name: "a", Scope: window.ScopeRecipient, Limit: 3, Window: time.Minute},
+		{Name: "b", Scope: window.ScopeContent, Limit: 1, Window: time.Hour},
+	})
+	st := newStore(d, 2)
+	var dec window.Decision
+	const n = 20_000
+	for i := range n {
+		key, tag := KeyOf(fmt.Sprint(i))
+		at := t0
+		if i%16 == 0 {
+			at = t0 + d.Longest() // one in 16 is newer by a whole window
+		}
+		if err := st.apply(key, tag, at, window.Item{Content: 5}, &dec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := st.stats()
+	cutoff := t0 // reclaims records whose newest send is at or before t0
+	got := 0
+	for i := range st.shards {
+		for pos := 0; pos >= 0; {
+			var r int
+			var err error
+			pos, r, err = st.sweep(i, pos, cutoff, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += r
+		}
+	}
+	after := st.stats()
+	if left := int64(n / 16); int64(got) != n-left || after.Records != left || after.Expired != n-left {
+		t.Fatalf("reclaimed %d, stats %+v; want %d reclaimed and %d left", got, after, n-left, left)
+	}
+	if after.IndexBytes >= before.IndexBytes {
+		t.Fatalf("index did not shrink: %d -> %d bytes", before.IndexBytes, after.IndexBytes)
+	}
+	// The survivors still answer from their records: a repeat of the same
+	// content within the hour is denied.
+	for i := 0; i < n; i += 16 {
+		key, tag := KeyOf(fmt.Sprint(i))
+		if err := st.apply(key, tag, t0+d.Longest()+1, window.Item{Content: 5}, &dec); err != nil || dec.Admitted {
+			t.Fatalf("recipient %d after the sweep: %+v, %v; want denied by b", i, dec, err)
+		}
+	}
+}

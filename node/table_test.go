@@ -1,0 +1,122 @@
+package node
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// TestTableMatchesMap drives the index with random inserts and removals,
+// including many entries that share a key, against a plain map.
+func TestTableMatchesMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	var tb table
+	want := map[ref]uint64{} // every entry is unique by its ref
+	next := ref(1)
+	keys := []uint64{}
+	for op := range 200_000 {
+		switch {
+		case rng.IntN(3) > 0 || len(want) == 0:
+			var k uint64
+			if len(keys) > 0 && rng.IntN(20) == 0 {
+				k = keys[rng.IntN(len(keys))] // a second entry with the same key
+			} else {
+				k = rng.Uint64() | 1
+				if rng.IntN(4) == 0 {
+					k = k&^0xffffffff | 7 // crowd one home slot
+				}
+				keys = append(keys, k)
+			}
+			tb.insert(k, next)
+			want[next] = k
+			next++
+		default:
+			k := keys[rng.IntN(len(keys))]
+			pos := tb.find(k, -1)
+			if pos < 0 {
+				continue
+			}
+			delete(want, tb.refs[pos])
+			tb.remove(pos)
+		}
+		if op%10_000 == 0 {
+			checkTable(t, &tb, want)
+			tb.shrink()
+		}
+	}
+	checkTable(t, &tb, want)
+	for r, k := range want { // remove everything, then shrink
+		for pos := tb.find(k, -1); pos >= 0; pos = tb.find(k, pos+1) {
+			if tb.refs[pos] == r {
+				tb.remove(pos)
+				break
+			}
+		}
+	}
+	tb.shrink()
+	if tb.n != 0 || len(tb.keys) > 4*minTableLen {
+		t.Fatalf("after removing everything: %d entries, length %d", tb.n, len(tb.keys))
+	}
+}
+
+func checkTable(t *testing.T, tb *table, want map[ref]uint64) {
+	t.Helper()
+	if tb.n != len(want) {
+		t.Fatalf("table holds %d entries, want %d", tb.n, len(want))
+	}
+	for r, k := range want {
+		found := false
+		for pos := tb.find(k, -1); pos >= 0; pos = tb.find(k, pos+1) {
+			if tb.refs[pos] == r {
+				found = true
+				break
+			}
+		}
+		if !found {
+			t.Fatalf("entry %d (key %x) unreachable", r, k)
+		}
+	}
+	if load := float64(tb.n) / float64(len(tb.keys)); load > maxLoad {
+		t.Fatalf("load %.2f above %.2f", load, maxLoad)
+	}
+}
+
+func TestSlabSlotsAreDisjoint(t *testing.T) {
+	for _, size := range []int{8, 136, 256, 4112, classSizes[len(classSizes)-1]} {
+		s := newSlab(size)
+		seen := map[[2]int]bool{}
+		n := 3 * maxChunkBytes / size * 3 // well past the doubling chunks
+		for i := range n {
+			slot, err := s.alloc()
+			if err != nil || slot != uint32(i) {
+				t.Fatalf("size %d: alloc %d = %d, %v", size, i, slot, err)
+			}
+			c, off := s.locate(slot)
+			if off < 0 || off+size > len(s.chunks[c]) || off%size != 0 || seen[[2]int{c, off}] {
+				t.Fatalf("size %d slot %d: chunk %d offset %d (chunk %d bytes) overlaps or overruns", size, slot, c, off, len(s.chunks[c]))
+			}
+			seen[[2]int{c, off}] = true
+			s.bytes(slot)[0] = byte(i)
+		}
+		for _, c := range s.chunks {
+			if len(c) > maxChunkBytes+size {
+				t.Fatalf("size %d: chunk of %d bytes", size, len(c))
+			}
+		}
+		s.release(5)
+		if got, _ := s.alloc(); got != 5 {
+			t.Fatalf("size %d: freed slot not reused: got %d", size, got)
+		}
+	}
+}
+
+func TestSizeClass(t *testing.T) {
+	for n := 1; n <= classSizes[len(classSizes)-1]; n++ {
+		c := sizeClass(n)
+		if classSizes[c] < n || (c > 0 && classSizes[c-1] >= n) {
+			t.Fatalf("sizeClass(%d) = %d (%d bytes), not the smallest that holds it", n, c, classSizes[c])
+		}
+	}
+	if len(classSizes) >= 1<<refClassBits {
+		t.Fatalf("%d classes do not fit %d bits of a ref", len(classSizes), refClassBits)
+	}
+}
