@@ -67,7 +67,7 @@ func (r ref) slot() uint32               { return uint32(r) & (maxSlots - 1) }
 // millions allocates in steps small enough to waste little.
 const (
 	minChunkBytes = 1 << 10
-	maxChunkBytes = 256 << 10
+	maxChunkBytes = 64 << 10
 )
 
 // slab holds the slots of one size class in one shard. Its chunks hold no
@@ -130,6 +130,15 @@ func (s *slab) alloc() (uint32, error) {
 
 // release returns slot i to the free list.
 func (s *slab) release(i uint32) { s.free = append(s.free, i) }
+
+// trim gives all the slab's memory back if no slot is in use. Records pass
+// through the small classes as they grow and leave them empty; the sweep
+// trims them, not release, so that a class in steady use keeps its chunk.
+func (s *slab) trim() {
+	if len(s.free) == int(s.next) {
+		s.chunks, s.free, s.next = nil, nil, 0
+	}
+}
 
 // reserved returns the bytes the slab holds from the heap.
 func (s *slab) reserved() int64 {

@@ -66,7 +66,7 @@ func (st *store) apply(key uint64, tag uint16, now int64, it window.Item, dec *w
 // another tag (a 64-bit hash collision between two recipients).
 func (sh *shard) lookup(key uint64, tag uint16) (pos int, rec []byte, other bool) {
 	for pos = sh.index.find(key, -1); pos >= 0; pos = sh.index.find(key, pos+1) {
-		r := sh.index.refs[pos]
+		r := sh.index.ref(pos)
 		rec = sh.slabs[r.class()].bytes(r.slot())
 		if window.RecordTag(rec) == tag {
 			return pos, rec, other
@@ -81,7 +81,7 @@ func (sh *shard) lookup(key uint64, tag uint16) (pos int, rec []byte, other bool
 func (sh *shard) put(key uint64, pos int, rec []byte, collision bool) error {
 	c := sizeClass(len(rec))
 	if pos >= 0 {
-		r := sh.index.refs[pos]
+		r := sh.index.ref(pos)
 		if r.class() == c {
 			copy(sh.slabs[c].bytes(r.slot()), rec)
 			return nil
@@ -93,9 +93,9 @@ func (sh *shard) put(key uint64, pos int, rec []byte, collision bool) error {
 	}
 	copy(sh.slabs[c].bytes(slot), rec)
 	if pos >= 0 {
-		old := sh.index.refs[pos]
+		old := sh.index.ref(pos)
 		sh.slabs[old.class()].release(old.slot())
-		sh.index.refs[pos] = makeRef(c, slot)
+		sh.index.setRef(pos, makeRef(c, slot))
 		return nil
 	}
 	sh.index.insert(key, makeRef(c, slot))
@@ -114,13 +114,13 @@ func (st *store) sweep(i int, from int, cutoff int64, budget int) (next int, rec
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	t := &sh.index
-	end := min(len(t.keys), from+budget)
+	end := min(t.len, from+budget)
 	for pos := from; pos < end; {
-		if t.keys[pos] == 0 {
+		if t.key(pos) == 0 {
 			pos++
 			continue
 		}
-		r := t.refs[pos]
+		r := t.ref(pos)
 		newest, err := window.RecordNewest(sh.slabs[r.class()].bytes(r.slot()))
 		if err != nil {
 			return -1, reclaimed, fmt.Errorf("node: shard %d position %d: %w", i, pos, err)
@@ -135,10 +135,13 @@ func (st *store) sweep(i int, from int, cutoff int64, budget int) (next int, rec
 		sh.expired++
 		reclaimed++
 	}
-	if end < len(t.keys) {
+	if end < t.len {
 		return end, reclaimed, nil
 	}
 	t.shrink()
+	for c := range sh.slabs {
+		sh.slabs[c].trim()
+	}
 	return -1, reclaimed, nil
 }
 

@@ -94,19 +94,7 @@ func TestSweepReclaimsIdleRecords(t *testing.T) {
 		}
 	}
 	before := st.stats()
-	cutoff := t0 // reclaims records whose newest send is at or before t0
-	got := 0
-	for i := range st.shards {
-		for pos := 0; pos >= 0; {
-			var r int
-			var err error
-			pos, r, err = st.sweep(i, pos, cutoff, 100)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got += r
-		}
-	}
+	got := sweepAll(t, st, t0) // reclaims records whose newest send is at or before t0
 	after := st.stats()
 	if left := int64(n / 16); int64(got) != n-left || after.Records != left || after.Expired != n-left {
 		t.Fatalf("reclaimed %d, stats %+v; want %d reclaimed and %d left", got, after, n-left, left)

@@ -6,9 +6,19 @@ package node
 // Several entries may share a key (a 64-bit collision told apart by the
 // record's tag); lookups walk them all. Not safe for concurrent use.
 type table struct {
-	keys []uint64
-	refs []ref
-	n    int // entries in use
+	// w holds 3 words per entry: key low, key high, ref. Keeping an entry's
+	// key and ref together costs one cache miss per lookup, not two.
+	w   []uint32
+	len int // entries the table can hold
+	n   int // entries in use
+}
+
+func (t *table) key(i int) uint64    { return uint64(t.w[3*i]) | uint64(t.w[3*i+1])<<32 }
+func (t *table) ref(i int) ref       { return ref(t.w[3*i+2]) }
+func (t *table) setRef(i int, r ref) { t.w[3*i+2] = uint32(r) }
+func (t *table) set(i int, k uint64, r ref) {
+	e := t.w[3*i : 3*i+3 : 3*i+3]
+	e[0], e[1], e[2] = uint32(k), uint32(k>>32), uint32(r)
 }
 
 const (
@@ -18,30 +28,30 @@ const (
 
 // home returns the first slot to probe for key h: a multiply-shift of its low
 // 32 bits, so table lengths need not be powers of two.
-func (t *table) home(h uint64) int { return int(uint64(uint32(h)) * uint64(len(t.keys)) >> 32) }
+func (t *table) home(h uint64) int { return int(uint64(uint32(h)) * uint64(t.len) >> 32) }
 
 // find returns the position of the next entry whose key is h, probing from
 // position from (-1 means h's home), or -1 when there is none. Pass pos+1 to
 // continue after an entry at pos.
 func (t *table) find(h uint64, from int) int {
-	if len(t.keys) == 0 {
+	if t.len == 0 {
 		return -1
 	}
 	i := from
 	if i < 0 {
 		i = t.home(h)
-	} else if i == len(t.keys) {
+	} else if i == t.len {
 		i = 0
 	}
 	for {
-		k := t.keys[i]
+		k := t.key(i)
 		if k == h {
 			return i
 		}
 		if k == 0 {
 			return -1
 		}
-		if i++; i == len(t.keys) {
+		if i++; i == t.len {
 			i = 0
 		}
 	}
@@ -49,60 +59,60 @@ func (t *table) find(h uint64, from int) int {
 
 // insert adds an entry for h; the caller has checked that none matches.
 func (t *table) insert(h uint64, r ref) {
-	if float64(t.n+1) > maxLoad*float64(len(t.keys)) {
-		t.resize(max(minTableLen, len(t.keys)+len(t.keys)/2))
+	if float64(t.n+1) > maxLoad*float64(t.len) {
+		t.resize(max(minTableLen, t.len+t.len/2))
 	}
 	i := t.home(h)
-	for t.keys[i] != 0 {
-		if i++; i == len(t.keys) {
+	for t.key(i) != 0 {
+		if i++; i == t.len {
 			i = 0
 		}
 	}
-	t.keys[i], t.refs[i] = h, r
+	t.set(i, h, r)
 	t.n++
 }
 
 // remove deletes the entry at pos and shifts later entries of its probe run
 // back, so that every remaining entry stays reachable from its home.
 func (t *table) remove(pos int) {
-	n := len(t.keys)
+	n := t.len
 	i := pos
 	for j := i + 1; ; j++ {
 		if j == n {
 			j = 0
 		}
-		k := t.keys[j]
+		k := t.key(j)
 		if k == 0 {
 			break
 		}
 		// Move entry j to the hole at i unless its home lies cyclically in (i, j].
 		h := t.home(k)
 		if (j > i && (h <= i || h > j)) || (j < i && h <= i && h > j) {
-			t.keys[i], t.refs[i] = k, t.refs[j]
+			t.set(i, k, t.ref(j))
 			i = j
 		}
 	}
-	t.keys[i], t.refs[i] = 0, 0
+	t.set(i, 0, 0)
 	t.n--
 }
 
 // shrink resizes a table that mass expiry left mostly empty to about half
 // full. It moves entries, so callers hold no positions across it.
 func (t *table) shrink() {
-	if len(t.keys) > 4*minTableLen && t.n < len(t.keys)/8 {
+	if t.len > 4*minTableLen && t.n < t.len/8 {
 		t.resize(max(minTableLen, 2*t.n))
 	}
 }
 
 func (t *table) resize(n int) {
 	old := *t
-	t.keys, t.refs, t.n = make([]uint64, n), make([]ref, n), 0
-	for i, k := range old.keys {
-		if k != 0 {
-			t.insert(k, old.refs[i])
+	*t = table{w: make([]uint32, 3*n), len: n}
+	for i := range old.len {
+		if k := old.key(i); k != 0 {
+			t.insert(k, old.ref(i))
 		}
 	}
 }
 
 // bytes returns the heap the table holds.
-func (t *table) bytes() int64 { return int64(cap(t.keys))*8 + int64(cap(t.refs))*4 }
+func (t *table) bytes() int64 { return int64(cap(t.w)) * 4 }
