@@ -1,0 +1,102 @@
+// Package wal is an append-only write-ahead log of opaque payloads. It owns
+// the bytes on disk and knows nothing about rules: the node hands it one
+// payload per batch of admitted sends and replays the payloads after a
+// restart.
+//
+// # Segments
+//
+// The log is a directory of segment files named "%016x.wal", the segment's
+// sequence number in fixed-width lower-case hex, starting at 1, so that name
+// order is log order. Appends go to the newest segment, the active one; every
+// other segment is sealed and never changes. After a batch brings the active
+// segment to Options.SegmentBytes, or on Rotate, the active segment is
+// fsynced (sealed) and the next one is cut: its header is written to
+// "<name>.tmp", fsynced, renamed to "<name>", and the directory is fsynced.
+// Open deletes leftover "<segment name>.tmp" files of interrupted cuts. Open
+// continues the last segment unless it is full.
+//
+// A Position is a segment's sequence number and a record's byte offset in the
+// segment file.
+//
+// # Records
+//
+// Every record is framed the same way, little-endian:
+//
+//	| size u32 | crc u32 | type u8 | payload (size bytes) |
+//
+// crc is CRC-32C (Castagnoli) of the type byte and the payload. size is at
+// most MaxPayload (16 MiB). Record types, which may only be added, never
+// changed:
+//
+//	0  never written, so that zeroed bytes are never a record
+//	1  segment header: version u32 | seq u64 | created i64 (unix ns)
+//	   (payload 20 bytes; the record is 29 bytes)
+//	2  data: one payload given to Append
+//
+// Each segment starts with one header record: format version 1, the segment's
+// sequence number (equal to the one in its file name) and its creation time
+// from Options.Now. Data records follow, one per Append, back to back.
+//
+// # Recovery: torn tail versus corruption
+//
+// Open reads every segment. In the last segment, a short header, a short
+// payload, an all-zero header, a size over MaxPayload or a bad crc marks the
+// end of the log: that is what an interrupted write(2) or a power cut in the
+// middle of a batch leaves behind, and a power cut can keep later pages of a
+// batch while losing earlier ones. Open truncates the segment to the end of
+// the last intact record, fsyncs it, logs the file, offset and number of
+// bytes cut (at error level if intact records follow the damage), counts them
+// in Stats.TornBytes, and goes on. If even the header is torn, the segment is
+// cut again under the same number.
+//
+// The same damage in a sealed segment cannot come from a crash, because a
+// segment is fsynced before it is sealed, so Open refuses to open: the error
+// wraps ErrCorrupt and names the file and offset. So do, in every segment, a
+// record whose framing is intact but whose content is wrong (an unknown type,
+// which a newer writer may have added; a header record after the start) and a
+// gap in the sequence numbers. With Options.SkipCorrupt, an operator override,
+// Open instead skips forward to the next intact data record, logs each skip,
+// and counts the bytes in Stats.SkippedBytes; Replay skips the same bytes. A
+// header with an unknown format version, or a sequence number that differs from
+// the file name, is an error in every mode.
+//
+// # Group commit and sync policies
+//
+// Append copies its payload into the pending batch and waits. One flusher
+// goroutine takes the whole pending batch, writes it with one write(2),
+// fsyncs it if the policy says so, and wakes every waiter of that batch;
+// meanwhile new appends fill the other of two buffers. Append returns only
+// after its record is written to the OS, under every policy, so a killed
+// process (kill -9) loses nothing that an Append acknowledged. What a power
+// cut or kernel crash can lose depends on Options.Sync:
+//
+//   - SyncBatch (default): every batch is fsynced before its Appends return.
+//     Nothing acknowledged is lost.
+//   - SyncInterval: Appends return after write(2); a background loop fsyncs
+//     every Options.SyncInterval. Up to about one SyncInterval (plus one
+//     fsync's duration) of acknowledged appends can be lost.
+//   - SyncNone: appended records are fsynced only by Sync, at rotation and on
+//     Close. Whatever the OS had not written back is lost, typically up to
+//     about 30 s (Linux vm.dirty_expire_centisecs).
+//
+// Whatever is lost is lost from the tail only: a sealed segment is always
+// fsynced, and Open truncates the damaged tail of the last one.
+//
+// After a write or fsync error the Log refuses all further appends and
+// returns that error: the file may hold a partial record, and the pages an
+// fsync failed to write may be gone. Reopening truncates the torn tail.
+//
+// # Retention
+//
+// The package decides nothing about retention; the node does, with Segments
+// and RemoveBefore. Every record of a segment was appended before the next
+// segment was created, so all of a segment's records are older than the next
+// segment's Created time (same clock, Options.Now). A node whose state
+// depends only on the records of the last W nanoseconds may delete segment i
+// once now-W >= Segments()[i+1].Created. RemoveBefore never deletes the active
+// segment. Rotate returns the first position of a fresh segment, which the
+// node can use as the replay start of a snapshot written with
+// WriteFileAtomic.
+//
+// A directory must be used by one Log at a time; wal takes no lock on it.
+package wal
