@@ -1,0 +1,636 @@
+package gossip
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/freqring/freqring/ring"
+	"github.com/hashicorp/memberlist"
+)
+
+// Defaults of Config. See the package comment for what the timings give.
+const (
+	DefaultRejoinInterval      = 30 * time.Second
+	DefaultProbeInterval       = 500 * time.Millisecond
+	DefaultProbeTimeout        = 250 * time.Millisecond
+	DefaultSuspicionMult       = 4
+	DefaultGossipInterval      = 200 * time.Millisecond
+	DefaultPushPullInterval    = 15 * time.Second
+	DefaultTCPTimeout          = 3 * time.Second
+	DefaultDeadNodeReclaimTime = 5 * time.Second
+
+	// defaultWait bounds SetState and Leave when their context has no deadline.
+	defaultWait = 5 * time.Second
+	// joinBackoffMin and joinBackoffMax bound the pause between join attempts in Start.
+	joinBackoffMin = 100 * time.Millisecond
+	joinBackoffMax = 5 * time.Second
+	maxNodeName    = 128
+)
+
+var (
+	// ErrClosed is returned by calls on a closed Membership.
+	ErrClosed = errors.New("gossip: membership closed")
+	// ErrLeft is returned by SetState after Leave.
+	ErrLeft = errors.New("gossip: membership has left the cluster")
+)
+
+// Config configures a Membership. A zero field takes the default named in its
+// comment.
+type Config struct {
+	NodeName      string // unique and stable across restarts (the pod name); "" means os.Hostname(); at most 128 bytes
+	BindAddr      string // gossip UDP and TCP listen address; "" means 0.0.0.0
+	BindPort      int    // gossip port; 0 means a free port chosen by the OS (the usual fixed port is 7946)
+	AdvertiseAddr string // address peers reach this node at; "" means BindAddr, or the first private IP when BindAddr is 0.0.0.0
+	AdvertisePort int    // port peers reach this node at; 0 means the bound port
+	GRPCAddr      string // gRPC host:port published to peers and clients; required; at most 255 bytes
+	State         State  // state announced at start; 0 means StateJoining
+
+	// Join lists the seeds: "host:port", or a DNS name that resolves to
+	// several addresses (every address is tried, so a Kubernetes headless
+	// service works); without a port, the node's own BindPort is used. Start
+	// retries until it reaches one seed (reaching itself counts). Empty means
+	// form a cluster of one and wait for others to join.
+	Join []string
+	// RejoinInterval is how often the seeds are joined again, to heal a
+	// partition or a split start; 0 means 30s, negative disables.
+	RejoinInterval time.Duration
+
+	Placement ring.Config  // placement parameters of the rings built; must match the whole cluster and its clients
+	Logger    *slog.Logger // nil means discard; memberlist's own lines go to it at Debug ([ERR] and [WARN] at Warn)
+
+	// Failure detection and dissemination (memberlist's SWIM with Lifeguard).
+	// The package comment explains the defaults and the detection time.
+	ProbeInterval       time.Duration // time between failure probes of one member; 0 means 500ms
+	ProbeTimeout        time.Duration // wait for a direct ack before indirect probes; 0 means 250ms; at most ProbeInterval
+	SuspicionMult       int           // suspicion lasts SuspicionMult*max(1, log10(members))*ProbeInterval at least; 0 means 4; [1, 100]
+	GossipInterval      time.Duration // time between gossip rounds (to 3 random members); 0 means 200ms
+	PushPullInterval    time.Duration // time between full state syncs with a random member; 0 means 15s
+	TCPTimeout          time.Duration // timeout of stream connections (join, push-pull, TCP fallback probe); 0 means 3s
+	DeadNodeReclaimTime time.Duration // after this long dead, a name may come back from a new address; 0 means 5s, negative never
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.NodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return c, fmt.Errorf("gossip: NodeName empty and no hostname: %w", err)
+		}
+		c.NodeName = h
+	}
+	if c.BindAddr == "" {
+		c.BindAddr = "0.0.0.0"
+	}
+	if c.State == 0 {
+		c.State = StateJoining
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.RejoinInterval, DefaultRejoinInterval)
+	def(&c.ProbeInterval, DefaultProbeInterval)
+	def(&c.ProbeTimeout, DefaultProbeTimeout)
+	def(&c.GossipInterval, DefaultGossipInterval)
+	def(&c.PushPullInterval, DefaultPushPullInterval)
+	def(&c.TCPTimeout, DefaultTCPTimeout)
+	def(&c.DeadNodeReclaimTime, DefaultDeadNodeReclaimTime)
+	if c.SuspicionMult == 0 {
+		c.SuspicionMult = DefaultSuspicionMult
+	}
+	return c, nil
+}
+
+// validate checks a Config with defaults filled in.
+func (c Config) validate() error {
+	if len(c.NodeName) > maxNodeName {
+		return fmt.Errorf("gossip: NodeName %q is %d bytes, max %d", c.NodeName, len(c.NodeName), maxNodeName)
+	}
+	if c.BindPort < 0 || c.BindPort > 65535 {
+		return fmt.Errorf("gossip: BindPort %d out of range [0, 65535]", c.BindPort)
+	}
+	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
+		return fmt.Errorf("gossip: AdvertisePort %d out of range [0, 65535]", c.AdvertisePort)
+	}
+	if len(c.GRPCAddr) > maxGRPCAddr {
+		return fmt.Errorf("gossip: GRPCAddr is %d bytes, max %d", len(c.GRPCAddr), maxGRPCAddr)
+	}
+	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
+		return fmt.Errorf("gossip: GRPCAddr %q is not host:port: %w", c.GRPCAddr, err)
+	}
+	if !c.State.valid() {
+		return fmt.Errorf("gossip: State %d out of range [%d, %d]", c.State, StateJoining, StateLeaving)
+	}
+	for i, s := range c.Join {
+		if s == "" {
+			return fmt.Errorf("gossip: Join[%d] is empty", i)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"ProbeInterval", c.ProbeInterval},
+		{"ProbeTimeout", c.ProbeTimeout},
+		{"GossipInterval", c.GossipInterval},
+		{"PushPullInterval", c.PushPullInterval},
+		{"TCPTimeout", c.TCPTimeout},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("gossip: %s %v is negative, want > 0 (or 0 for the default)", d.name, d.v)
+		}
+	}
+	if c.ProbeTimeout > c.ProbeInterval {
+		return fmt.Errorf("gossip: ProbeTimeout %v out of range (0, ProbeInterval %v]", c.ProbeTimeout, c.ProbeInterval)
+	}
+	if c.SuspicionMult < 1 || c.SuspicionMult > 100 {
+		return fmt.Errorf("gossip: SuspicionMult %d out of range [1, 100]", c.SuspicionMult)
+	}
+	if _, err := ring.New(nil, c.Placement); err != nil {
+		return fmt.Errorf("gossip: Placement: %w", err)
+	}
+	return nil
+}
+
+// MemberState is one live member as gossip sees it. Members that memberlist
+// suspects of failure are still listed (and still in the ring) until they
+// are declared dead.
+type MemberState struct {
+	Name       string
+	GRPCAddr   string
+	GossipAddr string // host:port of memberlist
+	State      State  // 0 if the member's metadata did not decode; then it is not in the ring
+	// Boot is a random number chosen by each Start: a member that restarted
+	// under the same name has a new one. (memberlist keeps its incarnation
+	// numbers private, so this stands in for them.)
+	Boot uint64
+}
+
+// Membership tracks the members of the cluster through memberlist and keeps a
+// ring of the live ones. It is safe for concurrent use.
+//
+// The ring counts every member memberlist considers alive or suspect whose
+// metadata decodes, except those in StateLeaving. It is rebuilt after every
+// join, leave, failure and metadata update.
+type Membership struct {
+	cfg        Config
+	log        *slog.Logger
+	ml         *memberlist.Memberlist
+	gossipAddr string
+
+	metaMu sync.Mutex // guards meta, the local metadata
+	meta   meta
+
+	nodesMu sync.Mutex // guards nodes
+	// nodes mirrors memberlist's live (alive or suspect) members. It is kept
+	// from event callbacks, which run under memberlist's lock, because the
+	// *Node values that Members() returns are updated in place without it.
+	nodes map[string]nodeInfo
+
+	changedCh chan struct{} // capacity 1; "nodes changed", drained by eventLoop
+	done      chan struct{} // closed by Close; stops eventLoop and rejoinLoop
+	wg        sync.WaitGroup
+
+	lifeMu sync.RWMutex // guards closed and left; held across memberlist's Leave, UpdateNode and Shutdown
+	closed bool
+	left   bool
+
+	cur        atomic.Pointer[ring.Ring]
+	mu         sync.Mutex // guards watchers and the order of cur updates
+	watchers   map[chan *ring.Ring]struct{}
+	watchClose bool // watchers closed by Close
+}
+
+// nodeInfo is a copy of a memberlist Node, taken under memberlist's lock.
+type nodeInfo struct {
+	gossipAddr string
+	meta       []byte
+}
+
+// Start creates the local member, joins the seeds (see Config.Join) and
+// returns once it has joined, or, with no seeds, at once. ctx bounds only the
+// start: if it ends before any seed answers, Start releases everything and
+// returns an error that wraps ctx.Err(). The returned Membership already has a
+// Ring.
+func Start(ctx context.Context, cfg Config) (*Membership, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m := &Membership{
+		cfg:       cfg,
+		log:       cfg.Logger.With("node", cfg.NodeName),
+		meta:      meta{State: cfg.State, Boot: rand.Uint64(), GRPC: cfg.GRPCAddr},
+		nodes:     make(map[string]nodeInfo),
+		changedCh: make(chan struct{}, 1),
+		done:      make(chan struct{}),
+		watchers:  make(map[chan *ring.Ring]struct{}),
+	}
+	m.ml, err = memberlist.Create(m.memberlistConfig())
+	if err != nil {
+		return nil, fmt.Errorf("gossip: start memberlist on %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.BindPort)), err)
+	}
+	m.gossipAddr = m.ml.LocalNode().Address()
+	if len(cfg.Join) > 0 {
+		if err := m.joinFirst(ctx); err != nil {
+			_ = m.ml.Shutdown()
+			return nil, err
+		}
+	}
+	m.rebuild()
+	m.wg.Go(m.eventLoop)
+	if len(cfg.Join) > 0 && cfg.RejoinInterval > 0 {
+		m.wg.Go(m.rejoinLoop)
+	}
+	m.log.Info("gossip: started", "gossip_addr", m.gossipAddr, "grpc_addr", cfg.GRPCAddr,
+		"state", cfg.State, "members", m.Ring().Len(), "epoch", fmt.Sprintf("%016x", m.Ring().Epoch()))
+	return m, nil
+}
+
+func (m *Membership) memberlistConfig() *memberlist.Config {
+	c := m.cfg
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = c.NodeName
+	mc.BindAddr = c.BindAddr
+	mc.BindPort = c.BindPort
+	mc.AdvertiseAddr = c.AdvertiseAddr
+	mc.AdvertisePort = cmp.Or(c.AdvertisePort, c.BindPort) // memberlist replaces it when BindPort is 0
+	mc.ProbeInterval = c.ProbeInterval
+	mc.ProbeTimeout = c.ProbeTimeout
+	mc.SuspicionMult = c.SuspicionMult
+	mc.GossipInterval = c.GossipInterval
+	mc.PushPullInterval = c.PushPullInterval
+	mc.TCPTimeout = c.TCPTimeout
+	mc.DeadNodeReclaimTime = max(c.DeadNodeReclaimTime, 0) // memberlist: 0 means never
+	d := delegate{m}
+	mc.Delegate = d
+	mc.Events = d
+	mc.Conflict = d
+	mc.Logger = log.New(logWriter{m.log}, "", 0)
+	return mc
+}
+
+// joinFirst joins the seeds, retrying with exponential backoff (100ms to 5s,
+// jittered) until one answers or ctx ends.
+func (m *Membership) joinFirst(ctx context.Context) error {
+	wait := joinBackoffMin
+	for attempt := 1; ; attempt++ {
+		n, err := m.join()
+		if n == 0 && err == nil {
+			err = errors.New("no seed address answered")
+		}
+		if n > 0 {
+			m.log.Info("gossip: joined", "seeds", m.cfg.Join, "reached", n, "attempt", attempt)
+			return nil
+		}
+		pause := wait/2 + rand.N(wait/2+1)
+		m.log.Warn("gossip: join failed, retrying", "seeds", m.cfg.Join, "attempt", attempt, "retry_in", pause, "err", err)
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("gossip: join %q: %w (last error: %w)", m.cfg.Join, ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, joinBackoffMax)
+	}
+}
+
+// join contacts every address of every seed once and returns how many
+// answered. It checks done between seeds, so Close waits for at most one
+// TCPTimeout per address of one seed.
+func (m *Membership) join() (int, error) {
+	var total int
+	var errs []error
+	for _, seed := range m.cfg.Join {
+		select {
+		case <-m.done:
+			return total, ErrClosed
+		default:
+		}
+		n, err := m.ml.Join([]string{seed})
+		total += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if total > 0 {
+		return total, nil
+	}
+	return 0, errors.Join(errs...)
+}
+
+// rejoinLoop joins the seeds every RejoinInterval until Close.
+func (m *Membership) rejoinLoop() {
+	t := time.NewTicker(m.cfg.RejoinInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-t.C:
+		}
+		m.lifeMu.RLock()
+		gone := m.closed || m.left
+		m.lifeMu.RUnlock()
+		if gone {
+			return
+		}
+		n, err := m.join()
+		m.log.Debug("gossip: rejoin", "seeds", m.cfg.Join, "reached", n, "err", err)
+	}
+}
+
+// eventLoop rebuilds the ring after each batch of membership events until Close.
+func (m *Membership) eventLoop() {
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-m.changedCh:
+			m.rebuild()
+		}
+	}
+}
+
+// changed records that nodes changed. It never blocks: events that arrive
+// while a rebuild is pending are folded into it.
+func (m *Membership) changed() {
+	select {
+	case m.changedCh <- struct{}{}:
+	default:
+	}
+}
+
+// rebuild builds the ring of the current members and publishes it if its
+// epoch differs. Only Start (before eventLoop runs) and eventLoop call it.
+func (m *Membership) rebuild() {
+	m.nodesMu.Lock()
+	ms := make([]ring.Member, 0, len(m.nodes))
+	for name, n := range m.nodes {
+		md, err := decodeMeta(n.meta)
+		if err != nil {
+			m.log.Warn("gossip: member left out of the ring", "member", name, "gossip_addr", n.gossipAddr, "err", err)
+			continue
+		}
+		if md.State == StateLeaving {
+			continue
+		}
+		ms = append(ms, ring.Member{Name: name, Addr: md.GRPC})
+	}
+	m.nodesMu.Unlock()
+	r, err := ring.New(ms, m.cfg.Placement)
+	if err != nil {
+		// Names are unique in memberlist and Placement was validated.
+		m.log.Error("gossip: BUG: cannot build ring; keeping the old one", "members", len(ms), "err", err)
+		return
+	}
+	old := m.cur.Load()
+	if old != nil && old.Epoch() == r.Epoch() {
+		return
+	}
+	m.mu.Lock()
+	m.cur.Store(r)
+	for w := range m.watchers {
+		sendLatest(w, r)
+	}
+	m.mu.Unlock()
+	if old != nil {
+		m.log.Info("gossip: ring changed", "epoch", fmt.Sprintf("%016x", r.Epoch()),
+			"prev_epoch", fmt.Sprintf("%016x", old.Epoch()), "members", r.Len(), "prev_members", old.Len())
+	}
+}
+
+// sendLatest puts r in w, replacing a value the watcher has not taken yet.
+// Only rebuild sends, under mu, so the second send cannot block.
+func sendLatest(w chan *ring.Ring, r *ring.Ring) {
+	select {
+	case w <- r:
+		return
+	default:
+	}
+	select {
+	case <-w:
+	default:
+	}
+	w <- r
+}
+
+// Ring returns the current placement. It never returns nil; after Close it
+// returns the last ring.
+func (m *Membership) Ring() *ring.Ring { return m.cur.Load() }
+
+// Watch returns a channel that holds the newest ring: the current one at
+// once, then each ring with a new epoch. A slow reader skips intermediate
+// rings but always gets the newest. cancel (idempotent) stops the watch and
+// closes the channel; Close closes every channel.
+func (m *Membership) Watch() (<-chan *ring.Ring, func()) {
+	w := make(chan *ring.Ring, 1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	w <- m.cur.Load()
+	if m.watchClose {
+		close(w)
+		return w, func() {}
+	}
+	m.watchers[w] = struct{}{}
+	return w, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if _, ok := m.watchers[w]; ok {
+			delete(m.watchers, w)
+			close(w)
+		}
+	}
+}
+
+// Members returns the live members (alive or suspect), sorted by name.
+func (m *Membership) Members() []MemberState {
+	m.nodesMu.Lock()
+	out := make([]MemberState, 0, len(m.nodes))
+	for name, n := range m.nodes {
+		s := MemberState{Name: name, GossipAddr: n.gossipAddr}
+		if md, err := decodeMeta(n.meta); err == nil {
+			s.GRPCAddr, s.State, s.Boot = md.GRPC, md.State, md.Boot
+		}
+		out = append(out, s)
+	}
+	m.nodesMu.Unlock()
+	slices.SortFunc(out, func(a, b MemberState) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Name returns the local node name.
+func (m *Membership) Name() string { return m.cfg.NodeName }
+
+// GossipAddr returns the host:port peers reach the local node's memberlist at.
+func (m *Membership) GossipAddr() string { return m.gossipAddr }
+
+// SetState announces a new state for the local node and waits until the
+// update has been sent to a peer, until ctx ends, or for 5s if ctx has no
+// deadline. The local metadata (and the local ring) change at once, even when
+// it returns a timeout error; gossip still spreads the update later.
+func (m *Membership) SetState(ctx context.Context, s State) error {
+	if !s.valid() {
+		return fmt.Errorf("gossip: state %d out of range [%d, %d]", s, StateJoining, StateLeaving)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.lifeMu.RLock()
+	defer m.lifeMu.RUnlock()
+	switch {
+	case m.closed:
+		return ErrClosed
+	case m.left:
+		return ErrLeft
+	}
+	m.metaMu.Lock()
+	prev := m.meta.State
+	m.meta.State = s
+	m.metaMu.Unlock()
+	m.log.Info("gossip: state", "state", s, "prev", prev)
+	if err := m.ml.UpdateNode(waitFor(ctx)); err != nil {
+		return fmt.Errorf("gossip: announce state %s: %w", s, err)
+	}
+	return nil
+}
+
+// Leave announces that the local node leaves the cluster and waits until the
+// announcement has been sent to a peer, until ctx ends, or for 5s if ctx has
+// no deadline. Peers drop the node from their rings at once instead of after
+// failure detection. The node keeps gossiping until Close. Calling Leave
+// again does nothing.
+func (m *Membership) Leave(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+	if m.closed {
+		return ErrClosed // memberlist panics on Leave after Shutdown
+	}
+	m.left = true
+	err := m.ml.Leave(waitFor(ctx))
+	m.log.Info("gossip: left", "err", err)
+	if err != nil {
+		return fmt.Errorf("gossip: leave: %w", err)
+	}
+	return nil
+}
+
+// Close stops memberlist at once, without a leave message (call Leave first
+// for a graceful exit; without it peers see a failure), stops the event and
+// rejoin loops and waits for them, and closes every Watch channel. It may
+// wait up to TCPTimeout for a join in flight. Calling Close again does
+// nothing.
+func (m *Membership) Close() error {
+	m.lifeMu.Lock()
+	if m.closed {
+		m.lifeMu.Unlock()
+		return nil
+	}
+	m.closed = true
+	err := m.ml.Shutdown()
+	m.lifeMu.Unlock()
+	close(m.done)
+	m.wg.Wait()
+	m.mu.Lock()
+	for w := range m.watchers {
+		close(w)
+	}
+	m.watchers = nil
+	m.watchClose = true
+	m.mu.Unlock()
+	m.log.Info("gossip: closed")
+	if err != nil {
+		return fmt.Errorf("gossip: shutdown: %w", err)
+	}
+	return nil
+}
+
+// waitFor turns ctx into the timeout memberlist's blocking calls take.
+func waitFor(ctx context.Context) time.Duration {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return defaultWait
+	}
+	return max(time.Until(d), time.Millisecond) // memberlist waits forever on 0
+}
+
+// delegate implements memberlist's Delegate, EventDelegate and
+// ConflictDelegate. memberlist calls the event methods with its node lock
+// held, so they only copy, log and signal.
+type delegate struct{ m *Membership }
+
+func (d delegate) NodeMeta(limit int) []byte {
+	d.m.metaMu.Lock()
+	b := d.m.meta.append(nil)
+	d.m.metaMu.Unlock()
+	if len(b) > limit {
+		panic(fmt.Sprintf("BUG: gossip metadata is %d bytes, limit %d", len(b), limit))
+	}
+	return b
+}
+
+func (delegate) NotifyMsg([]byte)                           {}
+func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (delegate) LocalState(join bool) []byte                { return nil }
+func (delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+func (d delegate) NotifyJoin(n *memberlist.Node) {
+	info := d.put(n)
+	md, err := decodeMeta(info.meta)
+	d.m.log.Info("gossip: member joined", "member", n.Name, "gossip_addr", info.gossipAddr,
+		"grpc_addr", md.GRPC, "state", md.State, "meta_err", err)
+}
+
+func (d delegate) NotifyUpdate(n *memberlist.Node) {
+	info := d.put(n)
+	md, err := decodeMeta(info.meta)
+	d.m.log.Info("gossip: member updated", "member", n.Name, "gossip_addr", info.gossipAddr,
+		"grpc_addr", md.GRPC, "state", md.State, "meta_err", err)
+}
+
+func (d delegate) NotifyLeave(n *memberlist.Node) {
+	d.m.nodesMu.Lock()
+	delete(d.m.nodes, n.Name)
+	d.m.nodesMu.Unlock()
+	d.m.changed()
+	// memberlist does not say whether it left or failed (Node.State is not set).
+	d.m.log.Info("gossip: member left or failed", "member", n.Name, "gossip_addr", n.Address())
+}
+
+func (d delegate) NotifyConflict(existing, other *memberlist.Node) {
+	d.m.log.Warn("gossip: name conflict; the newcomer is ignored until the old member is dead for DeadNodeReclaimTime",
+		"member", existing.Name, "existing_addr", existing.Address(), "new_addr", other.Address(),
+		"reclaim_time", d.m.cfg.DeadNodeReclaimTime)
+}
+
+func (d delegate) put(n *memberlist.Node) nodeInfo {
+	info := nodeInfo{gossipAddr: n.Address(), meta: bytes.Clone(n.Meta)}
+	d.m.nodesMu.Lock()
+	d.m.nodes[n.Name] = info
+	d.m.nodesMu.Unlock()
+	d.m.changed()
+	return info
+}

@@ -1,0 +1,91 @@
+package gossip
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// State is what a member announces about itself in its gossip metadata.
+type State uint8
+
+// States. The numbers are on the wire: they may only be added, never changed.
+const (
+	StateJoining State = 1 // up, recovering or taking over history; answers NOT_SERVING; in the ring
+	StateServing State = 2 // answering checks; in the ring
+	StateLeaving State = 3 // draining before Leave; out of the ring, still reachable for handoff
+)
+
+func (s State) String() string {
+	switch s {
+	case StateJoining:
+		return "joining"
+	case StateServing:
+		return "serving"
+	case StateLeaving:
+		return "leaving"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+func (s State) valid() bool { return s >= StateJoining && s <= StateLeaving }
+
+// ErrBadMeta is returned (wrapped) for node metadata that does not decode.
+var ErrBadMeta = errors.New("gossip: bad node metadata")
+
+// metaVersion is the first byte of the metadata. Fields are only ever appended
+// and decoders ignore trailing bytes, so version 1 stays readable by every
+// later binary; the version changes only if an existing field changes meaning.
+const metaVersion = 1
+
+// maxGRPCAddr bounds the gRPC address so the metadata stays far below
+// memberlist's MetaMaxSize (512 bytes).
+const maxGRPCAddr = 255
+
+// meta is a member's gossip metadata:
+//
+//	| version u8 = 1 | state u8 | boot u64 LE | uvarint len | gRPC addr |
+type meta struct {
+	State State
+	Boot  uint64 // random per Start
+	GRPC  string // gRPC host:port
+}
+
+func (m meta) append(dst []byte) []byte {
+	dst = append(dst, metaVersion, byte(m.State))
+	dst = binary.LittleEndian.AppendUint64(dst, m.Boot)
+	dst = binary.AppendUvarint(dst, uint64(len(m.GRPC)))
+	return append(dst, m.GRPC...)
+}
+
+func decodeMeta(b []byte) (meta, error) {
+	const head = 1 + 1 + 8
+	if len(b) < head {
+		return meta{}, fmt.Errorf("%w: %d bytes, want at least %d", ErrBadMeta, len(b), head)
+	}
+	if b[0] != metaVersion {
+		return meta{}, fmt.Errorf("%w: version %d, want %d", ErrBadMeta, b[0], metaVersion)
+	}
+	m := meta{State: State(b[1]), Boot: binary.LittleEndian.Uint64(b[2:])}
+	if !m.State.valid() {
+		return meta{}, fmt.Errorf("%w: state %d", ErrBadMeta, b[1])
+	}
+	n, k := binary.Uvarint(b[head:])
+	if k <= 0 || k != uvarintLen(n) { // truncated, overflowing or not minimal
+		return meta{}, fmt.Errorf("%w: bad address length", ErrBadMeta)
+	}
+	rest := b[head+k:]
+	if n > maxGRPCAddr || n > uint64(len(rest)) {
+		return meta{}, fmt.Errorf("%w: address length %d, %d bytes left, max %d", ErrBadMeta, n, len(rest), maxGRPCAddr)
+	}
+	m.GRPC = string(rest[:n])
+	return m, nil
+}
+
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
+}
