@@ -213,6 +213,90 @@ func (d *Domain) fillRemaining(dec *Decision) {
 	}
 }
 
+// Insert records it as sent at time at (unix ms) without deciding, placing
+// its sends in time order among those the record holds, whatever their
+// times. Mode is ignored. A record is a function of the set of sends it was
+// given: inserting the same sends in any order, or applying them in time
+// order, gives identical bytes. That is how a node rebuilds records from its
+// write-ahead log, where concurrent batches may appear out of time order.
+// The returned bytes live in s, valid until the next call with s.
+func (d *Domain) Insert(s *Scratch, rec []byte, tag uint16, at int64, it Item) ([]byte, error) {
+	cost := it.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	switch {
+	case cost < 1 || cost > MaxCost:
+		return nil, fmt.Errorf("%w: cost %d out of range [1, %d]", ErrInvalid, it.Cost, MaxCost)
+	case at < 0 || at > maxTime:
+		return nil, fmt.Errorf("%w: time %d ms out of range [0, %d]", ErrInvalid, at, int64(maxTime))
+	}
+	st := &s.st
+	if len(rec) == 0 {
+		st.reset(tag)
+	} else if err := st.decode(rec); err != nil {
+		return nil, err
+	}
+	hasContent := it.Content != 0 && d.contentCap > 0
+	if d.recipCap == 0 && !hasContent {
+		return nil, nil
+	}
+	if d.recipCap > 0 {
+		st.recip = insertSorted(st.recip, at, cost)
+	}
+	if hasContent {
+		fp := contentFP(it.Content)
+		ci := -1
+		for j, c := range st.clogs {
+			if c.fp == fp {
+				ci = j
+				break
+			}
+		}
+		if ci < 0 && len(st.clogs) >= MaxContents {
+			return nil, fmt.Errorf("%w: recipient already has %d distinct contents inside the content window", ErrFull, MaxContents)
+		}
+		st.addContent(ci, fp, at, cost)
+		if ci < 0 {
+			ci = len(st.clogs) - 1
+		}
+		// addContent appended the entries; move them before any later ones.
+		c := st.clogs[ci]
+		e := st.ctimes[c.off : c.off+c.n]
+		old := e[:len(e)-cost]
+		i := len(old) - countAfter(old, at)
+		copy(e[i+cost:], old[i:])
+		for k := range cost {
+			e[i+k] = at
+		}
+	}
+	st.newest = max(st.newest, at)
+	d.prune(st, st.newest)
+	if len(st.recip) == 0 && len(st.clogs) == 0 {
+		return nil, nil
+	}
+	out := st.encode(s.out[:0])
+	s.out = out
+	if len(out) > MaxRecordBytes {
+		return nil, fmt.Errorf("%w: record would take %d bytes, more than %d", ErrFull, len(out), MaxRecordBytes)
+	}
+	return out, nil
+}
+
+// insertSorted inserts cost copies of t into the ascending log, after any
+// equal entries, and returns it.
+func insertSorted(log []int64, t int64, cost int) []int64 {
+	i := len(log) - countAfter(log, t) // first entry > t
+	for range cost {
+		log = append(log, 0)
+	}
+	copy(log[i+cost:], log[i:])
+	for k := range cost {
+		log[i+k] = t
+	}
+	return log
+}
+
 // addContent appends cost entries at t to content log ci (a new log for fp
 // when ci < 0), first moving the log to the end of ctimes if it is not there.
 func (s *state) addContent(ci int, fp uint32, t int64, cost int) {
@@ -255,6 +339,12 @@ func (d *Domain) prune(s *state, t int64) {
 			if lo < n {
 				kept = append(kept, contentLog{fp: c.fp, off: c.off + lo, n: n - lo})
 			}
+		}
+	}
+	// Canonical order, so that equal states encode to equal bytes.
+	for i := 1; i < len(kept); i++ {
+		for j := i; j > 0 && kept[j].fp < kept[j-1].fp; j-- {
+			kept[j], kept[j-1] = kept[j-1], kept[j]
 		}
 	}
 	s.clogs = kept
