@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/bits"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
 )
 
@@ -47,6 +49,30 @@ type Config struct {
 	SweepInterval time.Duration // how often idle records are reclaimed; 0 means 1 minute, negative disables
 	Clock         Clock         // nil means the system clock
 	Logger        *slog.Logger  // nil means discard
+
+	// DataDir holds the write-ahead log and snapshots. Empty means memory
+	// only: a restart forgets every send.
+	DataDir string
+	// Sync is the WAL's fsync policy (see package wal); the zero value,
+	// wal.SyncBatch, fsyncs every group commit before replying.
+	Sync wal.SyncPolicy
+	// SyncInterval is the fsync period under wal.SyncInterval; 0 means 10ms.
+	SyncInterval time.Duration
+	// SegmentBytes is the WAL segment size; 0 means 64 MiB.
+	SegmentBytes int64
+	// SnapshotInterval is the longest time between snapshots; 0 means 1
+	// minute, negative means only on shutdown and by SnapshotWALBytes.
+	SnapshotInterval time.Duration
+	// SnapshotWALBytes takes a snapshot once the WAL has grown this much
+	// since the last one; 0 means 64 MiB, negative disables. With
+	// SnapshotInterval it bounds the WAL a restart replays.
+	SnapshotWALBytes int64
+	// RetentionMargin is kept beyond the longest rule window before WAL
+	// segments are deleted; 0 means 10 minutes.
+	RetentionMargin time.Duration
+	// SkipCorrupt opens a WAL or snapshot with damaged sealed data by
+	// skipping the damage (and logging how much) instead of refusing to start.
+	SkipCorrupt bool
 }
 
 func (c *Config) fill() {
@@ -65,6 +91,15 @@ func (c *Config) fill() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.SnapshotInterval == 0 {
+		c.SnapshotInterval = time.Minute
+	}
+	if c.SnapshotWALBytes == 0 {
+		c.SnapshotWALBytes = 64 << 20
+	}
+	if c.RetentionMargin == 0 {
+		c.RetentionMargin = 10 * time.Minute
+	}
 }
 
 func (c *Config) validate() error {
@@ -80,8 +115,17 @@ type Node struct {
 	cfg     Config
 	log     *slog.Logger
 	domains map[string]*domainState
+	longest int64 // longest window of any domain, ms
 
-	checks, admitted, denied, failed atomic.Int64
+	ready     atomic.Bool // Check decides; false until Open has recovered, and after Close
+	opened    bool
+	dur       *durable // nil without a DataDir
+	recovery  RecoveryStats
+	stopLoops context.CancelFunc
+	loops     sync.WaitGroup // background loops started by Open
+	encoders  sync.Pool      // *walEncoder
+
+	checks, admitted, denied, failed, snapshots atomic.Int64
 }
 
 // domainState is one domain's rules, records and API description.
@@ -101,7 +145,9 @@ func New(cfg Config) (*Node, error) {
 	for _, name := range cfg.Rules.Names() {
 		d := cfg.Rules.Domain(name)
 		n.domains[name] = &domainState{d: d, store: newStore(d, cfg.Shards), proto: domainProto(d)}
+		n.longest = max(n.longest, d.Longest())
 	}
+	n.ready.Store(cfg.DataDir == "") // a memory-only node has nothing to recover
 	return n, nil
 }
 
@@ -238,7 +284,11 @@ func (n *Node) item(req *pb.CheckRequest, i int) (*domainState, window.Item, *it
 }
 
 // Check decides a batch. Items are decided in order at one clock reading.
+// With a DataDir, the sends it records are in the WAL before it returns.
 func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	if !n.ready.Load() {
+		return nil, status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
+	}
 	if err := checkShape(req); err != nil {
 		return nil, err
 	}
@@ -257,16 +307,28 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 		RuleRetryAfterMs: make([]int64, 0, cnt*4),
 		Domains:          make(map[string]*pb.Domain, 1),
 	}
-	now := n.cfg.Clock.Now() / int64(time.Millisecond)
+	now := n.nowMs()
 	var dec window.Decision
 	var admitted, denied, failed int64
+	var enc *walEncoder
+	if n.dur != nil {
+		enc, _ = n.encoders.Get().(*walEncoder)
+		if enc == nil {
+			enc = new(walEncoder)
+		}
+		enc.reset()
+		defer n.encoders.Put(enc)
+	}
 	for i := range cnt {
 		resp.DeniedBy[i] = -1
 		ds, it, ierr := n.item(req, i)
 		if ierr == nil {
 			key, tag := KeyOf(req.Recipients[i])
-			if err := ds.store.apply(key, tag, now, it, &dec); err != nil {
+			seq, err := ds.store.apply(key, tag, now, it, &dec)
+			if err != nil {
 				ierr = n.applyError(req, i, err)
+			} else if dec.Recorded && enc != nil {
+				enc.add(walSend{domain: ds.d.Name(), key: key, tag: tag, seq: seq, at: dec.At, content: it.Content, cost: it.Cost})
 			}
 		}
 		if ierr != nil {
@@ -296,7 +358,18 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 	n.admitted.Add(admitted)
 	n.denied.Add(denied)
 	n.failed.Add(failed)
+	if enc != nil {
+		if err := n.appendWAL(ctx, enc); err != nil {
+			n.log.Error("WAL append failed: the batch was decided in memory but is not durable", "err", err)
+			return nil, status.Errorf(codes.Unavailable, "write-ahead log: %v", err)
+		}
+	}
 	return resp, nil
+}
+
+// windowItem is the item a WAL send records.
+func windowItem(s walSend) window.Item {
+	return window.Item{Content: s.content, Cost: s.cost, Mode: window.RecordOnly}
 }
 
 // applyError turns a store error into an item error.
@@ -334,6 +407,8 @@ func (n *Node) Rules(context.Context, *pb.RulesRequest) (*pb.RulesResponse, erro
 // Stats are a node's counters at one moment.
 type Stats struct {
 	Checks, Admitted, Denied, Failed int64 // items decided since start
+	Snapshots                        int64 // snapshots written since start
+	WAL                              wal.Stats
 	Domains                          []DomainStats
 }
 
@@ -350,7 +425,10 @@ type DomainStats struct {
 
 // Stats returns the node's counters. It takes each shard lock briefly.
 func (n *Node) Stats() Stats {
-	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load()}
+	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(), Snapshots: n.snapshots.Load()}
+	if n.dur != nil {
+		s.WAL = n.dur.log.Stats()
+	}
 	for _, name := range n.cfg.Rules.names {
 		st := n.domains[name].store.stats()
 		s.Domains = append(s.Domains, DomainStats{

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -34,38 +33,43 @@ func (s limiterServer) Rules(ctx context.Context, req *pb.RulesRequest) (*pb.Rul
 }
 
 // NewGRPCServer returns a gRPC server with the node's Limiter service, gRPC
-// health (reporting SERVING) and reflection registered, and the health
-// server to flip when shutting down.
+// health (NOT_SERVING until the caller sets it) and reflection registered,
+// and the health server.
 func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts...)
 	srv := grpc.NewServer(opts...)
 	pb.RegisterLimiterServer(srv, limiterServer{n: n})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(pb.Limiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	setHealth(hs, healthpb.HealthCheckResponse_NOT_SERVING)
 	reflection.Register(srv)
 	return srv, hs
 }
 
-// Serve serves gRPC on lis and sweeps idle records until ctx is done, then
-// reports NOT_SERVING, finishes in-flight calls (for at most ShutdownGrace)
-// and returns. It returns nil after a shutdown through ctx.
+func setHealth(hs *health.Server, s healthpb.HealthCheckResponse_ServingStatus) {
+	hs.SetServingStatus("", s)
+	hs.SetServingStatus(pb.Limiter_ServiceDesc.ServiceName, s)
+}
+
+// Serve serves gRPC on lis until ctx is done. It listens at once, reporting
+// NOT_SERVING while Open recovers, then SERVING. When ctx is done it reports
+// NOT_SERVING, finishes in-flight calls (for at most ShutdownGrace), closes the
+// node (a final snapshot with a DataDir) and returns nil.
 func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	srv, hs := n.NewGRPCServer()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	sweepCtx, stopSweep := context.WithCancel(ctx)
-	defer stopSweep()
-	if n.cfg.SweepInterval > 0 {
-		wg.Go(func() { n.sweepLoop(sweepCtx) })
-	}
-
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
-	n.log.Info("serving", "addr", lis.Addr().String(), "rules", n.cfg.Rules.Source(), "domains", n.cfg.Rules.names, "shards", n.cfg.Shards)
+	n.log.Info("listening", "addr", lis.Addr().String(), "rules", n.cfg.Rules.Source(), "domains", n.cfg.Rules.names, "shards", n.cfg.Shards, "data_dir", n.cfg.DataDir)
+	if err := n.Open(ctx); err != nil {
+		srv.Stop()
+		<-errc
+		return err
+	}
+	setHealth(hs, healthpb.HealthCheckResponse_SERVING)
+	n.log.Info("serving")
 	select {
 	case err := <-errc:
+		n.Close()
 		return err
 	case <-ctx.Done():
 	}
@@ -82,8 +86,12 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 		srv.Stop()
 		<-stopped
 	}
+	cerr := n.Close()
 	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
+	}
+	if cerr != nil {
+		return cerr
 	}
 	n.log.Info("stopped")
 	return nil

@@ -24,6 +24,7 @@ type shard struct {
 	index      table          // key hash -> slot
 	slabs      []slab         // per size class
 	scratch    window.Scratch // working memory of window.Apply
+	seq        uint64         // sends recorded in this shard, ever; numbers each one for the WAL
 	records    int64          // entries in index
 	collisions int64          // records created for a key whose hash matched another recipient's
 	expired    int64          // records reclaimed by sweep
@@ -45,21 +46,53 @@ func newStore(d *window.Domain, shards int) *store {
 func (st *store) shardOf(key uint64) *shard { return &st.shards[key>>st.shift] }
 
 // apply decides it for the recipient with key hash key and verifier tag at
-// time now (unix ms), recording it if the decision says so.
-func (st *store) apply(key uint64, tag uint16, now int64, it window.Item, dec *window.Decision) error {
-	if key == 0 {
-		key = 1 // 0 marks empty index entries
-	}
+// time now (unix ms), recording it if the decision says so. A recorded
+// item gets seq, its shard's next sequence number (0 if not recorded).
+func (st *store) apply(key uint64, tag uint16, now int64, it window.Item, dec *window.Decision) (seq uint64, err error) {
+	key = storedKey(key)
 	sh := st.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	pos, rec, other := sh.lookup(key, tag)
 	out, err := st.domain.Apply(&sh.scratch, rec, tag, now, it, dec)
 	if err != nil || out == nil {
+		return 0, err
+	}
+	if err := sh.put(key, pos, out, other); err != nil {
+		dec.Recorded = false
+		return 0, err
+	}
+	sh.seq++
+	return sh.seq, nil
+}
+
+// insert records it as sent at time at without deciding (window.Insert), for
+// replaying the write-ahead log, and raises the shard's sequence number to
+// seq if it is below.
+func (st *store) insert(key uint64, tag uint16, at int64, it window.Item, seq uint64) error {
+	key = storedKey(key)
+	sh := st.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.seq = max(sh.seq, seq)
+	pos, rec, other := sh.lookup(key, tag)
+	out, err := st.domain.Insert(&sh.scratch, rec, tag, at, it)
+	if err != nil || out == nil {
 		return err
 	}
 	return sh.put(key, pos, out, other)
 }
+
+// raiseSeq raises the sequence number of key's shard to seq if it is below.
+func (st *store) raiseSeq(key, seq uint64) {
+	sh := st.shardOf(storedKey(key))
+	sh.mu.Lock()
+	sh.seq = max(sh.seq, seq)
+	sh.mu.Unlock()
+}
+
+// storedKey maps key hash 0, which marks empty index entries, to 1.
+func storedKey(key uint64) uint64 { return max(key, 1) }
 
 // lookup returns the index position and slot of key's record with tag, or -1
 // and nil if there is none; other reports an entry of the same key with

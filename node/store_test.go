@@ -30,7 +30,7 @@ func TestStoreMatchesEngine(t *testing.T) {
 		}
 		key, tag := KeyOf(rcp)
 		var got, want window.Decision
-		if err := st.apply(key, tag, now, it, &got); err != nil {
+		if _, err := st.apply(key, tag, now, it, &got); err != nil {
 			t.Fatal(err)
 		}
 		out, err := d.Apply(&s, plain[rcp], tag, now, it, &want)
@@ -57,12 +57,12 @@ func TestStoreTellsCollidingRecipientsApart(t *testing.T) {
 	const key = 0xdeadbeef
 	var dec window.Decision
 	for _, tag := range []uint16{1, 2} {
-		if err := st.apply(key, tag, t0, window.Item{}, &dec); err != nil || !dec.Admitted {
+		if _, err := st.apply(key, tag, t0, window.Item{}, &dec); err != nil || !dec.Admitted {
 			t.Fatalf("tag %d: first send %+v, %v", tag, dec, err)
 		}
 	}
 	for _, tag := range []uint16{1, 2} {
-		if err := st.apply(key, tag, t0+1, window.Item{}, &dec); err != nil || dec.Admitted {
+		if _, err := st.apply(key, tag, t0+1, window.Item{}, &dec); err != nil || dec.Admitted {
 			t.Fatalf("tag %d: second send %+v, %v; want denied", tag, dec, err)
 		}
 	}
@@ -70,7 +70,7 @@ func TestStoreTellsCollidingRecipientsApart(t *testing.T) {
 		t.Fatalf("stats %+v, want 2 records and 1 collision", s)
 	}
 	// Key 0 is stored as 1; it still works.
-	if err := st.apply(0, 9, t0, window.Item{}, &dec); err != nil || !dec.Admitted {
+	if _, err := st.apply(0, 9, t0, window.Item{}, &dec); err != nil || !dec.Admitted {
 		t.Fatalf("key 0: %+v %v", dec, err)
 	}
 }
@@ -89,7 +89,7 @@ func TestSweepReclaimsIdleRecords(t *testing.T) {
 		if i%16 == 0 {
 			at = t0 + d.Longest() // one in 16 is newer by a whole window
 		}
-		if err := st.apply(key, tag, at, window.Item{Content: 5}, &dec); err != nil {
+		if _, err := st.apply(key, tag, at, window.Item{Content: 5}, &dec); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -106,7 +106,7 @@ func TestSweepReclaimsIdleRecords(t *testing.T) {
 	// content within the hour is denied.
 	for i := 0; i < n; i += 16 {
 		key, tag := KeyOf(fmt.Sprint(i))
-		if err := st.apply(key, tag, t0+d.Longest()+1, window.Item{Content: 5}, &dec); err != nil || dec.Admitted {
+		if _, err := st.apply(key, tag, t0+d.Longest()+1, window.Item{Content: 5}, &dec); err != nil || dec.Admitted {
 			t.Fatalf("recipient %d after the sweep: %+v, %v; want denied by b", i, dec, err)
 		}
 	}

@@ -103,7 +103,7 @@ func BenchmarkStoreCheck(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				key, tag := benchKey(rng.IntN(n))
 				at := now + int64(float64(i)*step)
-				if err := st.apply(key, tag, at, window.Item{Content: uint64(i&7) + 1, Mode: benchMode}, &dec); err != nil {
+				if _, err := st.apply(key, tag, at, window.Item{Content: uint64(i&7) + 1, Mode: benchMode}, &dec); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -141,7 +141,7 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 					for i := range tc.n {
 						key, tag := KeyOf(fmt.Sprintf("+86%011d", i))
 						for _, snd := range window.SteadyStateSends(rng, now) {
-							if err := st.apply(key, tag, snd.At, window.Item{Content: snd.Content}, &dec); err != nil {
+							if _, err := st.apply(key, tag, snd.At, window.Item{Content: snd.Content}, &dec); err != nil {
 								b.Fatal(err)
 							}
 						}

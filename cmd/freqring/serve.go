@@ -16,25 +16,38 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/wal"
 )
 
 // serveConfig is the config file of "freqring serve"; flags override it.
 type serveConfig struct {
-	Listen        string        `yaml:"listen"`         // gRPC address
-	Rules         string        `yaml:"rules"`          // rules file; empty: embedded defaults
-	Shards        int           `yaml:"shards"`         // per domain, a power of two
-	SweepInterval time.Duration `yaml:"sweep_interval"` // idle-record reclaim period
-	LogLevel      string        `yaml:"log_level"`      // debug, info, warn, error
+	Listen           string        `yaml:"listen"`             // gRPC address
+	Rules            string        `yaml:"rules"`              // rules file; empty: embedded defaults
+	Shards           int           `yaml:"shards"`             // per domain, a power of two
+	SweepInterval    time.Duration `yaml:"sweep_interval"`     // idle-record reclaim period
+	LogLevel         string        `yaml:"log_level"`          // debug, info, warn, error
+	DataDir          string        `yaml:"data_dir"`           // WAL and snapshots; empty: memory only
+	Sync             string        `yaml:"sync"`               // batch, interval, none
+	SyncInterval     time.Duration `yaml:"sync_interval"`      // with sync: interval
+	SnapshotInterval time.Duration `yaml:"snapshot_interval"`  // longest time between snapshots
+	SnapshotWALBytes int64         `yaml:"snapshot_wal_bytes"` // WAL growth that triggers a snapshot
+	SkipCorrupt      bool          `yaml:"skip_corrupt"`       // start past damaged WAL or snapshot data
 }
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	configPath := fs.String("config", "", "YAML config file (keys: listen, rules, shards, sweep_interval, log_level); flags override it")
+	configPath := fs.String("config", "", "YAML config file with the flags' names as keys, dashes as underscores (listen, rules, data_dir, ...); flags override it")
 	listen := fs.String("listen", "127.0.0.1:7070", "gRPC listen address")
 	rulesPath := fs.String("rules", "", "rules file (default: the embedded default rules)")
 	shards := fs.Int("shards", 256, "lock shards per domain, a power of two")
 	sweep := fs.Duration("sweep-interval", time.Minute, "how often idle records are reclaimed (negative disables)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	dataDir := fs.String("data-dir", "", "directory of the write-ahead log and snapshots (default: memory only, a restart forgets every send)")
+	syncPolicy := fs.String("sync", "batch", "WAL fsync policy: batch (fsync before each reply), interval (every --sync-interval), none (leave it to the OS)")
+	syncInterval := fs.Duration("sync-interval", 10*time.Millisecond, "fsync period with --sync interval")
+	snapInterval := fs.Duration("snapshot-interval", time.Minute, "longest time between snapshots (negative: only on shutdown and by size)")
+	snapBytes := fs.Int64("snapshot-wal-bytes", 64<<20, "take a snapshot once the WAL has grown this many bytes (negative disables)")
+	skipCorrupt := fs.Bool("skip-corrupt", false, "start past damaged sealed WAL segments or a damaged snapshot, logging what is skipped, instead of refusing")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring serve [flags]\n\nRuns a node until SIGINT or SIGTERM, then finishes in-flight calls and exits.\n\n")
 		fs.PrintDefaults()
@@ -45,7 +58,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
-	cfg := serveConfig{Listen: *listen, Rules: *rulesPath, Shards: *shards, SweepInterval: *sweep, LogLevel: *logLevel}
+	cfg := serveConfig{Listen: *listen, Rules: *rulesPath, Shards: *shards, SweepInterval: *sweep, LogLevel: *logLevel,
+		DataDir: *dataDir, Sync: *syncPolicy, SyncInterval: *syncInterval, SnapshotInterval: *snapInterval,
+		SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt}
 	if *configPath != "" {
 		fileCfg, err := readServeConfig(*configPath)
 		if err != nil {
@@ -68,6 +83,29 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		if !set["log-level"] && fileCfg.LogLevel != "" {
 			cfg.LogLevel = fileCfg.LogLevel
 		}
+		if !set["data-dir"] && fileCfg.DataDir != "" {
+			cfg.DataDir = fileCfg.DataDir
+		}
+		if !set["sync"] && fileCfg.Sync != "" {
+			cfg.Sync = fileCfg.Sync
+		}
+		if !set["sync-interval"] && fileCfg.SyncInterval != 0 {
+			cfg.SyncInterval = fileCfg.SyncInterval
+		}
+		if !set["snapshot-interval"] && fileCfg.SnapshotInterval != 0 {
+			cfg.SnapshotInterval = fileCfg.SnapshotInterval
+		}
+		if !set["snapshot-wal-bytes"] && fileCfg.SnapshotWALBytes != 0 {
+			cfg.SnapshotWALBytes = fileCfg.SnapshotWALBytes
+		}
+		if !set["skip-corrupt"] && fileCfg.SkipCorrupt {
+			cfg.SkipCorrupt = true
+		}
+	}
+	policies := map[string]wal.SyncPolicy{"batch": wal.SyncBatch, "interval": wal.SyncInterval, "none": wal.SyncNone}
+	policy, ok := policies[cfg.Sync]
+	if !ok {
+		return usagef("sync %q is not one of batch, interval, none", cfg.Sync)
 	}
 
 	var level slog.Level
@@ -83,7 +121,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	n, err := node.New(node.Config{Rules: rules, Shards: cfg.Shards, SweepInterval: cfg.SweepInterval, Logger: logger})
+	n, err := node.New(node.Config{
+		Rules: rules, Shards: cfg.Shards, SweepInterval: cfg.SweepInterval, Logger: logger,
+		DataDir: cfg.DataDir, Sync: policy, SyncInterval: cfg.SyncInterval,
+		SnapshotInterval: cfg.SnapshotInterval, SnapshotWALBytes: cfg.SnapshotWALBytes, SkipCorrupt: cfg.SkipCorrupt,
+	})
 	if err != nil {
 		return err
 	}

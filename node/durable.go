@@ -1,0 +1,303 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/freqring/freqring/wal"
+)
+
+// durable is a node's write-ahead log and snapshot bookkeeping; nil for a
+// memory-only node.
+type durable struct {
+	log *wal.Log
+	dir string // DataDir: snapshots here, segments in dir/wal
+
+	mu        sync.Mutex // serializes snapshots; guards the fields below
+	snapBytes int64      // wal Stats.Bytes when the last snapshot started
+	snapAt    int64      // node clock (unix ns) when the last snapshot started
+}
+
+// RecoveryStats describe what Open rebuilt the node from.
+type RecoveryStats struct {
+	Snapshot        string        // file loaded, "" for none
+	SnapshotRecords int64         // records loaded from it
+	SnapshotBytes   int64         // its size
+	SnapshotTime    time.Duration // time to load it
+	Replayed        int64         // WAL sends inserted
+	Covered         int64         // WAL sends already in the snapshot
+	Expired         int64         // WAL sends older than their domain's longest window
+	UnknownDomain   int64         // WAL sends of a domain the rules no longer have
+	ReplayBytes     int64         // WAL payload bytes read
+	ReplayTime      time.Duration // time to replay them
+	Records         int64         // records after recovery, all domains
+	Total           time.Duration
+}
+
+// Open makes the node ready to decide: with a DataDir it loads the newest
+// snapshot and replays the WAL after it, then starts the background loops
+// (sweep, snapshots, WAL retention) that Close stops. Check answers
+// UNAVAILABLE until Open returns. Open may be called once.
+func (n *Node) Open(ctx context.Context) error {
+	if n.opened {
+		return errors.New("node: Open called twice")
+	}
+	n.opened = true
+	if n.cfg.DataDir != "" {
+		rs, err := n.recover(ctx)
+		if err != nil {
+			return err
+		}
+		n.recovery = rs
+		n.log.Info("recovered", "snapshot", rs.Snapshot, "snapshot_records", rs.SnapshotRecords,
+			"snapshot_bytes", rs.SnapshotBytes, "snapshot_load", rs.SnapshotTime, "wal_sends", rs.Replayed,
+			"wal_bytes", rs.ReplayBytes, "wal_replay", rs.ReplayTime, "covered_by_snapshot", rs.Covered,
+			"expired", rs.Expired, "unknown_domain", rs.UnknownDomain, "records", rs.Records, "took", rs.Total)
+	}
+	loopCtx, cancel := context.WithCancel(context.Background())
+	n.stopLoops = cancel
+	if n.cfg.SweepInterval > 0 {
+		n.loops.Go(func() { n.sweepLoop(loopCtx) })
+	}
+	if n.dur != nil {
+		n.loops.Go(func() { n.durableLoop(loopCtx) })
+	}
+	n.ready.Store(true)
+	return nil
+}
+
+// Recovery returns what Open rebuilt the node from.
+func (n *Node) Recovery() RecoveryStats { return n.recovery }
+
+// Close stops the background loops and, with a DataDir, writes a final
+// snapshot (so that the next start replays no WAL) and closes the WAL. Call
+// it after the last Check has returned.
+func (n *Node) Close() error {
+	n.ready.Store(false)
+	if n.stopLoops != nil {
+		n.stopLoops()
+	}
+	n.loops.Wait()
+	if n.dur == nil {
+		return nil
+	}
+	err := n.snapshot()
+	if cerr := n.dur.log.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (n *Node) nowMs() int64 { return n.cfg.Clock.Now() / int64(time.Millisecond) }
+
+// recover loads the newest snapshot, opens the WAL and replays it.
+func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
+	var rs RecoveryStats
+	start := time.Now()
+	dir := n.cfg.DataDir
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return rs, err
+	}
+	now := n.nowMs()
+	var ss *snapshotState
+	snaps, err := listSnapshots(dir)
+	if err != nil {
+		return rs, err
+	}
+	if len(snaps) > 0 {
+		path := filepath.Join(dir, snaps[len(snaps)-1])
+		t := time.Now()
+		ss, err = n.loadSnapshot(path, now)
+		if err != nil {
+			if !n.cfg.SkipCorrupt {
+				return rs, fmt.Errorf("%w (start with --skip-corrupt to start from the WAL alone, losing what only this snapshot held)", err)
+			}
+			n.log.Error("skipping a damaged snapshot: recovering from the WAL alone", "err", err)
+			n.resetStores()
+			ss = nil
+		} else {
+			rs.Snapshot, rs.SnapshotRecords, rs.SnapshotBytes, rs.SnapshotTime = path, ss.stats.Records, ss.stats.Bytes, time.Since(t)
+		}
+	}
+	resnap := false
+	if ss != nil {
+		for name, seqs := range ss.seqs {
+			ds := n.domains[name]
+			if ds == nil {
+				continue
+			}
+			if len(seqs.seq) != len(ds.store.shards) {
+				resnap = true // shard numbering changed: a fresh snapshot renumbers
+				continue
+			}
+			for i := range ds.store.shards {
+				ds.store.shards[i].seq = seqs.seq[i]
+			}
+		}
+	}
+
+	log, err := wal.Open(wal.Options{
+		Dir: filepath.Join(dir, "wal"), SegmentBytes: n.cfg.SegmentBytes, Sync: n.cfg.Sync,
+		SyncInterval: n.cfg.SyncInterval, SkipCorrupt: n.cfg.SkipCorrupt, Now: n.cfg.Clock.Now,
+		Logger: n.log.With("component", "wal"),
+	})
+	if err != nil {
+		return rs, err
+	}
+	from := wal.Position{}
+	if ss != nil {
+		from = ss.from
+	}
+	t := time.Now()
+	err = log.Replay(from, func(_ wal.Position, p []byte) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rs.ReplayBytes += int64(len(p))
+		return decodeWAL(p, func(s walSend) error {
+			ds := n.domains[s.domain]
+			switch {
+			case ds == nil:
+				rs.UnknownDomain++
+				return nil
+			case ss != nil && ss.covered(s.domain, s.key, s.seq):
+				rs.Covered++
+				return nil
+			case s.at <= now-ds.d.Longest():
+				rs.Expired++
+				ds.store.raiseSeq(s.key, s.seq)
+				return nil
+			}
+			rs.Replayed++
+			return ds.store.insert(s.key, s.tag, s.at, windowItem(s), s.seq)
+		})
+	})
+	rs.ReplayTime = time.Since(t)
+	if err != nil {
+		log.Close()
+		return rs, fmt.Errorf("node: replaying the WAL: %w", err)
+	}
+	n.dur = &durable{log: log, dir: dir, snapBytes: log.Stats().Bytes, snapAt: n.cfg.Clock.Now()}
+	if resnap {
+		if err := n.snapshot(); err != nil {
+			return rs, err
+		}
+	}
+	for _, ds := range n.domains {
+		rs.Records += ds.store.stats().Records
+	}
+	rs.Total = time.Since(start)
+	return rs, nil
+}
+
+// resetStores empties every store, after a partial snapshot load.
+func (n *Node) resetStores() {
+	for _, ds := range n.domains {
+		ds.store = newStore(ds.d, n.cfg.Shards)
+	}
+}
+
+// appendWAL makes the sends of one Check durable before it replies.
+func (n *Node) appendWAL(ctx context.Context, enc *walEncoder) error {
+	if n.dur == nil || enc.n == 0 {
+		return nil
+	}
+	if _, err := n.dur.log.Append(ctx, enc.bytes()); err != nil {
+		return err
+	}
+	return nil
+}
+
+// snapshot writes a snapshot, then deletes older snapshots and the WAL
+// segments it covers.
+func (n *Node) snapshot() error {
+	d := n.dur
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	start := time.Now()
+	// Every send appended before the rotation is in a segment before from,
+	// and in the records the snapshot copies; later ones carry higher shard
+	// sequence numbers than the snapshot saves, or are in it already.
+	from, err := d.log.Rotate()
+	if err != nil {
+		return fmt.Errorf("node: snapshot: %w", err)
+	}
+	walBytes := d.log.Stats().Bytes
+	nowNs := n.cfg.Clock.Now()
+	st, err := n.writeSnapshot(d.dir, from, nowNs/int64(time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("node: snapshot: %w", err)
+	}
+	d.snapBytes, d.snapAt = walBytes, nowNs
+	snaps, err := listSnapshots(d.dir)
+	if err != nil {
+		return err
+	}
+	for _, name := range snaps {
+		if name != snapName(from.Seq) {
+			if err := os.Remove(filepath.Join(d.dir, name)); err != nil {
+				return err
+			}
+		}
+	}
+	removed, err := d.log.RemoveBefore(from.Seq)
+	if err != nil {
+		return err
+	}
+	n.snapshots.Add(1)
+	n.log.Info("snapshot written", "file", snapName(from.Seq), "records", st.Records, "bytes", st.Bytes,
+		"took", time.Since(start), "wal_segments_removed", removed)
+	return nil
+}
+
+// retain deletes WAL segments whose every send is older than the longest
+// window plus RetentionMargin: no record can depend on them.
+func (n *Node) retain() error {
+	cutoff := n.cfg.Clock.Now() - n.longest*int64(time.Millisecond) - int64(n.cfg.RetentionMargin)
+	segs := n.dur.log.Segments()
+	var before uint64
+	for i := 0; i+1 < len(segs); i++ {
+		if segs[i+1].Created <= cutoff { // segment i holds only sends before this
+			before = segs[i+1].Seq
+		}
+	}
+	if before == 0 {
+		return nil
+	}
+	removed, err := n.dur.log.RemoveBefore(before)
+	if removed > 0 {
+		n.log.Debug("expired WAL segments removed", "count", removed)
+	}
+	return err
+}
+
+// durableLoop takes snapshots and expires WAL segments until ctx is done.
+func (n *Node) durableLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d := n.dur
+		d.mu.Lock()
+		grown := d.log.Stats().Bytes - d.snapBytes
+		age := time.Duration(n.cfg.Clock.Now() - d.snapAt)
+		d.mu.Unlock()
+		if (n.cfg.SnapshotWALBytes > 0 && grown >= n.cfg.SnapshotWALBytes) || (n.cfg.SnapshotInterval > 0 && age >= n.cfg.SnapshotInterval && grown > 0) {
+			if err := n.snapshot(); err != nil {
+				n.log.Error("snapshot failed", "err", err)
+			}
+		}
+		if err := n.retain(); err != nil {
+			n.log.Error("WAL retention failed", "err", err)
+		}
+	}
+}

@@ -1,0 +1,335 @@
+package node
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math/bits"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/freqring/freqring/wal"
+	"github.com/freqring/freqring/window"
+)
+
+// ErrCorruptSnapshot reports a snapshot file that fails its checks.
+var ErrCorruptSnapshot = errors.New("node: corrupt snapshot")
+
+// A snapshot holds every record of a node and, per shard, the sequence number
+// of the last send it includes, so that a restart loads it and replays only
+// the WAL from the position it names. Files are named "%016x.snap" after the
+// WAL segment replay starts at, and written atomically (wal.WriteFileAtomic).
+// A file is a series of sections, each framed
+//
+//	| kind u8 | size u32 | crc u32 = CRC-32C(kind + body) | body (size bytes) |
+//
+// little-endian, in this order:
+//
+//	header   "FRQSNAP1", created unix ms u64, replay position: segment u64, offset u64
+//	domain   name length u16, name, shards u32 (once per domain)
+//	shard    shard u32, seq u64, records u32, then each: key u64, length u16, record
+//	         (once per shard of the domain before it)
+//	end      domains u32, shards u32, records u64
+//
+// A missing end section means a truncated file.
+const (
+	snapMagic        = "FRQSNAP1"
+	secHeader  uint8 = 1
+	secDomain  uint8 = 2
+	secShard   uint8 = 3
+	secEnd     uint8 = 4
+	maxSection       = 1 << 30
+)
+
+// snapName is the file name of the snapshot whose replay starts in segment seq.
+func snapName(seq uint64) string { return fmt.Sprintf("%016x.snap", seq) }
+
+// listSnapshots returns the snapshot files of dir, oldest first.
+func listSnapshots(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		name := e.Name()
+		if strings.HasSuffix(name, ".snap") && len(name) == 21 {
+			if _, err := strconv.ParseUint(name[:16], 16, 64); err == nil {
+				out = append(out, name)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// sectionWriter frames sections onto w.
+type sectionWriter struct {
+	w   *bufio.Writer
+	hdr [9]byte
+}
+
+func (sw *sectionWriter) section(kind uint8, body []byte) error {
+	if len(body) > maxSection {
+		return fmt.Errorf("node: snapshot section of %d bytes, more than %d", len(body), maxSection)
+	}
+	sw.hdr[0] = kind
+	binary.LittleEndian.PutUint32(sw.hdr[1:], uint32(len(body)))
+	crc := crc32.Update(crc32.Update(0, crcTable, sw.hdr[:1]), crcTable, body)
+	binary.LittleEndian.PutUint32(sw.hdr[5:], crc)
+	if _, err := sw.w.Write(sw.hdr[:]); err != nil {
+		return err
+	}
+	_, err := sw.w.Write(body)
+	return err
+}
+
+// snapshotStats counts what a snapshot wrote or loaded.
+type snapshotStats struct {
+	Records int64
+	Bytes   int64
+	Skipped int64 // records not loaded: idle, or of a domain the rules no longer have
+}
+
+// writeSnapshot writes every record of every domain to dir as the snapshot
+// whose replay starts at from, locking one shard at a time.
+func (n *Node) writeSnapshot(dir string, from wal.Position, nowMs int64) (snapshotStats, error) {
+	var st snapshotStats
+	err := wal.WriteFileAtomic(dir, snapName(from.Seq), func(w io.Writer) error {
+		cw := &countingWriter{w: w}
+		sw := sectionWriter{w: bufio.NewWriterSize(cw, 1<<20)}
+		body := binary.LittleEndian.AppendUint64([]byte(snapMagic), uint64(nowMs))
+		body = binary.LittleEndian.AppendUint64(body, from.Seq)
+		body = binary.LittleEndian.AppendUint64(body, uint64(from.Offset))
+		if err := sw.section(secHeader, body); err != nil {
+			return err
+		}
+		var shards uint32
+		var buf []byte
+		for _, name := range n.cfg.Rules.names {
+			s := n.domains[name].store
+			body = binary.LittleEndian.AppendUint16(body[:0], uint16(len(name)))
+			body = append(body, name...)
+			body = binary.LittleEndian.AppendUint32(body, uint32(len(s.shards)))
+			if err := sw.section(secDomain, body); err != nil {
+				return err
+			}
+			for i := range s.shards {
+				var cnt int64
+				buf, cnt = s.dumpShard(i, buf[:0])
+				st.Records += cnt
+				if err := sw.section(secShard, buf); err != nil {
+					return err
+				}
+				shards++
+			}
+		}
+		body = binary.LittleEndian.AppendUint32(body[:0], uint32(len(n.cfg.Rules.names)))
+		body = binary.LittleEndian.AppendUint32(body, shards)
+		body = binary.LittleEndian.AppendUint64(body, uint64(st.Records))
+		if err := sw.section(secEnd, body); err != nil {
+			return err
+		}
+		if err := sw.w.Flush(); err != nil {
+			return err
+		}
+		st.Bytes = cw.n
+		return nil
+	})
+	return st, err
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// dumpShard appends shard i's section body to buf: its number, sequence
+// number and records. It holds the shard's lock while it copies.
+func (st *store) dumpShard(i int, buf []byte) ([]byte, int64) {
+	sh := &st.shards[i]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(i))
+	buf = binary.LittleEndian.AppendUint64(buf, sh.seq)
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(sh.records))
+	t := &sh.index
+	for pos := range t.len {
+		k := t.key(pos)
+		if k == 0 {
+			continue
+		}
+		r := t.ref(pos)
+		rec := sh.slabs[r.class()].bytes(r.slot())
+		buf = binary.LittleEndian.AppendUint64(buf, k)
+		buf = binary.LittleEndian.AppendUint16(buf, uint16(len(rec)))
+		buf = append(buf, rec...)
+	}
+	return buf, sh.records
+}
+
+// snapshotState is what a loaded snapshot says about the WAL.
+type snapshotState struct {
+	file    string
+	from    wal.Position           // replay the WAL from here
+	created int64                  // unix ms
+	seqs    map[string]shardSeqs   // per domain: the sequence number each shard's records include
+	stats   snapshotStats
+}
+
+// shardSeqs are a domain's shard sequence numbers in a snapshot, and how
+// keys mapped to those shards.
+type shardSeqs struct {
+	shift uint
+	seq   []uint64
+}
+
+// covered reports whether the send with key and seq is already in the snapshot.
+func (s *snapshotState) covered(domain string, key, seq uint64) bool {
+	ss, ok := s.seqs[domain]
+	if !ok {
+		return false
+	}
+	return seq <= ss.seq[storedKey(key)>>ss.shift]
+}
+
+// loadSnapshot loads path into the node's stores, skipping records whose
+// newest send is at or before their domain's longest window before nowMs.
+func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, 1<<20)
+	ss := &snapshotState{file: path, seqs: map[string]shardSeqs{}}
+	bad := func(off int64, format string, args ...any) error {
+		return fmt.Errorf("%w: %s offset %d: %s", ErrCorruptSnapshot, path, off, fmt.Sprintf(format, args...))
+	}
+	var (
+		off      int64
+		hdr      [9]byte
+		body     []byte
+		domain   *domainState
+		dname    string
+		shards   uint32
+		sawEnd   bool
+		nSecs    int
+		sections uint32
+	)
+	for !sawEnd {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return nil, bad(off, "no end section (%v)", err)
+		}
+		kind, size := hdr[0], binary.LittleEndian.Uint32(hdr[1:])
+		if size > maxSection {
+			return nil, bad(off, "section of %d bytes", size)
+		}
+		body = slices.Grow(body[:0], int(size))[:size]
+		if _, err := io.ReadFull(r, body); err != nil {
+			return nil, bad(off, "section of %d bytes cut short (%v)", size, err)
+		}
+		crc := crc32.Update(crc32.Update(0, crcTable, hdr[:1]), crcTable, body)
+		if want := binary.LittleEndian.Uint32(hdr[5:]); crc != want {
+			return nil, bad(off, "crc %08x, want %08x", crc, want)
+		}
+		if nSecs == 0 && kind != secHeader {
+			return nil, bad(off, "first section is of kind %d, not a header", kind)
+		}
+		br := walReader{b: body}
+		switch kind {
+		case secHeader:
+			if nSecs != 0 || string(br.take(8)) != snapMagic {
+				return nil, bad(off, "misplaced header or unknown format")
+			}
+			ss.created = int64(br.u64())
+			ss.from = wal.Position{Seq: br.u64(), Offset: int64(br.u64())}
+		case secDomain:
+			dname = string(br.take(uint64(br.u64n(2))))
+			shards = uint32(br.u64n(4))
+			if shards == 0 || shards&(shards-1) != 0 || shards > 1<<16 {
+				return nil, bad(off, "domain %q has %d shards", dname, shards)
+			}
+			domain = n.domains[dname]
+			ss.seqs[dname] = shardSeqs{shift: uint(64 - bits.Len(uint(shards-1))), seq: make([]uint64, shards)}
+		case secShard:
+			if dname == "" {
+				return nil, bad(off, "shard section before any domain")
+			}
+			i := uint32(br.u64n(4))
+			seq := br.u64()
+			count := br.u64n(4)
+			if i >= shards {
+				return nil, bad(off, "shard %d of %d", i, shards)
+			}
+			ss.seqs[dname].seq[i] = seq
+			for range count {
+				key := br.u64()
+				rec := br.take(br.u64n(2))
+				if br.err != nil {
+					break
+				}
+				if domain == nil {
+					ss.stats.Skipped++
+					continue
+				}
+				loaded, err := domain.store.load(key, rec, nowMs-domain.d.Longest())
+				if err != nil {
+					return nil, bad(off, "shard %d: %v", i, err)
+				}
+				if loaded {
+					ss.stats.Records++
+				} else {
+					ss.stats.Skipped++
+				}
+			}
+			sections++
+		case secEnd:
+			if want := uint32(br.u64n(4)); want != uint32(len(ss.seqs)) || uint32(br.u64n(4)) != sections {
+				return nil, bad(off, "end section counts %d domains, read %d", want, len(ss.seqs))
+			}
+			sawEnd = true
+		default:
+			return nil, bad(off, "unknown section kind %d", kind)
+		}
+		if br.err != nil {
+			return nil, bad(off, "section of kind %d: %v", kind, br.err)
+		}
+		off += int64(len(hdr)) + int64(size)
+		nSecs++
+	}
+	ss.stats.Bytes = off
+	return ss, nil
+}
+
+// load puts rec as key's record unless its newest send is at or before
+// cutoff (unix ms). It reports whether it did.
+func (st *store) load(key uint64, rec []byte, cutoff int64) (bool, error) {
+	newest, err := window.RecordNewest(rec)
+	if err != nil {
+		return false, err
+	}
+	if newest <= cutoff {
+		return false, nil
+	}
+	key = storedKey(key)
+	tag := window.RecordTag(rec)
+	sh := st.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	pos, _, other := sh.lookup(key, tag)
+	return true, sh.put(key, pos, rec, other)
+}
