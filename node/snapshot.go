@@ -184,9 +184,9 @@ func (st *store) dumpShard(i int, buf []byte) ([]byte, int64) {
 // snapshotState is what a loaded snapshot says about the WAL.
 type snapshotState struct {
 	file    string
-	from    wal.Position           // replay the WAL from here
-	created int64                  // unix ms
-	seqs    map[string]shardSeqs   // per domain: the sequence number each shard's records include
+	from    wal.Position         // replay the WAL from here
+	created int64                // unix ms
+	seqs    map[string]shardSeqs // per domain: the sequence number each shard's records include
 	stats   snapshotStats
 }
 
