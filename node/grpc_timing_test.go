@@ -12,9 +12,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/wal"
 )
 
 // BenchmarkGRPCCheck measures decisions/s and call latency of one node on
@@ -22,15 +24,37 @@ import (
 // rules, recipients uniform over 1M, content from 16 templates, 64
 // concurrent callers over 4 connections, load generator in the same process.
 //
-//	go test -run '^$' -bench GRPCCheck -benchtime 400000x ./node
-func BenchmarkGRPCCheck(b *testing.B) {
+//	go test -run '^$' -bench 'GRPCCheck$' -benchtime 300000x ./node
+func BenchmarkGRPCCheck(b *testing.B) { benchGRPC(b, node.Config{}) }
+
+// BenchmarkGRPCCheckWAL is BenchmarkGRPCCheck without and with the
+// write-ahead log under each sync policy, in one run.
+//
+//	go test -run '^$' -bench 'GRPCCheckWAL' -benchtime 100000x ./node
+func BenchmarkGRPCCheckWAL(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		wal  bool
+		sync wal.SyncPolicy
+	}{{"off", false, 0}, {"batch", true, wal.SyncBatch}, {"interval", true, wal.SyncInterval}, {"none", true, wal.SyncNone}} {
+		b.Run("wal="+tc.name, func(b *testing.B) {
+			cfg := node.Config{Sync: tc.sync}
+			if tc.wal {
+				cfg.DataDir = b.TempDir()
+			}
+			benchGRPC(b, cfg)
+		})
+	}
+}
+
+func benchGRPC(b *testing.B, cfg node.Config) {
 	const (
 		batch      = 100
 		callers    = 64
 		conns      = 4
 		recipients = 1_000_000
 	)
-	n, err := node.New(node.Config{})
+	n, err := node.New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -39,8 +63,9 @@ func BenchmarkGRPCCheck(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go n.Serve(ctx, lis)
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ctx, lis) }()
+	defer func() { cancel(); <-served }()
 	var clients []pb.LimiterClient
 	for range conns {
 		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -55,6 +80,7 @@ func BenchmarkGRPCCheck(b *testing.B) {
 		templates[i] = node.ContentHash(fmt.Appendf(nil, "template %d: your code is ####", i))
 	}
 
+	waitServingNode(b, lis.Addr().String())
 	var mu sync.Mutex
 	var lat []time.Duration
 	b.SetParallelism(callers / 2) // 64 goroutines on the 2 Ps of this machine
@@ -96,4 +122,31 @@ func BenchmarkGRPCCheck(b *testing.B) {
 	b.ReportMetric(q(0.99), "p99-ms")
 	s := n.Stats()
 	b.ReportMetric(float64(s.Denied)/float64(s.Checks)*100, "denied-%")
+	if s.WAL.Batches > 0 {
+		b.ReportMetric(float64(s.WAL.Appends)/float64(s.WAL.Batches), "wal-appends/batch")
+	}
+}
+
+// waitServingNode waits until the node at addr reports SERVING.
+func waitServingNode(tb testing.TB, addr string) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for {
+		r, err := w.Recv()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if r.Status == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+	}
 }

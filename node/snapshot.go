@@ -276,6 +276,9 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 				return nil, bad(off, "shard %d of %d", i, shards)
 			}
 			ss.seqs[dname].seq[i] = seq
+			if domain != nil && len(domain.store.shards) == int(shards) {
+				domain.store.reserve(int(i), int(count))
+			}
 			for range count {
 				key := br.u64()
 				rec := br.take(br.u64n(2))
@@ -315,8 +318,17 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 	return ss, nil
 }
 
-// load puts rec as key's record unless its newest send is at or before
-// cutoff (unix ms). It reports whether it did.
+// reserve makes room in shard i's index for n more records.
+func (st *store) reserve(i, n int) {
+	sh := &st.shards[i]
+	sh.mu.Lock()
+	sh.index.reserve(n)
+	sh.mu.Unlock()
+}
+
+// load adds rec as a new record of key unless its newest send is at or
+// before cutoff (unix ms), and reports whether it did. A snapshot holds each
+// (key, tag) once, and the store was empty: no lookup is needed.
 func (st *store) load(key uint64, rec []byte, cutoff int64) (bool, error) {
 	newest, err := window.RecordNewest(rec)
 	if err != nil {
@@ -326,10 +338,8 @@ func (st *store) load(key uint64, rec []byte, cutoff int64) (bool, error) {
 		return false, nil
 	}
 	key = storedKey(key)
-	tag := window.RecordTag(rec)
 	sh := st.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	pos, _, other := sh.lookup(key, tag)
-	return true, sh.put(key, pos, rec, other)
+	return true, sh.put(key, -1, rec, false)
 }

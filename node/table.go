@@ -1,5 +1,7 @@
 package node
 
+import "math/rand/v2"
+
 // table is an open-addressing hash index from 64-bit key hashes to slot refs,
 // with linear probing and backward-shift deletion (no tombstones). It holds
 // no pointers. Key 0 marks an empty entry, so callers never store key 0.
@@ -8,9 +10,10 @@ package node
 type table struct {
 	// w holds 3 words per entry: key low, key high, ref. Keeping an entry's
 	// key and ref together costs one cache miss per lookup, not two.
-	w   []uint32
-	len int // entries the table can hold
-	n   int // entries in use
+	w    []uint32
+	len  int    // entries the table can hold
+	n    int    // entries in use
+	seed uint64 // mixed into homes, drawn anew for every table (see home)
 }
 
 func (t *table) key(i int) uint64    { return uint64(t.w[3*i]) | uint64(t.w[3*i+1])<<32 }
@@ -26,9 +29,16 @@ const (
 	maxLoad     = 0.85 // grow past this fill; probes stay short for uniform hashes
 )
 
-// home returns the first slot to probe for key h: a multiply-shift of its low
-// 32 bits, so table lengths need not be powers of two.
-func (t *table) home(h uint64) int { return int(uint64(uint32(h)) * uint64(t.len) >> 32) }
+// home returns the first slot to probe for key h: h mixed with the table's
+// seed, then scaled to the length by a multiply-shift (so lengths need not be
+// powers of two). The seed matters: entries copied from one table to another
+// (a resize, a snapshot load) arrive in the first table's home order, and
+// without a fresh seed they would arrive in the second's too, piling up into
+// one probe run as long as the table.
+func (t *table) home(h uint64) int {
+	m := (h ^ t.seed) * 0x9e3779b97f4a7c15
+	return int(m >> 32 * uint64(t.len) >> 32)
+}
 
 // find returns the position of the next entry whose key is h, probing from
 // position from (-1 means h's home), or -1 when there is none. Pass pos+1 to
@@ -106,11 +116,18 @@ func (t *table) shrink() {
 
 func (t *table) resize(n int) {
 	old := *t
-	*t = table{w: make([]uint32, 3*n), len: n}
+	*t = table{w: make([]uint32, 3*n), len: n, seed: rand.Uint64()}
 	for i := range old.len {
 		if k := old.key(i); k != 0 {
 			t.insert(k, old.ref(i))
 		}
+	}
+}
+
+// reserve grows the table to hold n more entries below maxLoad.
+func (t *table) reserve(n int) {
+	if need := int(float64(t.n+n)/maxLoad) + 1; need > t.len {
+		t.resize(max(minTableLen, need+need/8))
 	}
 }
 
