@@ -19,10 +19,14 @@ func (c *fixedClock) Now() int64 { return c.ns }
 func newTestNode(t testing.TB) (*Node, *fixedClock) {
 	t.Helper()
 	clk := &fixedClock{ns: t0 * 1e6}
-	n, err := New(Config{Clock: clk, Shards: 4})
+	n, err := New(Config{Clock: clk, Shards: 4, Name: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := n.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
 	return n, clk
 }
 
@@ -71,7 +75,7 @@ func TestCheckReportsBadItemsAndDecidesTheRest(t *testing.T) {
 		3: `domains[3]: unknown domain "nope" (this node serves [default])`,
 		4: "costs[4]: cost 0 out of range [1, 1000]",
 		5: "costs[5]: cost 1001 out of range [1, 1000]",
-		6: `item 6 (recipient "ok-5"): cost 16 exceeds limit 15 of rule "recipient-1m"`,
+		6: `recipient "ok-5": cost 16 exceeds limit 15 of rule "recipient-1m"`,
 		7: "modes[7]: unknown mode 7",
 	}
 	if len(resp.Errors) != len(want) {

@@ -59,6 +59,12 @@ func (n *Node) Open(ctx context.Context) error {
 			"wal_bytes", rs.ReplayBytes, "wal_replay", rs.ReplayTime, "covered_by_snapshot", rs.Covered,
 			"expired", rs.Expired, "unknown_domain", rs.UnknownDomain, "records", rs.Records, "took", rs.Total)
 	}
+	if err := n.startCluster(ctx); err != nil {
+		if n.dur != nil {
+			n.dur.log.Close()
+		}
+		return err
+	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	n.stopLoops = cancel
 	if n.cfg.SweepInterval > 0 {
@@ -81,6 +87,12 @@ func (n *Node) Close() error {
 	n.ready.Store(false)
 	if n.stopLoops != nil {
 		n.stopLoops()
+	}
+	if n.cluster != nil {
+		if n.cluster.ms != nil {
+			n.cluster.ms.Close() // closes Watch channels: the ring loop ends
+		}
+		n.cluster.close()
 	}
 	n.loops.Wait()
 	if n.dur == nil {

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"math/bits"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
 )
@@ -73,6 +76,20 @@ type Config struct {
 	// SkipCorrupt opens a WAL or snapshot with damaged sealed data by
 	// skipping the damage (and logging how much) instead of refusing to start.
 	SkipCorrupt bool
+
+	// Name is the node's name in the ring, unique and stable across restarts
+	// (the pod name); "" means the host name.
+	Name string
+	// AdvertiseAddr is the gRPC host:port clients and peers reach this node
+	// at; "" means the address Serve listens on.
+	AdvertiseAddr string
+	// Cluster, when set, joins a gossip membership (its NodeName, GRPCAddr
+	// and Placement fields are taken from Name, AdvertiseAddr and Placement).
+	// nil means a cluster of this node alone.
+	Cluster *gossip.Config
+	// Placement is the ring's placement; every node and client of a cluster
+	// must use the same. The zero value means package ring's defaults.
+	Placement ring.Config
 }
 
 func (c *Config) fill() {
@@ -100,6 +117,9 @@ func (c *Config) fill() {
 	if c.RetentionMargin == 0 {
 		c.RetentionMargin = 10 * time.Minute
 	}
+	if c.Name == "" {
+		c.Name, _ = os.Hostname()
+	}
 }
 
 func (c *Config) validate() error {
@@ -125,7 +145,11 @@ type Node struct {
 	loops     sync.WaitGroup // background loops started by Open
 	encoders  sync.Pool      // *walEncoder
 
+	cluster *cluster // set by Open
+	started time.Time
+
 	checks, admitted, denied, failed, snapshots atomic.Int64
+	forwardedOut, forwardedIn                   atomic.Int64
 }
 
 // domainState is one domain's rules, records and API description.
@@ -141,13 +165,12 @@ func New(cfg Config) (*Node, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, domains: make(map[string]*domainState)}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), domains: make(map[string]*domainState), started: time.Now()}
 	for _, name := range cfg.Rules.Names() {
 		d := cfg.Rules.Domain(name)
 		n.domains[name] = &domainState{d: d, store: newStore(d, cfg.Shards), proto: domainProto(d)}
 		n.longest = max(n.longest, d.Longest())
 	}
-	n.ready.Store(cfg.DataDir == "") // a memory-only node has nothing to recover
 	return n, nil
 }
 
@@ -283,30 +306,61 @@ func (n *Node) item(req *pb.CheckRequest, i int) (*domainState, window.Item, *it
 	return ds, it, nil
 }
 
-// Check decides a batch. Items are decided in order at one clock reading.
-// With a DataDir, the sends it records are in the WAL before it returns.
+// Check answers Limiter.Check. The items this node owns are decided here,
+// the others are forwarded in one call per owner, and the answers come back
+// in request order. With a DataDir, the sends it records are in the WAL
+// before it returns.
 func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
-	if !n.ready.Load() {
-		return nil, status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
-	}
-	if err := checkShape(req); err != nil {
+	if err := n.admit(ctx, req); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, status.FromContextError(err).Err()
+	r := n.cluster.ring()
+	if r.Len() > 1 {
+		if groups := n.route(req, r); groups != nil {
+			return n.checkRouted(ctx, req, r, groups)
+		}
 	}
-	cnt := len(req.Recipients)
-	resp := &pb.CheckResponse{
-		Admitted:         make([]bool, cnt),
-		Recorded:         make([]bool, cnt),
-		DeniedBy:         make([]int32, cnt),
-		RetryAfterMs:     make([]int64, cnt),
-		DecidedAtMs:      make([]int64, cnt),
-		Used:             make([]uint32, 0, cnt*4),
-		Remaining:        make([]uint32, 0, cnt*4),
-		RuleRetryAfterMs: make([]int64, 0, cnt*4),
+	return n.decide(ctx, req, r, false)
+}
+
+// admit refuses calls the node cannot take: before Open, after Close, and
+// malformed batches.
+func (n *Node) admit(ctx context.Context, req *pb.CheckRequest) error {
+	if !n.ready.Load() {
+		return status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
+	}
+	if err := checkShape(req); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	return nil
+}
+
+// newResponse returns an empty response with room for n items.
+func newResponse(n int) *pb.CheckResponse {
+	return &pb.CheckResponse{
+		Admitted:         make([]bool, n),
+		Recorded:         make([]bool, n),
+		DeniedBy:         make([]int32, n),
+		RetryAfterMs:     make([]int64, n),
+		DecidedAtMs:      make([]int64, n),
+		Used:             make([]uint32, 0, n*4),
+		Remaining:        make([]uint32, 0, n*4),
+		RuleRetryAfterMs: make([]int64, 0, n*4),
+		RuleCounts:       make([]uint32, n),
 		Domains:          make(map[string]*pb.Domain, 1),
 	}
+}
+
+// decide decides every item of req here, in order, at one clock reading.
+// With mustOwn, an item this node does not own under r fails with
+// UNAVAILABLE: the caller routed by a stale ring.
+func (n *Node) decide(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, mustOwn bool) (*pb.CheckResponse, error) {
+	cnt := len(req.Recipients)
+	resp := newResponse(cnt)
+	resp.RingEpoch = r.Epoch()
 	now := n.nowMs()
 	var dec window.Decision
 	var admitted, denied, failed int64
@@ -324,8 +378,10 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 		ds, it, ierr := n.item(req, i)
 		if ierr == nil {
 			key, tag := KeyOf(req.Recipients[i])
-			seq, err := ds.store.apply(key, tag, now, it, &dec)
-			if err != nil {
+			if owner := r.PartitionOwner(r.PartitionHash(key)); mustOwn && owner.Name != n.cluster.self.Name {
+				ierr = &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
+					quote(req.Recipients[i]), n.cluster.self.Name, r.Epoch(), owner.Name)}
+			} else if seq, err := ds.store.apply(key, tag, now, it, &dec); err != nil {
 				ierr = n.applyError(req, i, err)
 			} else if dec.Recorded && enc != nil {
 				enc.add(walSend{domain: ds.d.Name(), key: key, tag: tag, seq: seq, at: dec.At, content: it.Content, cost: it.Cost})
@@ -348,6 +404,7 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 		resp.DeniedBy[i] = int32(dec.DeniedBy)
 		resp.RetryAfterMs[i] = dec.RetryAfter
 		resp.DecidedAtMs[i] = dec.At
+		resp.RuleCounts[i] = uint32(dec.NumRules)
 		for _, r := range dec.Rules[:dec.NumRules] {
 			resp.Used = append(resp.Used, uint32(r.Used))
 			resp.Remaining = append(resp.Remaining, uint32(r.Remaining))
@@ -367,21 +424,28 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 	return resp, nil
 }
 
+// sortErrors orders item errors by index.
+func sortErrors(es []*pb.ItemError) {
+	sort.Slice(es, func(a, b int) bool { return es[a].Index < es[b].Index })
+}
+
 // windowItem is the item a WAL send records.
 func windowItem(s walSend) window.Item {
 	return window.Item{Content: s.content, Cost: s.cost, Mode: window.RecordOnly}
 }
 
-// applyError turns a store error into an item error.
+// applyError turns a store error into an item error. Its message names the
+// recipient, not the item's index: a forwarded item's index is its place in
+// the forwarded batch, not in the caller's.
 func (n *Node) applyError(req *pb.CheckRequest, i int, err error) *itemError {
 	switch {
 	case errors.Is(err, window.ErrInvalid):
-		return badItem("item %d (recipient %s): %s", i, quote(req.Recipients[i]), trimPrefix(err))
+		return badItem("recipient %s: %s", quote(req.Recipients[i]), trimPrefix(err))
 	case errors.Is(err, window.ErrFull):
-		return &itemError{codes.ResourceExhausted, fmt.Sprintf("item %d (recipient %s): %s", i, quote(req.Recipients[i]), trimPrefix(err))}
+		return &itemError{codes.ResourceExhausted, fmt.Sprintf("recipient %s: %s", quote(req.Recipients[i]), trimPrefix(err))}
 	}
 	n.log.Error("check failed", "recipient", quote(req.Recipients[i]), "err", err)
-	return &itemError{codes.Internal, fmt.Sprintf("item %d: %v", i, err)}
+	return &itemError{codes.Internal, fmt.Sprintf("recipient %s: %v", quote(req.Recipients[i]), err)}
 }
 
 // trimPrefix drops the "window: invalid item: " style prefix of a window error.
@@ -406,7 +470,8 @@ func (n *Node) Rules(context.Context, *pb.RulesRequest) (*pb.RulesResponse, erro
 
 // Stats are a node's counters at one moment.
 type Stats struct {
-	Checks, Admitted, Denied, Failed int64 // items decided since start
+	Checks, Admitted, Denied, Failed int64 // items decided here since start
+	ForwardedOut, ForwardedIn        int64 // items sent to their owners; items peers sent here
 	Snapshots                        int64 // snapshots written since start
 	WAL                              wal.Stats
 	Domains                          []DomainStats
@@ -425,7 +490,8 @@ type DomainStats struct {
 
 // Stats returns the node's counters. It takes each shard lock briefly.
 func (n *Node) Stats() Stats {
-	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(), Snapshots: n.snapshots.Load()}
+	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(),
+		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load()}
 	if n.dur != nil {
 		s.WAL = n.dur.log.Stats()
 	}
@@ -469,3 +535,20 @@ func (n *Node) Sweep(ctx context.Context) (int, error) {
 // sweepBudget bounds the index entries one sweep step visits under a shard
 // lock: about 100 µs.
 const sweepBudget = 2048
+
+// Status answers the Status RPC.
+func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
+	s := n.Stats()
+	resp := &pb.StatusResponse{
+		Node: n.cfg.Name, Addr: n.cfg.AdvertiseAddr, Serving: n.ready.Load(),
+		Checks: s.Checks, Admitted: s.Admitted, Denied: s.Denied, Failed: s.Failed,
+		ForwardedOut: s.ForwardedOut, ForwardedIn: s.ForwardedIn, StartedUnixMs: n.started.UnixMilli(),
+	}
+	if r := n.Ring(); r != nil {
+		resp.RingEpoch = r.Epoch()
+	}
+	for _, d := range s.Domains {
+		resp.Domains = append(resp.Domains, &pb.DomainStatus{Name: d.Name, Records: d.Records, Collisions: d.Collisions, HeapBytes: d.IndexBytes + d.SlabBytes})
+	}
+	return resp, nil
+}

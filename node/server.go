@@ -32,6 +32,28 @@ func (s limiterServer) Rules(ctx context.Context, req *pb.RulesRequest) (*pb.Rul
 	return s.n.Rules(ctx, req)
 }
 
+func (s limiterServer) Ring(ctx context.Context, req *pb.RingRequest) (*pb.RingResponse, error) {
+	return s.n.RingInfo(ctx, req)
+}
+
+func (s limiterServer) WatchRing(req *pb.RingRequest, stream grpc.ServerStreamingServer[pb.RingResponse]) error {
+	return s.n.WatchRing(stream.Context(), stream.Send)
+}
+
+func (s limiterServer) Status(ctx context.Context, req *pb.StatusRequest) (*pb.StatusResponse, error) {
+	return s.n.Status(ctx, req)
+}
+
+// peerServer adapts a Node to the Peer service.
+type peerServer struct {
+	pb.UnimplementedPeerServer
+	n *Node
+}
+
+func (s peerServer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return s.n.Forward(ctx, req)
+}
+
 // NewGRPCServer returns a gRPC server with the node's Limiter service, gRPC
 // health (NOT_SERVING until the caller sets it) and reflection registered,
 // and the health server.
@@ -39,6 +61,7 @@ func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.S
 	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts...)
 	srv := grpc.NewServer(opts...)
 	pb.RegisterLimiterServer(srv, limiterServer{n: n})
+	pb.RegisterPeerServer(srv, peerServer{n: n})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	setHealth(hs, healthpb.HealthCheckResponse_NOT_SERVING)
@@ -56,6 +79,9 @@ func setHealth(hs *health.Server, s healthpb.HealthCheckResponse_ServingStatus) 
 // NOT_SERVING, finishes in-flight calls (for at most ShutdownGrace), closes the
 // node (a final snapshot with a DataDir) and returns nil.
 func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
+	if n.cfg.AdvertiseAddr == "" {
+		n.cfg.AdvertiseAddr = lis.Addr().String()
+	}
 	srv, hs := n.NewGRPCServer()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
@@ -74,6 +100,9 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	case <-ctx.Done():
 	}
 	n.log.Info("shutting down", "grace", ShutdownGrace)
+	leaveCtx, cancel := context.WithTimeout(context.Background(), ShutdownGrace/2)
+	n.leaveCluster(leaveCtx) // peers stop routing here before the server stops
+	cancel()
 	hs.Shutdown()
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()

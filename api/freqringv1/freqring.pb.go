@@ -101,7 +101,9 @@ type CheckRequest struct {
 	// Request ids: a retried item with the same nonzero id is answered with
 	// the first decision and not recorded twice. 0 means none.
 	RequestIds []uint64 `protobuf:"fixed64,7,rep,packed,name=request_ids,json=requestIds,proto3" json:"request_ids,omitempty"`
-	// The ring epoch the caller routed by; 0 when it does not know one.
+	// The ring epoch the caller routed by; 0 when it does not know one. A node
+	// whose epoch differs answers anyway (forwarding what it does not own) and
+	// returns its own epoch, so the caller can refresh its ring.
 	RingEpoch     uint64 `protobuf:"varint,8,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -209,9 +211,10 @@ type CheckResponse struct {
 	// Decision time, unix milliseconds: the node's clock, or the recipient's
 	// newest recorded send if the clock is behind it.
 	DecidedAtMs []int64 `protobuf:"varint,5,rep,packed,name=decided_at_ms,json=decidedAtMs,proto3" json:"decided_at_ms,omitempty"`
-	// Per item and rule, item-major: item i has one entry per rule of its
-	// domain (none if it failed), in the domain's rule order, after those of
-	// items 0..i-1. Content rules of an item without content report used 0.
+	// Per item and rule, item-major: item i has rule_counts[i] entries (one per
+	// rule of its domain, none if it failed), in the domain's rule order, after
+	// those of items 0..i-1. Content rules of an item without content report
+	// used 0.
 	Used             []uint32 `protobuf:"varint,6,rep,packed,name=used,proto3" json:"used,omitempty"`                                                     // sends in the rule's window after the decision
 	Remaining        []uint32 `protobuf:"varint,7,rep,packed,name=remaining,proto3" json:"remaining,omitempty"`                                           // limit - used, at least 0
 	RuleRetryAfterMs []int64  `protobuf:"varint,8,rep,packed,name=rule_retry_after_ms,json=ruleRetryAfterMs,proto3" json:"rule_retry_after_ms,omitempty"` // until this rule admits; 0 if it does
@@ -219,8 +222,10 @@ type CheckResponse struct {
 	Errors []*ItemError `protobuf:"bytes,9,rep,name=errors,proto3" json:"errors,omitempty"`
 	// The rules of every domain the items named, by name.
 	Domains map[string]*Domain `protobuf:"bytes,10,rep,name=domains,proto3" json:"domains,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// The ring epoch of the node that answered; 0 for a single node.
-	RingEpoch     uint64 `protobuf:"varint,11,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	// The ring epoch of the node that answered.
+	RingEpoch uint64 `protobuf:"varint,11,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	// Per item: its number of per-rule entries.
+	RuleCounts    []uint32 `protobuf:"varint,12,rep,packed,name=rule_counts,json=ruleCounts,proto3" json:"rule_counts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -330,6 +335,13 @@ func (x *CheckResponse) GetRingEpoch() uint64 {
 		return x.RingEpoch
 	}
 	return 0
+}
+
+func (x *CheckResponse) GetRuleCounts() []uint32 {
+	if x != nil {
+		return x.RuleCounts
+	}
+	return nil
 }
 
 // ItemError says why one item of a batch failed.
@@ -559,6 +571,482 @@ func (*RulesRequest) Descriptor() ([]byte, []int) {
 	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{5}
 }
 
+type RingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RingRequest) Reset() {
+	*x = RingRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RingRequest) ProtoMessage() {}
+
+func (x *RingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RingRequest.ProtoReflect.Descriptor instead.
+func (*RingRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{6}
+}
+
+// RingResponse is one node's view of the ring.
+type RingResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Hash of the members (names, addresses) and the placement; 0 means none.
+	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Members that own partitions, sorted by name.
+	Members   []*Member  `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	Placement *Placement `protobuf:"bytes,3,opt,name=placement,proto3" json:"placement,omitempty"`
+	// The answering node's name.
+	Node string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	// Every member gossip knows, with its state, including those not in the
+	// ring (joining or leaving ones stay in it; see package ring/gossip).
+	Known         []*Member `protobuf:"bytes,5,rep,name=known,proto3" json:"known,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RingResponse) Reset() {
+	*x = RingResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RingResponse) ProtoMessage() {}
+
+func (x *RingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RingResponse.ProtoReflect.Descriptor instead.
+func (*RingResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RingResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RingResponse) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *RingResponse) GetPlacement() *Placement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+func (x *RingResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RingResponse) GetKnown() []*Member {
+	if x != nil {
+		return x.Known
+	}
+	return nil
+}
+
+type Member struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`   // gRPC host:port
+	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // "serving", "joining", "leaving", or "" in members
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Member) Reset() {
+	*x = Member{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Member) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Member) ProtoMessage() {}
+
+func (x *Member) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Member.ProtoReflect.Descriptor instead.
+func (*Member) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Member) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Member) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *Member) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+// Placement parameters of package ring: keys hash with xxhash64 (seed 0) of
+// the recipient's bytes; partition = hash % partition_count.
+type Placement struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	PartitionCount    uint32                 `protobuf:"varint,1,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	ReplicationFactor uint32                 `protobuf:"varint,2,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
+	Load              float64                `protobuf:"fixed64,3,opt,name=load,proto3" json:"load,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *Placement) Reset() {
+	*x = Placement{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Placement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Placement) ProtoMessage() {}
+
+func (x *Placement) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Placement.ProtoReflect.Descriptor instead.
+func (*Placement) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Placement) GetPartitionCount() uint32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
+}
+
+func (x *Placement) GetReplicationFactor() uint32 {
+	if x != nil {
+		return x.ReplicationFactor
+	}
+	return 0
+}
+
+func (x *Placement) GetLoad() float64 {
+	if x != nil {
+		return x.Load
+	}
+	return 0
+}
+
+type StatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusRequest) Reset() {
+	*x = StatusRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusRequest) ProtoMessage() {}
+
+func (x *StatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
+func (*StatusRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{10}
+}
+
+type StatusResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	RingEpoch     uint64                 `protobuf:"varint,3,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	Serving       bool                   `protobuf:"varint,4,opt,name=serving,proto3" json:"serving,omitempty"`
+	Checks        int64                  `protobuf:"varint,5,opt,name=checks,proto3" json:"checks,omitempty"` // items decided here since start
+	Admitted      int64                  `protobuf:"varint,6,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	Denied        int64                  `protobuf:"varint,7,opt,name=denied,proto3" json:"denied,omitempty"`
+	Failed        int64                  `protobuf:"varint,8,opt,name=failed,proto3" json:"failed,omitempty"`
+	ForwardedOut  int64                  `protobuf:"varint,9,opt,name=forwarded_out,json=forwardedOut,proto3" json:"forwarded_out,omitempty"` // items this node sent to their owners
+	ForwardedIn   int64                  `protobuf:"varint,10,opt,name=forwarded_in,json=forwardedIn,proto3" json:"forwarded_in,omitempty"`   // items peers sent here
+	Domains       []*DomainStatus        `protobuf:"bytes,11,rep,name=domains,proto3" json:"domains,omitempty"`
+	StartedUnixMs int64                  `protobuf:"varint,12,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusResponse) Reset() {
+	*x = StatusResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusResponse) ProtoMessage() {}
+
+func (x *StatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
+func (*StatusResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *StatusResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetServing() bool {
+	if x != nil {
+		return x.Serving
+	}
+	return false
+}
+
+func (x *StatusResponse) GetChecks() int64 {
+	if x != nil {
+		return x.Checks
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetAdmitted() int64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetDenied() int64 {
+	if x != nil {
+		return x.Denied
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetFailed() int64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetForwardedOut() int64 {
+	if x != nil {
+		return x.ForwardedOut
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetForwardedIn() int64 {
+	if x != nil {
+		return x.ForwardedIn
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetDomains() []*DomainStatus {
+	if x != nil {
+		return x.Domains
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+type DomainStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Records       int64                  `protobuf:"varint,2,opt,name=records,proto3" json:"records,omitempty"` // recipients with a record
+	Collisions    int64                  `protobuf:"varint,3,opt,name=collisions,proto3" json:"collisions,omitempty"`
+	HeapBytes     int64                  `protobuf:"varint,4,opt,name=heap_bytes,json=heapBytes,proto3" json:"heap_bytes,omitempty"` // index and slabs
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DomainStatus) Reset() {
+	*x = DomainStatus{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DomainStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DomainStatus) ProtoMessage() {}
+
+func (x *DomainStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DomainStatus.ProtoReflect.Descriptor instead.
+func (*DomainStatus) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DomainStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DomainStatus) GetRecords() int64 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
+func (x *DomainStatus) GetCollisions() int64 {
+	if x != nil {
+		return x.Collisions
+	}
+	return 0
+}
+
+func (x *DomainStatus) GetHeapBytes() int64 {
+	if x != nil {
+		return x.HeapBytes
+	}
+	return 0
+}
+
 type RulesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Domains       []*Domain              `protobuf:"bytes,1,rep,name=domains,proto3" json:"domains,omitempty"`
@@ -568,7 +1056,7 @@ type RulesResponse struct {
 
 func (x *RulesResponse) Reset() {
 	*x = RulesResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +1068,7 @@ func (x *RulesResponse) String() string {
 func (*RulesResponse) ProtoMessage() {}
 
 func (x *RulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +1081,7 @@ func (x *RulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesResponse.ProtoReflect.Descriptor instead.
 func (*RulesResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{6}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RulesResponse) GetDomains() []*Domain {
@@ -620,7 +1108,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\vrequest_ids\x18\a \x03(\x06R\n" +
 	"requestIds\x12\x1d\n" +
 	"\n" +
-	"ring_epoch\x18\b \x01(\x04R\tringEpoch\"\xf2\x03\n" +
+	"ring_epoch\x18\b \x01(\x04R\tringEpoch\"\x93\x04\n" +
 	"\rCheckResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x03(\bR\badmitted\x12\x1a\n" +
 	"\brecorded\x18\x02 \x03(\bR\brecorded\x12\x1b\n" +
@@ -634,7 +1122,9 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\adomains\x18\n" +
 	" \x03(\v2'.freqring.v1.CheckResponse.DomainsEntryR\adomains\x12\x1d\n" +
 	"\n" +
-	"ring_epoch\x18\v \x01(\x04R\tringEpoch\x1aO\n" +
+	"ring_epoch\x18\v \x01(\x04R\tringEpoch\x12\x1f\n" +
+	"\vrule_counts\x18\f \x03(\rR\n" +
+	"ruleCounts\x1aO\n" +
 	"\fDomainsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
 	"\x05value\x18\x02 \x01(\v2\x13.freqring.v1.DomainR\x05value:\x028\x01\"O\n" +
@@ -651,16 +1141,60 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x1b\n" +
 	"\twindow_ms\x18\x04 \x01(\x03R\bwindowMs\x12\x16\n" +
 	"\x06window\x18\x05 \x01(\tR\x06window\"\x0e\n" +
-	"\fRulesRequest\">\n" +
+	"\fRulesRequest\"\r\n" +
+	"\vRingRequest\"\xc8\x01\n" +
+	"\fRingResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12-\n" +
+	"\amembers\x18\x02 \x03(\v2\x13.freqring.v1.MemberR\amembers\x124\n" +
+	"\tplacement\x18\x03 \x01(\v2\x16.freqring.v1.PlacementR\tplacement\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12)\n" +
+	"\x05known\x18\x05 \x03(\v2\x13.freqring.v1.MemberR\x05known\"F\n" +
+	"\x06Member\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\"w\n" +
+	"\tPlacement\x12'\n" +
+	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
+	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
+	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
+	"\rStatusRequest\"\xfa\x02\n" +
+	"\x0eStatusResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x03 \x01(\x04R\tringEpoch\x12\x18\n" +
+	"\aserving\x18\x04 \x01(\bR\aserving\x12\x16\n" +
+	"\x06checks\x18\x05 \x01(\x03R\x06checks\x12\x1a\n" +
+	"\badmitted\x18\x06 \x01(\x03R\badmitted\x12\x16\n" +
+	"\x06denied\x18\a \x01(\x03R\x06denied\x12\x16\n" +
+	"\x06failed\x18\b \x01(\x03R\x06failed\x12#\n" +
+	"\rforwarded_out\x18\t \x01(\x03R\fforwardedOut\x12!\n" +
+	"\fforwarded_in\x18\n" +
+	" \x01(\x03R\vforwardedIn\x123\n" +
+	"\adomains\x18\v \x03(\v2\x19.freqring.v1.DomainStatusR\adomains\x12&\n" +
+	"\x0fstarted_unix_ms\x18\f \x01(\x03R\rstartedUnixMs\"{\n" +
+	"\fDomainStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +
+	"\n" +
+	"collisions\x18\x03 \x01(\x03R\n" +
+	"collisions\x12\x1d\n" +
+	"\n" +
+	"heap_bytes\x18\x04 \x01(\x03R\theapBytes\">\n" +
 	"\rRulesResponse\x12-\n" +
 	"\adomains\x18\x01 \x03(\v2\x13.freqring.v1.DomainR\adomains*F\n" +
 	"\x04Mode\x12\x19\n" +
 	"\x15MODE_CHECK_AND_RECORD\x10\x00\x12\r\n" +
 	"\tMODE_PEEK\x10\x01\x12\x14\n" +
-	"\x10MODE_RECORD_ONLY\x10\x022\x89\x01\n" +
+	"\x10MODE_RECORD_ONLY\x10\x022\xcd\x02\n" +
 	"\aLimiter\x12>\n" +
 	"\x05Check\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12>\n" +
-	"\x05Rules\x12\x19.freqring.v1.RulesRequest\x1a\x1a.freqring.v1.RulesResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
+	"\x05Rules\x12\x19.freqring.v1.RulesRequest\x1a\x1a.freqring.v1.RulesResponse\x12;\n" +
+	"\x04Ring\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse\x12B\n" +
+	"\tWatchRing\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse0\x01\x12A\n" +
+	"\x06Status\x12\x1a.freqring.v1.StatusRequest\x1a\x1b.freqring.v1.StatusResponse2H\n" +
+	"\x04Peer\x12@\n" +
+	"\aForward\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
 
 var (
 	file_freqring_v1_freqring_proto_rawDescOnce sync.Once
@@ -675,34 +1209,53 @@ func file_freqring_v1_freqring_proto_rawDescGZIP() []byte {
 }
 
 var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_freqring_v1_freqring_proto_goTypes = []any{
-	(Mode)(0),             // 0: freqring.v1.Mode
-	(*CheckRequest)(nil),  // 1: freqring.v1.CheckRequest
-	(*CheckResponse)(nil), // 2: freqring.v1.CheckResponse
-	(*ItemError)(nil),     // 3: freqring.v1.ItemError
-	(*Domain)(nil),        // 4: freqring.v1.Domain
-	(*Rule)(nil),          // 5: freqring.v1.Rule
-	(*RulesRequest)(nil),  // 6: freqring.v1.RulesRequest
-	(*RulesResponse)(nil), // 7: freqring.v1.RulesResponse
-	nil,                   // 8: freqring.v1.CheckResponse.DomainsEntry
+	(Mode)(0),              // 0: freqring.v1.Mode
+	(*CheckRequest)(nil),   // 1: freqring.v1.CheckRequest
+	(*CheckResponse)(nil),  // 2: freqring.v1.CheckResponse
+	(*ItemError)(nil),      // 3: freqring.v1.ItemError
+	(*Domain)(nil),         // 4: freqring.v1.Domain
+	(*Rule)(nil),           // 5: freqring.v1.Rule
+	(*RulesRequest)(nil),   // 6: freqring.v1.RulesRequest
+	(*RingRequest)(nil),    // 7: freqring.v1.RingRequest
+	(*RingResponse)(nil),   // 8: freqring.v1.RingResponse
+	(*Member)(nil),         // 9: freqring.v1.Member
+	(*Placement)(nil),      // 10: freqring.v1.Placement
+	(*StatusRequest)(nil),  // 11: freqring.v1.StatusRequest
+	(*StatusResponse)(nil), // 12: freqring.v1.StatusResponse
+	(*DomainStatus)(nil),   // 13: freqring.v1.DomainStatus
+	(*RulesResponse)(nil),  // 14: freqring.v1.RulesResponse
+	nil,                    // 15: freqring.v1.CheckResponse.DomainsEntry
 }
 var file_freqring_v1_freqring_proto_depIdxs = []int32{
-	0, // 0: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
-	3, // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	8, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
-	5, // 3: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
-	4, // 4: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
-	4, // 5: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
-	1, // 6: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
-	6, // 7: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
-	2, // 8: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	7, // 9: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	8, // [8:10] is the sub-list for method output_type
-	6, // [6:8] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	0,  // 0: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
+	3,  // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
+	15, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	5,  // 3: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
+	9,  // 4: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
+	10, // 5: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
+	9,  // 6: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
+	13, // 7: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
+	4,  // 8: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
+	4,  // 9: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
+	1,  // 10: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
+	6,  // 11: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
+	7,  // 12: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
+	7,  // 13: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
+	11, // 14: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
+	1,  // 15: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
+	2,  // 16: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	14, // 17: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	8,  // 18: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	8,  // 19: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	12, // 20: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	2,  // 21: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	16, // [16:22] is the sub-list for method output_type
+	10, // [10:16] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_freqring_v1_freqring_proto_init() }
@@ -716,9 +1269,9 @@ func file_freqring_v1_freqring_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_freqring_v1_freqring_proto_rawDesc), len(file_freqring_v1_freqring_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   15,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_freqring_v1_freqring_proto_goTypes,
 		DependencyIndexes: file_freqring_v1_freqring_proto_depIdxs,

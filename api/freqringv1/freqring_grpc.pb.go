@@ -22,8 +22,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Limiter_Check_FullMethodName = "/freqring.v1.Limiter/Check"
-	Limiter_Rules_FullMethodName = "/freqring.v1.Limiter/Rules"
+	Limiter_Check_FullMethodName     = "/freqring.v1.Limiter/Check"
+	Limiter_Rules_FullMethodName     = "/freqring.v1.Limiter/Rules"
+	Limiter_Ring_FullMethodName      = "/freqring.v1.Limiter/Ring"
+	Limiter_WatchRing_FullMethodName = "/freqring.v1.Limiter/WatchRing"
+	Limiter_Status_FullMethodName    = "/freqring.v1.Limiter/Status"
 )
 
 // LimiterClient is the client API for Limiter service.
@@ -40,6 +43,14 @@ type LimiterClient interface {
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
 	// Rules lists the domains the node serves and their rules.
 	Rules(ctx context.Context, in *RulesRequest, opts ...grpc.CallOption) (*RulesResponse, error)
+	// Ring returns the node's view of the cluster: members, their addresses,
+	// the epoch and the placement parameters, enough for a client to compute
+	// each recipient's owner with the same code as the nodes (package ring).
+	Ring(ctx context.Context, in *RingRequest, opts ...grpc.CallOption) (*RingResponse, error)
+	// WatchRing sends the current ring, then every change, until the call ends.
+	WatchRing(ctx context.Context, in *RingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RingResponse], error)
+	// Status reports the node's own counters and store sizes.
+	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 }
 
 type limiterClient struct {
@@ -70,6 +81,45 @@ func (c *limiterClient) Rules(ctx context.Context, in *RulesRequest, opts ...grp
 	return out, nil
 }
 
+func (c *limiterClient) Ring(ctx context.Context, in *RingRequest, opts ...grpc.CallOption) (*RingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RingResponse)
+	err := c.cc.Invoke(ctx, Limiter_Ring_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *limiterClient) WatchRing(ctx context.Context, in *RingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RingResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Limiter_ServiceDesc.Streams[0], Limiter_WatchRing_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RingRequest, RingResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Limiter_WatchRingClient = grpc.ServerStreamingClient[RingResponse]
+
+func (c *limiterClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StatusResponse)
+	err := c.cc.Invoke(ctx, Limiter_Status_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LimiterServer is the server API for Limiter service.
 // All implementations must embed UnimplementedLimiterServer
 // for forward compatibility.
@@ -84,6 +134,14 @@ type LimiterServer interface {
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
 	// Rules lists the domains the node serves and their rules.
 	Rules(context.Context, *RulesRequest) (*RulesResponse, error)
+	// Ring returns the node's view of the cluster: members, their addresses,
+	// the epoch and the placement parameters, enough for a client to compute
+	// each recipient's owner with the same code as the nodes (package ring).
+	Ring(context.Context, *RingRequest) (*RingResponse, error)
+	// WatchRing sends the current ring, then every change, until the call ends.
+	WatchRing(*RingRequest, grpc.ServerStreamingServer[RingResponse]) error
+	// Status reports the node's own counters and store sizes.
+	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	mustEmbedUnimplementedLimiterServer()
 }
 
@@ -99,6 +157,15 @@ func (UnimplementedLimiterServer) Check(context.Context, *CheckRequest) (*CheckR
 }
 func (UnimplementedLimiterServer) Rules(context.Context, *RulesRequest) (*RulesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Rules not implemented")
+}
+func (UnimplementedLimiterServer) Ring(context.Context, *RingRequest) (*RingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Ring not implemented")
+}
+func (UnimplementedLimiterServer) WatchRing(*RingRequest, grpc.ServerStreamingServer[RingResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchRing not implemented")
+}
+func (UnimplementedLimiterServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
 }
 func (UnimplementedLimiterServer) mustEmbedUnimplementedLimiterServer() {}
 func (UnimplementedLimiterServer) testEmbeddedByValue()                 {}
@@ -157,6 +224,53 @@ func _Limiter_Rules_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Limiter_Ring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).Ring(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_Ring_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).Ring(ctx, req.(*RingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Limiter_WatchRing_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(RingRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LimiterServer).WatchRing(m, &grpc.GenericServerStream[RingRequest, RingResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Limiter_WatchRingServer = grpc.ServerStreamingServer[RingResponse]
+
+func _Limiter_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).Status(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_Status_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).Status(ctx, req.(*StatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Limiter_ServiceDesc is the grpc.ServiceDesc for Limiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -171,6 +285,132 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Rules",
 			Handler:    _Limiter_Rules_Handler,
+		},
+		{
+			MethodName: "Ring",
+			Handler:    _Limiter_Ring_Handler,
+		},
+		{
+			MethodName: "Status",
+			Handler:    _Limiter_Status_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchRing",
+			Handler:       _Limiter_WatchRing_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "freqring/v1/freqring.proto",
+}
+
+const (
+	Peer_Forward_FullMethodName = "/freqring.v1.Peer/Forward"
+)
+
+// PeerClient is the client API for Peer service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Peer is the node-to-node service, on the same server as Limiter.
+type PeerClient interface {
+	// Forward decides items the caller routed here as their owner. It never
+	// forwards again: an item this node does not own under its own ring fails
+	// with UNAVAILABLE (retryable) and the response carries this node's epoch.
+	Forward(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+}
+
+type peerClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewPeerClient(cc grpc.ClientConnInterface) PeerClient {
+	return &peerClient{cc}
+}
+
+func (c *peerClient) Forward(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckResponse)
+	err := c.cc.Invoke(ctx, Peer_Forward_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// PeerServer is the server API for Peer service.
+// All implementations must embed UnimplementedPeerServer
+// for forward compatibility.
+//
+// Peer is the node-to-node service, on the same server as Limiter.
+type PeerServer interface {
+	// Forward decides items the caller routed here as their owner. It never
+	// forwards again: an item this node does not own under its own ring fails
+	// with UNAVAILABLE (retryable) and the response carries this node's epoch.
+	Forward(context.Context, *CheckRequest) (*CheckResponse, error)
+	mustEmbedUnimplementedPeerServer()
+}
+
+// UnimplementedPeerServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedPeerServer struct{}
+
+func (UnimplementedPeerServer) Forward(context.Context, *CheckRequest) (*CheckResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Forward not implemented")
+}
+func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
+func (UnimplementedPeerServer) testEmbeddedByValue()              {}
+
+// UnsafePeerServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to PeerServer will
+// result in compilation errors.
+type UnsafePeerServer interface {
+	mustEmbedUnimplementedPeerServer()
+}
+
+func RegisterPeerServer(s grpc.ServiceRegistrar, srv PeerServer) {
+	// If the following call panics, it indicates UnimplementedPeerServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Peer_ServiceDesc, srv)
+}
+
+func _Peer_Forward_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Forward(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Forward_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Forward(ctx, req.(*CheckRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Peer_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "freqring.v1.Peer",
+	HandlerType: (*PeerServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Forward",
+			Handler:    _Peer_Forward_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

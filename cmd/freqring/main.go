@@ -2,6 +2,8 @@
 //
 //	freqring serve [flags]                 run a node
 //	freqring check [flags] RECIPIENT...    ask a node whether messages may go out
+//	freqring status [flags]                show the ring and each member
+//	freqring cluster [flags]               run a local cluster in one process
 //	freqring rules validate FILE           check a rules file
 //	freqring rules default                 print the embedded default rules
 //
@@ -22,6 +24,8 @@ const usage = `freqring: exact sliding-window frequency limits for message recip
 Usage:
   freqring serve [flags]                 run a node
   freqring check [flags] RECIPIENT...    ask a node whether messages may go out
+  freqring status [flags]                show the ring and each member
+  freqring cluster [flags]               run a local cluster in one process
   freqring rules validate FILE           check a rules file
   freqring rules default                 print the embedded default rules
 
@@ -47,6 +51,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = check(ctx, args[1:], stdout, stderr)
 	case "rules":
 		err = rules(args[1:], stdout, stderr)
+	case "status":
+		err = status(ctx, args[1:], stdout, stderr)
+	case "cluster":
+		err = cluster(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/ring"
+)
+
+func status(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:7070", "gRPC address of any node")
+	timeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: freqring status [flags]\n\nShows the ring as one node sees it, and each member's state, partitions, records and counters.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	rr, err := withLimiter(ctx, *addr, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.RingResponse, error) {
+		return c.Ring(ctx, &pb.RingRequest{})
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", *addr, err)
+	}
+	members := make([]ring.Member, len(rr.Members))
+	for i, m := range rr.Members {
+		members[i] = ring.Member{Name: m.Name, Addr: m.Addr}
+	}
+	p := rr.Placement
+	r, err := ring.New(members, ring.Config{PartitionCount: int(p.GetPartitionCount()), ReplicationFactor: int(p.GetReplicationFactor()), Load: p.GetLoad()})
+	if err != nil {
+		return err
+	}
+	if r.Epoch() != rr.Epoch {
+		fmt.Fprintf(stdout, "warning: this build places keys differently from %s (epoch %016x here, %016x there)\n", rr.Node, r.Epoch(), rr.Epoch)
+	}
+	fmt.Fprintf(stdout, "ring epoch %016x as seen by %s: %d members, %d partitions (replication %d, load %.2f)\n\n",
+		rr.Epoch, rr.Node, len(rr.Members), p.GetPartitionCount(), p.GetReplicationFactor(), p.GetLoad())
+	counts := r.Counts()
+	inRing := map[string]bool{}
+	for _, m := range rr.Members {
+		inRing[m.Name] = true
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tRECORDS\tCHECKS\tFWD OUT\tFWD IN\tEPOCH")
+	for _, m := range rr.Known {
+		row := fmt.Sprintf("%s\t%s\t%s\t%v\t%d", m.Name, m.Addr, m.State, inRing[m.Name], counts[m.Name])
+		st, err := withLimiter(ctx, m.Addr, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.StatusResponse, error) {
+			return c.Status(ctx, &pb.StatusRequest{})
+		})
+		if err != nil {
+			fmt.Fprintf(tw, "%s\t(unreachable: %v)\n", row, err)
+			continue
+		}
+		var records int64
+		for _, d := range st.Domains {
+			records += d.Records
+		}
+		epoch := "same"
+		if st.RingEpoch != rr.Epoch {
+			epoch = fmt.Sprintf("%016x", st.RingEpoch)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", row, records, st.Checks, st.ForwardedOut, st.ForwardedIn, epoch)
+	}
+	return tw.Flush()
+}
+
+// withLimiter dials addr and makes one call with a deadline.
+func withLimiter[T any](ctx context.Context, addr string, timeout time.Duration, call func(context.Context, pb.LimiterClient) (T, error)) (T, error) {
+	var zero T
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return zero, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return call(ctx, pb.NewLimiterClient(conn))
+}
