@@ -25,7 +25,7 @@ const ForwardTimeout = 5 * time.Second
 // a gossip membership.
 type cluster struct {
 	self   ring.Member
-	static *ring.Ring          // the ring of a node without Config.Cluster
+	static *ring.Ring         // the ring of a node without Config.Cluster
 	ms     *gossip.Membership // nil without Config.Cluster
 
 	mu    sync.Mutex                  // guards conns

@@ -126,6 +126,19 @@ func (c *testCluster) waitConverged(want int, timeout time.Duration) time.Durati
 	start := time.Now()
 	deadline := time.After(timeout)
 	for {
+		// Subscribe before looking, so that no change slips between the two.
+		changed := make(chan struct{}, len(c.nodes))
+		var cancels []func()
+		for _, n := range c.up() {
+			ch, cancel := n.cluster.ms.Watch()
+			cancels = append(cancels, cancel)
+			<-ch // the ring as of now
+			go func() {
+				if _, ok := <-ch; ok {
+					changed <- struct{}{}
+				}
+			}()
+		}
 		var epoch uint64
 		ok := true
 		for _, n := range c.up() {
@@ -137,20 +150,10 @@ func (c *testCluster) waitConverged(want int, timeout time.Duration) time.Durati
 			epoch = r.Epoch()
 		}
 		if ok {
+			for _, cancel := range cancels {
+				cancel()
+			}
 			return time.Since(start)
-		}
-		// Block until some node's ring changes (or the deadline).
-		changed := make(chan struct{}, len(c.nodes))
-		var cancels []func()
-		for _, n := range c.up() {
-			ch, cancel := n.cluster.ms.Watch()
-			cancels = append(cancels, cancel)
-			go func() {
-				<-ch // the current ring
-				if _, ok := <-ch; ok {
-					changed <- struct{}{}
-				}
-			}()
 		}
 		select {
 		case <-changed:
