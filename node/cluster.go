@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -275,6 +276,11 @@ func mergeResponses(n int, groups []*group, epoch uint64, self string) *pb.Check
 					out.Errors = append(out.Errors, &pb.ItemError{Index: uint32(g.idx[e.Index]), Code: e.Code, Message: e.Message})
 				}
 			}
+			for _, d := range g.resp.Duplicates {
+				if int(d) < len(g.idx) {
+					out.Duplicates = append(out.Duplicates, uint32(g.idx[d]))
+				}
+			}
 		}
 	}
 	for i := range n {
@@ -307,6 +313,7 @@ func mergeResponses(n int, groups []*group, epoch uint64, self string) *pb.Check
 		out.RuleRetryAfterMs = append(out.RuleRetryAfterMs, r.RuleRetryAfterMs[s.off:s.off+k]...)
 	}
 	sortErrors(out.Errors)
+	slices.Sort(out.Duplicates)
 	return out
 }
 

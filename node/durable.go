@@ -186,7 +186,7 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 				return nil
 			}
 			rs.Replayed++
-			return ds.store.insert(s.key, s.tag, s.at, windowItem(s), s.seq)
+			return ds.store.insert(s.key, s.tag, s.at, windowItem(s), s.seq, s.id, now)
 		})
 	})
 	rs.ReplayTime = time.Since(t)
@@ -210,7 +210,7 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 // resetStores empties every store, after a partial snapshot load.
 func (n *Node) resetStores() {
 	for _, ds := range n.domains {
-		ds.store = newStore(ds.d, n.cfg.Shards)
+		ds.store = n.newStore(ds.d)
 	}
 }
 

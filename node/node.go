@@ -90,6 +90,14 @@ type Config struct {
 	// Placement is the ring's placement; every node and client of a cluster
 	// must use the same. The zero value means package ring's defaults.
 	Placement ring.Config
+
+	// IdempotencyWindow is how long the request id of a recorded item is
+	// remembered, so that a retry is not recorded twice; 0 means 1 minute.
+	IdempotencyWindow time.Duration
+	// IdempotencyCapacity bounds the ids remembered per domain (about 40
+	// bytes each); 0 means 1,048,576. Under a load of more than
+	// capacity/window recorded ids a second, ids are kept for less.
+	IdempotencyCapacity int
 }
 
 func (c *Config) fill() {
@@ -119,6 +127,12 @@ func (c *Config) fill() {
 	}
 	if c.Name == "" {
 		c.Name, _ = os.Hostname()
+	}
+	if c.IdempotencyWindow == 0 {
+		c.IdempotencyWindow = time.Minute
+	}
+	if c.IdempotencyCapacity == 0 {
+		c.IdempotencyCapacity = 1 << 20
 	}
 }
 
@@ -168,10 +182,15 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), domains: make(map[string]*domainState), started: time.Now()}
 	for _, name := range cfg.Rules.Names() {
 		d := cfg.Rules.Domain(name)
-		n.domains[name] = &domainState{d: d, store: newStore(d, cfg.Shards), proto: domainProto(d)}
+		n.domains[name] = &domainState{d: d, store: n.newStore(d), proto: domainProto(d)}
 		n.longest = max(n.longest, d.Longest())
 	}
 	return n, nil
+}
+
+// newStore returns an empty store for d under the node's config.
+func (n *Node) newStore(d *window.Domain) *store {
+	return newStore(d, n.cfg.Shards, n.cfg.IdempotencyWindow.Milliseconds(), n.cfg.IdempotencyCapacity)
 }
 
 func domainProto(d *window.Domain) *pb.Domain {
@@ -378,13 +397,16 @@ func (n *Node) decide(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, m
 		ds, it, ierr := n.item(req, i)
 		if ierr == nil {
 			key, tag := KeyOf(req.Recipients[i])
+			id := column(req.RequestIds, i, 0)
 			if owner := r.PartitionOwner(r.PartitionHash(key)); mustOwn && owner.Name != n.cluster.self.Name {
 				ierr = &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
 					quote(req.Recipients[i]), n.cluster.self.Name, r.Epoch(), owner.Name)}
-			} else if seq, err := ds.store.apply(key, tag, now, it, &dec); err != nil {
+			} else if seq, dup, err := ds.store.apply(key, tag, now, it, id, &dec); err != nil {
 				ierr = n.applyError(req, i, err)
+			} else if dup {
+				resp.Duplicates = append(resp.Duplicates, uint32(i))
 			} else if dec.Recorded && enc != nil {
-				enc.add(walSend{domain: ds.d.Name(), key: key, tag: tag, seq: seq, at: dec.At, content: it.Content, cost: it.Cost})
+				enc.add(walSend{domain: ds.d.Name(), key: key, tag: tag, seq: seq, at: dec.At, content: it.Content, cost: it.Cost, id: id})
 			}
 		}
 		if ierr != nil {

@@ -30,15 +30,17 @@ var ErrCorruptSnapshot = errors.New("node: corrupt snapshot")
 //
 // little-endian, in this order:
 //
-//	header   "FRQSNAP1", created unix ms u64, replay position: segment u64, offset u64
+//	header   "FRQSNAP2", created unix ms u64, replay position: segment u64, offset u64
 //	domain   name length u16, name, shards u32 (once per domain)
-//	shard    shard u32, seq u64, records u32, then each: key u64, length u16, record
+//	shard    shard u32, seq u64, records u32, then each: key u64, length u16, record;
+//	         then request ids u32, then each: mixed key u64, decision time u64
 //	         (once per shard of the domain before it)
 //	end      domains u32, shards u32, records u64
 //
 // A missing end section means a truncated file.
 const (
-	snapMagic        = "FRQSNAP1"
+	snapMagic        = "FRQSNAP2"
+	snapMagicV1      = "FRQSNAP1" // no request ids; still read
 	secHeader  uint8 = 1
 	secDomain  uint8 = 2
 	secShard   uint8 = 3
@@ -178,6 +180,13 @@ func (st *store) dumpShard(i int, buf []byte) ([]byte, int64) {
 		buf = binary.LittleEndian.AppendUint16(buf, uint16(len(rec)))
 		buf = append(buf, rec...)
 	}
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(sh.ids.len()))
+	for _, gen := range []map[uint64]int64{sh.ids.prev, sh.ids.cur} {
+		for k, at := range gen {
+			buf = binary.LittleEndian.AppendUint64(buf, k)
+			buf = binary.LittleEndian.AppendUint64(buf, uint64(at))
+		}
+	}
 	return buf, sh.records
 }
 
@@ -227,6 +236,7 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 		dname    string
 		shards   uint32
 		sawEnd   bool
+		withIDs  bool
 		nSecs    int
 		sections uint32
 	)
@@ -252,9 +262,11 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 		br := walReader{b: body}
 		switch kind {
 		case secHeader:
-			if nSecs != 0 || string(br.take(8)) != snapMagic {
+			magic := string(br.take(8))
+			if nSecs != 0 || (magic != snapMagic && magic != snapMagicV1) {
 				return nil, bad(off, "misplaced header or unknown format")
 			}
+			withIDs = magic != snapMagicV1
 			ss.created = int64(br.u64())
 			ss.from = wal.Position{Seq: br.u64(), Offset: int64(br.u64())}
 		case secDomain:
@@ -299,6 +311,17 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 					ss.stats.Skipped++
 				}
 			}
+			if withIDs {
+				// Ids live in their recipient's shard, which only a store of
+				// the same layout can tell: after a reshard they are dropped.
+				sameLayout := domain != nil && len(domain.store.shards) == int(shards)
+				for range br.u64n(4) {
+					k, at := br.u64(), int64(br.u64())
+					if br.err == nil && sameLayout {
+						domain.store.loadID(int(i), k, at, nowMs)
+					}
+				}
+			}
 			sections++
 		case secEnd:
 			if want := uint32(br.u64n(4)); want != uint32(len(ss.seqs)) || uint32(br.u64n(4)) != sections {
@@ -316,6 +339,18 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 	}
 	ss.stats.Bytes = off
 	return ss, nil
+}
+
+// loadID remembers in shard i a request id (mixed with its recipient's key:
+// idKey) decided at at, if it is still inside the horizon at now (unix ms).
+func (st *store) loadID(i int, k uint64, at, now int64) {
+	if now-at >= st.idHorizon {
+		return
+	}
+	sh := &st.shards[i]
+	sh.mu.Lock()
+	sh.ids.put(k, at, now, st.idHorizon, st.idCap)
+	sh.mu.Unlock()
 }
 
 // reserve makes room in shard i's index for n more records.

@@ -16,6 +16,9 @@ type store struct {
 	domain *window.Domain
 	shift  uint // shard = key >> shift
 	shards []shard
+
+	idHorizon int64 // ms a recorded request id is remembered
+	idCap     int   // ids one shard remembers at most
 }
 
 // shard is one lock's worth of a store.
@@ -28,12 +31,14 @@ type shard struct {
 	records    int64          // entries in index
 	collisions int64          // records created for a key whose hash matched another recipient's
 	expired    int64          // records reclaimed by sweep
+	ids        idCache        // request ids of recorded items
 	_          [64]byte       // keep neighbouring shards' locks off one cache line
 }
 
-func newStore(d *window.Domain, shards int) *store {
+func newStore(d *window.Domain, shards int, idHorizon int64, idCapacity int) *store {
 	// shards is a power of two; with one shard, key >> 64 is 0.
-	st := &store{domain: d, shift: uint(64 - bits.Len(uint(shards-1))), shards: make([]shard, shards)}
+	st := &store{domain: d, shift: uint(64 - bits.Len(uint(shards-1))), shards: make([]shard, shards),
+		idHorizon: idHorizon, idCap: max(2, idCapacity/shards)}
 	for i := range st.shards {
 		st.shards[i].slabs = make([]slab, len(classSizes))
 		for c, size := range classSizes {
@@ -48,33 +53,57 @@ func (st *store) shardOf(key uint64) *shard { return &st.shards[key>>st.shift] }
 // apply decides it for the recipient with key hash key and verifier tag at
 // time now (unix ms), recording it if the decision says so. A recorded
 // item gets seq, its shard's next sequence number (0 if not recorded).
-func (st *store) apply(key uint64, tag uint16, now int64, it window.Item, dec *window.Decision) (seq uint64, err error) {
+//
+// A nonzero id that the store recorded for this recipient within its
+// horizon makes it a duplicate: nothing is recorded, and dec is the first
+// decision (admitted, recorded, at its time) with per-rule counts as of now.
+func (st *store) apply(key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (seq uint64, dup bool, err error) {
 	key = storedKey(key)
 	sh := st.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	pos, rec, other := sh.lookup(key, tag)
+	if id != 0 && it.Mode != window.Peek {
+		if at, ok := sh.ids.get(idKey(id, key), now, st.idHorizon); ok {
+			peek := it
+			peek.Mode = window.Peek
+			if _, err := st.domain.Apply(&sh.scratch, rec, tag, now, peek, dec); err != nil {
+				return 0, false, err
+			}
+			dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At = true, true, -1, 0, at
+			for i := range dec.NumRules {
+				dec.Rules[i].RetryAfter = 0
+			}
+			return 0, true, nil
+		}
+	}
 	out, err := st.domain.Apply(&sh.scratch, rec, tag, now, it, dec)
 	if err != nil || out == nil {
-		return 0, err
+		return 0, false, err
 	}
 	if err := sh.put(key, pos, out, other); err != nil {
 		dec.Recorded = false
-		return 0, err
+		return 0, false, err
+	}
+	if id != 0 {
+		sh.ids.put(idKey(id, key), dec.At, now, st.idHorizon, st.idCap)
 	}
 	sh.seq++
-	return sh.seq, nil
+	return sh.seq, false, nil
 }
 
 // insert records it as sent at time at without deciding (window.Insert), for
 // replaying the write-ahead log, and raises the shard's sequence number to
-// seq if it is below.
-func (st *store) insert(key uint64, tag uint16, at int64, it window.Item, seq uint64) error {
+// seq if it is below. A nonzero id is remembered as of now (unix ms).
+func (st *store) insert(key uint64, tag uint16, at int64, it window.Item, seq, id uint64, now int64) error {
 	key = storedKey(key)
 	sh := st.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.seq = max(sh.seq, seq)
+	if id != 0 && now-at < st.idHorizon {
+		sh.ids.put(idKey(id, key), at, now, st.idHorizon, st.idCap)
+	}
 	pos, rec, other := sh.lookup(key, tag)
 	out, err := st.domain.Insert(&sh.scratch, rec, tag, at, it)
 	if err != nil || out == nil {
@@ -183,6 +212,8 @@ type storeStats struct {
 	Records    int64 // recipients with a record
 	Collisions int64 // records created beside another recipient's with the same 64-bit key hash
 	Expired    int64 // records reclaimed because nothing in them was inside any window
+	IDs        int64 // request ids remembered
+	EarlyIDRotations int64 // id generations retired before half the horizon because full
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs, free slots included
 	LiveBytes  int64 // bytes of slots in use
@@ -196,6 +227,8 @@ func (st *store) stats() storeStats {
 		s.Records += sh.records
 		s.Collisions += sh.collisions
 		s.Expired += sh.expired
+		s.IDs += int64(sh.ids.len())
+		s.EarlyIDRotations += sh.ids.early
 		s.IndexBytes += sh.index.bytes()
 		for c := range sh.slabs {
 			sl := &sh.slabs[c]

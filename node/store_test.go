@@ -16,7 +16,7 @@ const t0 = int64(1_790_000_000_000) // unix ms
 // recipient.
 func TestStoreMatchesEngine(t *testing.T) {
 	d, _ := window.NewDomain("default", window.DefaultRules())
-	st := newStore(d, 4)
+	st := newStore(d, 4, 60_000, 1<<20)
 	rng := rand.New(rand.NewPCG(1, 2))
 	plain := map[string][]byte{}
 	var s window.Scratch
@@ -30,7 +30,7 @@ func TestStoreMatchesEngine(t *testing.T) {
 		}
 		key, tag := KeyOf(rcp)
 		var got, want window.Decision
-		if _, err := st.apply(key, tag, now, it, &got); err != nil {
+		if _, _, err := st.apply(key, tag, now, it, 0, &got); err != nil {
 			t.Fatal(err)
 		}
 		out, err := d.Apply(&s, plain[rcp], tag, now, it, &want)
@@ -53,16 +53,16 @@ func TestStoreMatchesEngine(t *testing.T) {
 // hash: the tag must keep their records apart and the collision be counted.
 func TestStoreTellsCollidingRecipientsApart(t *testing.T) {
 	d, _ := window.NewDomain("d", []window.Rule{{Name: "one", Scope: window.ScopeRecipient, Limit: 1, Window: time.Hour}})
-	st := newStore(d, 1)
+	st := newStore(d, 1, 60_000, 1<<20)
 	const key = 0xdeadbeef
 	var dec window.Decision
 	for _, tag := range []uint16{1, 2} {
-		if _, err := st.apply(key, tag, t0, window.Item{}, &dec); err != nil || !dec.Admitted {
+		if _, _, err := st.apply(key, tag, t0, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
 			t.Fatalf("tag %d: first send %+v, %v", tag, dec, err)
 		}
 	}
 	for _, tag := range []uint16{1, 2} {
-		if _, err := st.apply(key, tag, t0+1, window.Item{}, &dec); err != nil || dec.Admitted {
+		if _, _, err := st.apply(key, tag, t0+1, window.Item{}, 0, &dec); err != nil || dec.Admitted {
 			t.Fatalf("tag %d: second send %+v, %v; want denied", tag, dec, err)
 		}
 	}
@@ -70,7 +70,7 @@ func TestStoreTellsCollidingRecipientsApart(t *testing.T) {
 		t.Fatalf("stats %+v, want 2 records and 1 collision", s)
 	}
 	// Key 0 is stored as 1; it still works.
-	if _, err := st.apply(0, 9, t0, window.Item{}, &dec); err != nil || !dec.Admitted {
+	if _, _, err := st.apply(0, 9, t0, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
 		t.Fatalf("key 0: %+v %v", dec, err)
 	}
 }
@@ -80,7 +80,7 @@ func TestSweepReclaimsIdleRecords(t *testing.T) {
 		{Name: "a", Scope: window.ScopeRecipient, Limit: 3, Window: time.Minute},
 		{Name: "b", Scope: window.ScopeContent, Limit: 1, Window: time.Hour},
 	})
-	st := newStore(d, 2)
+	st := newStore(d, 2, 60_000, 1<<20)
 	var dec window.Decision
 	const n = 20_000
 	for i := range n {
@@ -89,7 +89,7 @@ func TestSweepReclaimsIdleRecords(t *testing.T) {
 		if i%16 == 0 {
 			at = t0 + d.Longest() // one in 16 is newer by a whole window
 		}
-		if _, err := st.apply(key, tag, at, window.Item{Content: 5}, &dec); err != nil {
+		if _, _, err := st.apply(key, tag, at, window.Item{Content: 5}, 0, &dec); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -106,7 +106,7 @@ func TestSweepReclaimsIdleRecords(t *testing.T) {
 	// content within the hour is denied.
 	for i := 0; i < n; i += 16 {
 		key, tag := KeyOf(fmt.Sprint(i))
-		if _, err := st.apply(key, tag, t0+d.Longest()+1, window.Item{Content: 5}, &dec); err != nil || dec.Admitted {
+		if _, _, err := st.apply(key, tag, t0+d.Longest()+1, window.Item{Content: 5}, 0, &dec); err != nil || dec.Admitted {
 			t.Fatalf("recipient %d after the sweep: %+v, %v; want denied by b", i, dec, err)
 		}
 	}

@@ -91,7 +91,7 @@ func BenchmarkStoreCheck(b *testing.B) {
 	templates := steadyTemplates(b, d, 1000, now)
 	for _, n := range []int{10_000, 1_000_000, 10_000_000} {
 		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
-			st := newStore(d, 256)
+			st := newStore(d, 256, 60_000, 1<<20)
 			fillSteady(b, st, n, templates)
 			rng := rand.New(rand.NewPCG(3, 3))
 			var dec window.Decision
@@ -103,7 +103,7 @@ func BenchmarkStoreCheck(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				key, tag := benchKey(rng.IntN(n))
 				at := now + int64(float64(i)*step)
-				if _, err := st.apply(key, tag, at, window.Item{Content: uint64(i&7) + 1, Mode: benchMode}, &dec); err != nil {
+				if _, _, err := st.apply(key, tag, at, window.Item{Content: uint64(i&7) + 1, Mode: benchMode}, 0, &dec); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -134,14 +134,14 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 				runtime.GC()
 				var before, after runtime.MemStats
 				runtime.ReadMemStats(&before)
-				st := newStore(d, 256)
+				st := newStore(d, 256, 60_000, 1<<20)
 				if tc.unique {
 					rng := rand.New(rand.NewPCG(9, 9))
 					var dec window.Decision
 					for i := range tc.n {
 						key, tag := KeyOf(fmt.Sprintf("+86%011d", i))
 						for _, snd := range window.SteadyStateSends(rng, now) {
-							if _, err := st.apply(key, tag, snd.At, window.Item{Content: snd.Content}, &dec); err != nil {
+							if _, _, err := st.apply(key, tag, snd.At, window.Item{Content: snd.Content}, 0, &dec); err != nil {
 								b.Fatal(err)
 							}
 						}

@@ -21,12 +21,14 @@ var ErrBadPayload = errors.New("node: bad wal payload")
 //	  tag     2 bytes LE: its CRC-32C tag
 //	  seq     the send's sequence number in its shard
 //	  at      zigzag varint: decision time - base, ms
-//	  flags   byte: bit 0 = a content hash follows
+//	  flags   byte: bit 0 = a content hash follows, bit 1 = a request id follows
 //	  content 8 bytes LE, if flagged
+//	  id      8 bytes LE, if flagged (version 2 on)
 //	  cost
 //
-// Fields may only be added at the end of a send under a new version.
-const walVersion = 1
+// Fields may only be added under a new version; the decoder reads every
+// version up to its own.
+const walVersion = 2
 
 // walSend is one recorded send as the WAL keeps it.
 type walSend struct {
@@ -37,6 +39,7 @@ type walSend struct {
 	at      int64 // unix ms
 	content uint64
 	cost    int
+	id      uint64 // request id, 0 for none
 }
 
 // walEncoder builds one payload. The zero value is ready; reset reuses it.
@@ -72,11 +75,19 @@ func (e *walEncoder) add(s walSend) {
 	b = binary.LittleEndian.AppendUint16(b, s.tag)
 	b = binary.AppendUvarint(b, s.seq)
 	b = binary.AppendVarint(b, s.at-e.base)
+	var flags byte
 	if s.content != 0 {
-		b = append(b, 1)
+		flags |= 1
+	}
+	if s.id != 0 {
+		flags |= 2
+	}
+	b = append(b, flags)
+	if s.content != 0 {
 		b = binary.LittleEndian.AppendUint64(b, s.content)
-	} else {
-		b = append(b, 0)
+	}
+	if s.id != 0 {
+		b = binary.LittleEndian.AppendUint64(b, s.id)
 	}
 	e.sends = binary.AppendUvarint(b, uint64(s.cost))
 	e.n++
@@ -100,8 +111,9 @@ func (e *walEncoder) bytes() []byte {
 // passed to fn are valid only during the call.
 func decodeWAL(p []byte, fn func(s walSend) error) error {
 	r := walReader{b: p}
-	if v := r.byte(); v != walVersion {
-		return fmt.Errorf("%w: version %d, this node reads %d", ErrBadPayload, v, walVersion)
+	v := r.byte()
+	if v < 1 || v > walVersion {
+		return fmt.Errorf("%w: version %d, this node reads 1 to %d", ErrBadPayload, v, walVersion)
 	}
 	base := int64(r.uvarint())
 	nd := r.uvarint()
@@ -124,8 +136,12 @@ func decodeWAL(p []byte, fn func(s walSend) error) error {
 		s.tag = uint16(r.u64n(2))
 		s.seq = r.uvarint()
 		s.at = base + r.varint()
-		if r.byte()&1 != 0 {
+		flags := r.byte()
+		if flags&1 != 0 {
 			s.content = r.u64()
+		}
+		if flags&2 != 0 && v >= 2 {
+			s.id = r.u64()
 		}
 		cost := r.uvarint()
 		if r.err != nil {

@@ -20,6 +20,9 @@ func randomSends(rng *rand.Rand, n int) []walSend {
 		if rng.IntN(2) == 0 {
 			s.content = rng.Uint64() | 1
 		}
+		if rng.IntN(2) == 0 {
+			s.id = rng.Uint64() | 1
+		}
 		out[i] = s
 	}
 	return out

@@ -225,7 +225,12 @@ type CheckResponse struct {
 	// The ring epoch of the node that answered.
 	RingEpoch uint64 `protobuf:"varint,11,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
 	// Per item: its number of per-rule entries.
-	RuleCounts    []uint32 `protobuf:"varint,12,rep,packed,name=rule_counts,json=ruleCounts,proto3" json:"rule_counts,omitempty"`
+	RuleCounts []uint32 `protobuf:"varint,12,rep,packed,name=rule_counts,json=ruleCounts,proto3" json:"rule_counts,omitempty"`
+	// Indices of items answered from the idempotency table: an earlier call
+	// recorded an item with the same request id and recipient, so this one is
+	// not recorded again. Their decided_at_ms is the first decision's; their
+	// per-rule entries are as of now.
+	Duplicates    []uint32 `protobuf:"varint,13,rep,packed,name=duplicates,proto3" json:"duplicates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -340,6 +345,13 @@ func (x *CheckResponse) GetRingEpoch() uint64 {
 func (x *CheckResponse) GetRuleCounts() []uint32 {
 	if x != nil {
 		return x.RuleCounts
+	}
+	return nil
+}
+
+func (x *CheckResponse) GetDuplicates() []uint32 {
+	if x != nil {
+		return x.Duplicates
 	}
 	return nil
 }
@@ -1108,7 +1120,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\vrequest_ids\x18\a \x03(\x06R\n" +
 	"requestIds\x12\x1d\n" +
 	"\n" +
-	"ring_epoch\x18\b \x01(\x04R\tringEpoch\"\x93\x04\n" +
+	"ring_epoch\x18\b \x01(\x04R\tringEpoch\"\xb3\x04\n" +
 	"\rCheckResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x03(\bR\badmitted\x12\x1a\n" +
 	"\brecorded\x18\x02 \x03(\bR\brecorded\x12\x1b\n" +
@@ -1124,7 +1136,10 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
 	"ring_epoch\x18\v \x01(\x04R\tringEpoch\x12\x1f\n" +
 	"\vrule_counts\x18\f \x03(\rR\n" +
-	"ruleCounts\x1aO\n" +
+	"ruleCounts\x12\x1e\n" +
+	"\n" +
+	"duplicates\x18\r \x03(\rR\n" +
+	"duplicates\x1aO\n" +
 	"\fDomainsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
 	"\x05value\x18\x02 \x01(\v2\x13.freqring.v1.DomainR\x05value:\x028\x01\"O\n" +
