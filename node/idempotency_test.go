@@ -97,7 +97,9 @@ func TestRetryIsRecordedOnceThroughAForwardingNode(t *testing.T) {
 		}
 	}
 	req := &pb.CheckRequest{Recipients: []string{rcp}, RequestIds: []uint64{777}}
-	viaNode0 := func(ctx context.Context, r *pb.CheckRequest) (*pb.CheckResponse, error) { return c.nodes[0].cli.Check(ctx, r) }
+	viaNode0 := func(ctx context.Context, r *pb.CheckRequest) (*pb.CheckResponse, error) {
+		return c.nodes[0].cli.Check(ctx, r)
+	}
 	_, again := retryOnce(t, viaNode0, req)
 	if !reflect.DeepEqual(again.Duplicates, []uint32{0}) {
 		t.Fatalf("retry through node-0: duplicates %v", again.Duplicates)

@@ -39,13 +39,13 @@ var ErrCorruptSnapshot = errors.New("node: corrupt snapshot")
 //
 // A missing end section means a truncated file.
 const (
-	snapMagic        = "FRQSNAP2"
-	snapMagicV1      = "FRQSNAP1" // no request ids; still read
-	secHeader  uint8 = 1
-	secDomain  uint8 = 2
-	secShard   uint8 = 3
-	secEnd     uint8 = 4
-	maxSection       = 1 << 30
+	snapMagic         = "FRQSNAP2"
+	snapMagicV1       = "FRQSNAP1" // no request ids; still read
+	secHeader   uint8 = 1
+	secDomain   uint8 = 2
+	secShard    uint8 = 3
+	secEnd      uint8 = 4
+	maxSection        = 1 << 30
 )
 
 // snapName is the file name of the snapshot whose replay starts in segment seq.

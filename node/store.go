@@ -209,14 +209,14 @@ func (st *store) sweep(i int, from int, cutoff int64, budget int) (next int, rec
 
 // storeStats are a store's counters at one moment.
 type storeStats struct {
-	Records    int64 // recipients with a record
-	Collisions int64 // records created beside another recipient's with the same 64-bit key hash
-	Expired    int64 // records reclaimed because nothing in them was inside any window
-	IDs        int64 // request ids remembered
+	Records          int64 // recipients with a record
+	Collisions       int64 // records created beside another recipient's with the same 64-bit key hash
+	Expired          int64 // records reclaimed because nothing in them was inside any window
+	IDs              int64 // request ids remembered
 	EarlyIDRotations int64 // id generations retired before half the horizon because full
-	IndexBytes int64 // heap held by the index
-	SlabBytes  int64 // heap held by record slabs, free slots included
-	LiveBytes  int64 // bytes of slots in use
+	IndexBytes       int64 // heap held by the index
+	SlabBytes        int64 // heap held by record slabs, free slots included
+	LiveBytes        int64 // bytes of slots in use
 }
 
 func (st *store) stats() storeStats {
