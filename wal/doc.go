@@ -9,11 +9,35 @@
 // sequence number in fixed-width lower-case hex, starting at 1, so that name
 // order is log order. Appends go to the newest segment, the active one; every
 // other segment is sealed and never changes. After a batch brings the active
-// segment to Options.SegmentBytes, or on Rotate, the active segment is
-// fsynced (sealed) and the next one is cut: its header is written to
-// "<name>.tmp", fsynced, renamed to "<name>", and the directory is fsynced.
-// Open deletes leftover "<segment name>.tmp" files of interrupted cuts. Open
-// continues the last segment unless it is full.
+// segment to Options.SegmentBytes, or on Rotate, the active segment is sealed:
+// truncated to the end of its last record if it is pre-zeroed (below), then
+// fsynced. Then the next one is cut: its header is written at offset 0 of a
+// spare segment, or of a new "<name>.tmp" if no spare is ready; the file is
+// fsynced, renamed to "<name>", and the directory is fsynced. Open deletes
+// leftover "<segment name>.tmp" files of interrupted cuts and a leftover
+// spare. Open continues the last segment unless it is full.
+//
+// # Spare segments
+//
+// Appending to a growing file makes every fsync journal the new size and
+// extents; overwriting blocks that already hold fsynced zeros does not, and
+// takes about a third less time (etcd's file pipeline does the same). So a
+// goroutine of the Log, the preparer, keeps one spare segment ready: it writes
+// Options.SegmentBytes of zeros to "spare.wal.tmp", 1 MiB per write, and
+// fsyncs it, without holding any lock the appends need. A cut takes the spare
+// when it is ready and otherwise makes a plain file as above, so a cut never
+// waits for zeroing; once the spare is renamed, the preparer makes the next
+// one. Stats.PreparedCuts counts the cuts that used a spare. The preparer
+// starts on Open, which cuts a first segment (if it needs one) before the
+// preparer has anything ready; Close stops it and removes an unused spare.
+// The cost is disk space, one spare and the unused part of the active
+// segment, and writing every segment's bytes twice, once as zeros.
+//
+// Records are written at the segment's logical size, the end of its last
+// record, with pwrite(2): over the zeros of a pre-zeroed segment, and past
+// the end of the file when a batch goes beyond it, which then grows as a
+// plain file does. SegmentInfo.Size, rotation and Replay use the logical
+// size, never the file's length.
 //
 // A Position is a segment's sequence number and a record's byte offset in the
 // segment file.
@@ -43,15 +67,32 @@
 // payload, an all-zero header, a size over MaxPayload or a bad crc marks the
 // end of the log: that is what an interrupted write(2) or a power cut in the
 // middle of a batch leaves behind, and a power cut can keep later pages of a
-// batch while losing earlier ones. Open truncates the segment to the end of
-// the last intact record, fsyncs it, logs the file, offset and number of
-// bytes cut (at error level if intact records follow the damage), counts them
-// in Stats.TornBytes, and goes on. If even the header is torn, the segment is
-// cut again under the same number.
+// batch while losing earlier ones.
+//
+// If every byte after the last intact record of the last segment is zero
+// (and the header is intact), the log simply ends there: the zeros are the
+// unused part of a pre-zeroed segment. Open keeps the file's length, so that
+// appends go on overwriting zeros, and neither counts nor logs anything.
+//
+// Otherwise the tail is torn. Open truncates the segment to the end of the
+// last intact record, fsyncs it, logs the file, offset and number of bytes
+// cut (at error level if intact records follow the damage), counts them in
+// Stats.TornBytes, and goes on. In a pre-zeroed segment the bytes cut include
+// its unused zeros. Truncating rather than zeroing the damage is the simplest
+// way to make sure that no stale byte of the torn tail, such as an intact
+// record that a power cut kept after a lost one, can ever be read back as a
+// record once later appends leave a gap before it; the segment then grows as
+// a plain file until it is sealed, and torn tails only follow power cuts. If
+// even the header is torn, the segment is cut again under the same number.
 //
 // The same damage in a sealed segment cannot come from a crash, because a
 // segment is fsynced before it is sealed, so Open refuses to open: the error
-// wraps ErrCorrupt and names the file and offset. So do, in every segment, a
+// wraps ErrCorrupt and names the file and offset. A sealed segment never ends
+// in zeros either: sealing truncates a pre-zeroed segment to its last record
+// before the fsync that seals it, so zeros after the last record of a sealed
+// segment are damage too, as they were before spare segments. (Accepting zero
+// tails in sealed segments would have worked as well, but would keep unused
+// preallocation on disk after every early Rotate and weaken the check.) So do, in every segment, a
 // record whose framing is intact but whose content is wrong (an unknown type,
 // which a newer writer may have added; a header record after the start) and a
 // gap in the sequence numbers. With Options.SkipCorrupt, an operator override,

@@ -35,6 +35,14 @@ func FuzzOpen(f *testing.F) {
 	f.Add(flipped, false, true)
 	f.Add([]byte{}, false, false)
 	f.Add(seg[:10], true, true)
+	// Pre-zeroed: zeros after the records, with and without a torn write.
+	prezeroed := append(bytes.Clone(seg), make([]byte, 200)...)
+	f.Add(prezeroed, false, false)
+	f.Add(prezeroed, true, false)
+	torn := bytes.Clone(prezeroed)
+	copy(torn[len(seg):], fuzzSegment(1, "torn")[segHeaderRecordLen:][:7])
+	f.Add(torn, false, false)
+	f.Add(torn, false, true)
 
 	seg2 := fuzzSegment(2, "segment two")
 	f.Fuzz(func(t *testing.T, data []byte, sealed, skip bool) {
@@ -47,7 +55,8 @@ func FuzzOpen(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		opts := Options{Dir: dir, Sync: SyncNone, SkipCorrupt: skip}
+		// Small segments: every Open starts a preparer that zeroes a spare.
+		opts := Options{Dir: dir, Sync: SyncNone, SkipCorrupt: skip, SegmentBytes: 4 << 10}
 		l, err := Open(opts)
 		if err != nil {
 			return

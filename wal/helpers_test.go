@@ -151,3 +151,27 @@ func newGate() *gate     { return &gate{ch: make(chan struct{})} }
 func (g *gate) wait()    { <-g.ch }
 func (g *gate) step()    { g.ch <- struct{}{} }
 func (g *gate) release() { g.once.Do(func() { close(g.ch) }) }
+
+// spareHook returns an Options.testHookPrepared that reports on the returned
+// channel that the preparer made a spare segment ready for a cut. Reports
+// that nobody received yet coalesce, so that the hook never blocks.
+func spareHook() (func(), <-chan struct{}) {
+	ch := make(chan struct{}, 1)
+	return func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}, ch
+}
+
+func allZero(b []byte) bool { return zeroSuffix(b) == len(b) }
+
+func fileSize(t testing.TB, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}

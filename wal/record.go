@@ -42,7 +42,8 @@ var (
 	ErrCorrupt = errors.New("wal: corrupt record")
 	// ErrTornTail reports an incomplete record: a short header, a short payload
 	// or an all-zero header. At the end of the last segment it marks the end of
-	// the log; Open truncates it.
+	// the log; Open truncates it, unless only zeros follow (the unused part of
+	// a pre-zeroed segment).
 	ErrTornTail = errors.New("wal: torn record")
 	// ErrClosed is returned by calls on a closed Log.
 	ErrClosed = errors.New("wal: log closed")

@@ -2,6 +2,7 @@ package wal
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -14,7 +15,15 @@ import (
 const (
 	segExt = ".wal"
 	tmpExt = ".tmp"
+
+	// spareName is the spare segment the preparer zeroes in advance; a cut
+	// renames it to the new segment's name. Open removes a leftover one.
+	spareName = "spare" + segExt + tmpExt
 )
+
+// zeroBlock is read-only: the zeros the preparer writes, and what tails are
+// compared with. It lives in BSS, so untouched it costs no memory.
+var zeroBlock [1 << 20]byte
 
 // segmentName returns the file name of segment seq: 16 hex digits and ".wal",
 // so that name order is log order.
@@ -36,7 +45,8 @@ func parseSegmentName(name string) (uint64, bool) {
 }
 
 // listSegments returns the sequence numbers of the segments in dir, in order,
-// and removes the temporary files of segment cuts that a crash interrupted.
+// and removes the temporary files of segment cuts that a crash interrupted
+// and a leftover spare segment.
 func listSegments(dir string, logf func(msg string, args ...any)) ([]uint64, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -45,6 +55,14 @@ func listSegments(dir string, logf func(msg string, args ...any)) ([]uint64, err
 	var seqs []uint64
 	for _, e := range entries {
 		name := e.Name()
+		if name == spareName {
+			p := filepath.Join(dir, name)
+			if err := os.Remove(p); err != nil {
+				return nil, fmt.Errorf("wal: remove spare segment: %w", err)
+			}
+			logf("wal: removed unused spare segment", "file", p)
+			continue
+		}
 		if base, ok := strings.CutSuffix(name, tmpExt); ok {
 			if _, ok := parseSegmentName(base); ok {
 				p := filepath.Join(dir, name)
@@ -73,6 +91,7 @@ type scan struct {
 	skipped  int64  // damaged bytes skipped (skipCorrupt only)
 	torn     string // why the tail at good is torn; "" if the image ends cleanly
 	tornNext bool   // an intact data record follows the torn point
+	prealloc int64  // last segment: zeros after good, the unused part of a pre-zeroed segment
 }
 
 // scanSegment walks the records of the segment image b, read from path, and
@@ -80,7 +99,10 @@ type scan struct {
 //
 // In the last segment (last == true) a framing error (ErrTornTail, or
 // ErrCorrupt from a bad size or checksum) ends the log: scanSegment stops and
-// reports the torn point in scan.good and scan.torn. Everywhere else, and for
+// reports the torn point in scan.good and scan.torn, unless only zeros follow
+// the header and the records before it: then the image ends cleanly at good,
+// and scan.prealloc counts the zeros (a pre-zeroed segment's unused part).
+// A whole image of zeros has no header and is torn. Everywhere else, and for
 // records whose framing is intact but whose meaning is wrong (an unknown type,
 // a header where data belongs), it returns an error wrapping ErrCorrupt that
 // names the file and offset, or, with skipCorrupt, skips forward to the next
@@ -90,19 +112,26 @@ func scanSegment(b []byte, path string, seq uint64, last, skipCorrupt bool, from
 	fn func(off int64, p []byte) error) (scan, error) {
 	var s scan
 	off := 0
+	// Every record has a non-zero type byte, so none starts at or after nz.
+	nz := len(b) - zeroSuffix(b)
 	// bad handles a record that cannot be used at off: it returns the offset
-	// at which to go on, or stop == true with s.torn set, or an error.
+	// at which to go on, or stop == true with s.torn or s.prealloc set, or an
+	// error.
 	bad := func(off int) (next int, stop bool, err error) {
 		reason, intact := describeRecord(b, off)
 		if last && !intact {
+			if off > 0 && off >= nz {
+				s.good, s.prealloc = int64(off), int64(len(b)-off)
+				return 0, true, nil
+			}
 			s.good, s.torn = int64(off), reason
-			_, s.tornNext = resync(b, off+1)
+			_, s.tornNext = resync(b, off+1, nz)
 			return 0, true, nil
 		}
 		if !skipCorrupt {
 			return 0, false, fmt.Errorf("%w: %s offset %d: %s", ErrCorrupt, path, off, reason)
 		}
-		next, _ = resync(b, off+1)
+		next, _ = resync(b, off+1, nz)
 		s.skipped += int64(next - off)
 		return next, false, nil
 	}
@@ -167,14 +196,28 @@ func scanSegment(b []byte, path string, seq uint64, last, skipCorrupt bool, from
 }
 
 // resync returns the offset of the first intact data record at or after off,
-// or len(b) and false if there is none.
-func resync(b []byte, off int) (int, bool) {
-	for ; off < len(b); off++ {
+// or len(b) and false if there is none. It tries offsets before nz only: b
+// holds only zeros from nz on, and a record's type byte is never zero.
+func resync(b []byte, off, nz int) (int, bool) {
+	for ; off < nz; off++ {
 		if typ, _, _, err := readRecord(b, off); err == nil && typ == recData {
 			return off, true
 		}
 	}
 	return len(b), false
+}
+
+// zeroSuffix returns the number of zero bytes at the end of b.
+func zeroSuffix(b []byte) int {
+	const chunk = 4 << 10
+	end := len(b)
+	for end >= chunk && bytes.Equal(b[end-chunk:end], zeroBlock[:chunk]) {
+		end -= chunk
+	}
+	for end > 0 && b[end-1] == 0 {
+		end--
+	}
+	return len(b) - end
 }
 
 // readFile reads the first size bytes of path into buf, reusing its capacity.

@@ -58,7 +58,10 @@ type Options struct {
 	NewTicker func(d time.Duration) (<-chan time.Time, func())
 	Logger    *slog.Logger // nil means discard
 
-	testHookFlush func() // called by the flusher after it takes a batch; tests only
+	testHookFlush    func() // called by the flusher after it takes a batch; tests only
+	testHookPrepare  func() // called by the preparer before it makes a spare segment; tests only
+	testHookPrepared func() // called by the preparer once a spare segment is ready for a cut; tests only
+	noSpare          bool   // no preparer: every cut makes a plain file; tests and benchmarks only
 }
 
 const (
@@ -138,7 +141,7 @@ func (p Position) String() string { return fmt.Sprintf("%s:%d", segmentName(p.Se
 type SegmentInfo struct {
 	Seq     uint64
 	Path    string
-	Size    int64    // bytes written to the OS, header included
+	Size    int64    // bytes of records written to the OS, header included; a pre-zeroed file is longer
 	Created int64    // unix ns from the segment header (Options.Now at the cut); the time of Open if SkipCorrupt skipped the header
 	Sealed  bool     // no more appends go to it; every segment but the newest is sealed
 	First   Position // where the segment's first data record is (or goes)
@@ -149,15 +152,16 @@ type Stats struct {
 	Appends      int64 // data records written
 	Batches      int64 // batches written, each with one write(2)
 	Bytes        int64 // bytes of data records written, framing included
-	Fsyncs       int64 // fsyncs of segment files and of the directory
+	Fsyncs       int64 // fsyncs of segment files and of the directory; not the preparer's of spare segments
 	FsyncNanos   int64 // wall time spent in those fsyncs, ns
 	Rotations    int64 // segments sealed and followed by a new one
 	TornBytes    int64 // bytes cut from the tail of the last segment by Open
 	SkippedBytes int64 // damaged bytes skipped by Open (Options.SkipCorrupt)
+	PreparedCuts int64 // segments cut from a spare segment the preparer had zeroed in advance
 }
 
 type counters struct {
-	appends, batches, bytes, fsyncs, fsyncNanos, rotations, tornBytes, skippedBytes atomic.Int64
+	appends, batches, bytes, fsyncs, fsyncNanos, rotations, tornBytes, skippedBytes, preparedCuts atomic.Int64
 }
 
 // batch is one group-commit buffer. Two of them alternate: appends fill the
@@ -201,16 +205,24 @@ type Log struct {
 	removeMu sync.Mutex // serializes RemoveBefore
 
 	// Owned by the flusher goroutine (by Open before it starts, by Close after it ends).
-	f    *os.File // active segment, opened for appending
+	f    *os.File // active segment; batches go to offset size with pwrite(2)
 	seq  uint64   // active segment's sequence number
-	size int64    // active segment's size
+	size int64    // active segment's logical size: the end of its last record, where the next batch goes
+	end  int64    // active segment's file length; more than size while it ends in unused pre-zeroed bytes
+
+	// The preparer goroutine keeps one spare segment ready for the next cut.
+	// Only one spare exists at a time, so sends on these channels never block.
+	prepared  chan *os.File // cap 1: the spare (spareName, zeroed and fsynced), taken by cut
+	prepFree  chan struct{} // cap 1: cut is done with the spare it took, so spareName is free again
+	prepRetry chan struct{} // cap 1: a cut found no spare; after a failure the preparer tries again
 
 	active  atomic.Pointer[os.File] // f, for the sync loop
 	written atomic.Int64            // bytes written since Open, for the sync loop
 
-	quit        chan struct{} // closed by Close to stop the sync loop
+	quit        chan struct{} // closed by Close to stop the sync loop and the preparer
 	flusherDone chan struct{} // closed when the flusher has exited
 	syncerDone  chan struct{} // closed when the sync loop has exited; nil without SyncInterval
+	prepDone    chan struct{} // closed when the preparer has exited; nil without one (noSpare)
 	closeErr    error         // the flusher's final flush, fsync and close; read after flusherDone
 
 	stats counters
@@ -220,8 +232,10 @@ type Log struct {
 // and validates every segment. A torn tail of the last segment is truncated
 // to the last intact record and logged; damage anywhere else is an error
 // wrapping ErrCorrupt that names the file and offset, unless
-// opts.SkipCorrupt. Appends then continue the last segment, or a new one if
-// there is none or the last is full.
+// opts.SkipCorrupt. Zeros after the last record of the last segment are the
+// unused part of a pre-zeroed segment, not damage, and are kept. Appends then
+// continue the last segment, or a new one if there is none or the last is
+// full. Open starts the goroutine that prepares spare segments.
 func Open(opts Options) (*Log, error) {
 	opts.fillDefaults()
 	if err := opts.validate(); err != nil {
@@ -235,6 +249,9 @@ func Open(opts Options) (*Log, error) {
 		logger:      opts.Logger,
 		pending:     &batch{},
 		spare:       &batch{},
+		prepared:    make(chan *os.File, 1),
+		prepFree:    make(chan struct{}, 1),
+		prepRetry:   make(chan struct{}, 1),
 		quit:        make(chan struct{}),
 		flusherDone: make(chan struct{}),
 	}
@@ -252,6 +269,10 @@ func Open(opts Options) (*Log, error) {
 		tick, stop := opts.NewTicker(opts.SyncInterval)
 		go l.syncLoop(tick, stop)
 	}
+	if !opts.noSpare {
+		l.prepDone = make(chan struct{})
+		go l.prepareLoop()
+	}
 	return l, nil
 }
 
@@ -263,7 +284,8 @@ func (l *Log) recover() error {
 		return err
 	}
 	var buf []byte
-	recut := false // the last segment lost its header and must be cut again
+	recut := false      // the last segment lost its header and must be cut again
+	lastEnd := int64(0) // file length of the last segment after repair
 	for i, seq := range seqs {
 		last := i == len(seqs)-1
 		path := filepath.Join(dir, segmentName(seq))
@@ -296,7 +318,10 @@ func (l *Log) recover() error {
 		if !last {
 			continue
 		}
-		if cut := int64(len(buf)) - s.good; cut > 0 {
+		// Zeros after the last record (s.prealloc) are the unused part of a
+		// pre-zeroed segment: kept, so that appends go on overwriting them.
+		cut := int64(len(buf)) - s.good - s.prealloc
+		if cut > 0 {
 			l.stats.tornBytes.Add(cut)
 			level := slog.LevelWarn
 			if s.tornNext {
@@ -308,10 +333,15 @@ func (l *Log) recover() error {
 		switch {
 		case s.good == 0:
 			recut = true // not even the header is complete
-		case s.good < int64(len(buf)):
+		case cut > 0:
+			// Truncating (not zeroing) also drops any preallocated zeros
+			// after the damage, so no stale byte can be read back later.
 			if err := truncateFile(path, s.good); err != nil {
 				return err
 			}
+			lastEnd = s.good
+		default:
+			lastEnd = int64(len(buf))
 		}
 	}
 
@@ -321,19 +351,19 @@ func (l *Log) recover() error {
 			seq = l.segs[len(l.segs)-1].Seq
 			l.segs = l.segs[:len(l.segs)-1]
 		}
-		info, f, err := l.cut(seq)
+		info, f, end, err := l.cut(seq)
 		if err != nil {
 			return err
 		}
 		l.segs = append(l.segs, info)
-		l.f, l.seq, l.size = f, seq, info.Size
+		l.f, l.seq, l.size, l.end = f, seq, info.Size, end
 	} else {
 		last := l.segs[len(l.segs)-1]
-		f, err := os.OpenFile(last.Path, os.O_WRONLY|os.O_APPEND, 0)
+		f, err := os.OpenFile(last.Path, os.O_WRONLY, 0)
 		if err != nil {
 			return fmt.Errorf("wal: %w", err)
 		}
-		l.f, l.seq, l.size = f, last.Seq, last.Size
+		l.f, l.seq, l.size, l.end = f, last.Seq, last.Size, lastEnd
 	}
 	if l.size >= l.opts.SegmentBytes {
 		if _, err := l.rotate(); err != nil {
@@ -361,19 +391,36 @@ func truncateFile(path string, size int64) error {
 	return nil
 }
 
-// cut creates segment seq and returns it open for appending: it writes the
-// header to <name>.tmp, fsyncs it, renames it to <name> (replacing a file of
-// that name) and fsyncs the directory (etcd's cut).
-func (l *Log) cut(seq uint64) (SegmentInfo, *os.File, error) {
+// cut creates segment seq and returns it open for writing, with the file's
+// length. If the preparer has a spare segment ready, cut writes the header at
+// its offset 0, fsyncs it and renames it to <name>; otherwise it writes the
+// header to a new <name>.tmp, fsyncs it and renames that. Either way it then
+// fsyncs the directory (etcd's cut), and it never waits for a spare. A file
+// named <name> is replaced. Flusher only (or Open before the flusher starts).
+func (l *Log) cut(seq uint64) (SegmentInfo, *os.File, int64, error) {
 	path := filepath.Join(l.opts.Dir, segmentName(seq))
-	tmp := path + tmpExt
 	created := l.opts.Now()
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
-	if err != nil {
-		return SegmentInfo{}, nil, fmt.Errorf("wal: cut segment: %w", err)
-	}
 	hdr := appendSegHeader(make([]byte, 0, segHeaderRecordLen), segHeader{version: formatVersion, seq: seq, created: created})
-	_, err = f.Write(hdr)
+	var (
+		f        *os.File
+		tmp      string
+		end      int64
+		prepared bool
+	)
+	select {
+	case f = <-l.prepared:
+		tmp, end, prepared = filepath.Join(l.opts.Dir, spareName), l.opts.SegmentBytes, true
+		defer signal(l.prepFree) // after the rename or the removal: the name is free
+	default:
+		defer signal(l.prepRetry)
+		tmp, end = path+tmpExt, int64(len(hdr))
+		var err error
+		f, err = os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return SegmentInfo{}, nil, 0, fmt.Errorf("wal: cut segment: %w", err)
+		}
+	}
+	_, err := f.WriteAt(hdr, 0)
 	if err == nil {
 		err = l.fsync(f)
 	}
@@ -386,13 +433,24 @@ func (l *Log) cut(seq uint64) (SegmentInfo, *os.File, error) {
 	if err != nil {
 		f.Close()
 		os.Remove(tmp)
-		return SegmentInfo{}, nil, fmt.Errorf("wal: cut segment %s: %w", path, err)
+		return SegmentInfo{}, nil, 0, fmt.Errorf("wal: cut segment %s: %w", path, err)
+	}
+	if prepared {
+		l.stats.preparedCuts.Add(1)
 	}
 	info := SegmentInfo{
 		Seq: seq, Path: path, Size: int64(len(hdr)), Created: created,
 		First: Position{Seq: seq, Offset: int64(len(hdr))},
 	}
-	return info, f, nil
+	return info, f, max(end, info.Size), nil
+}
+
+// signal sends on a channel of capacity 1 unless a signal is already pending.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }
 
 func (l *Log) fsync(f *os.File) error {
@@ -411,22 +469,30 @@ func (l *Log) syncDir() error {
 	return err
 }
 
-// rotate seals the active segment (fsync) and makes a new one active. If the
-// new segment cannot be made, the old one stays active and the error is
-// returned; if the fsync fails, the error is returned and also made sticky.
-// Flusher only (or Open before the flusher starts).
+// rotate seals the active segment (truncate to its logical size if it was
+// pre-zeroed, then fsync) and makes a new one active. If the truncation
+// fails or the new segment cannot be made, the old one stays active and the
+// error is returned; if the fsync fails, the error is returned and also made
+// sticky. Flusher only (or Open before the flusher starts).
 func (l *Log) rotate() (Position, error) {
+	if l.end > l.size {
+		// A sealed segment ends with its last record: drop the unused zeros.
+		if err := l.f.Truncate(l.size); err != nil {
+			return Position{}, fmt.Errorf("wal: truncate %s before rotation: %w", segmentName(l.seq), err)
+		}
+		l.end = l.size
+	}
 	if err := l.fsync(l.f); err != nil {
 		err = fmt.Errorf("wal: fsync %s before rotation: %w", segmentName(l.seq), err)
 		l.fail(err)
 		return Position{}, err
 	}
-	info, f, err := l.cut(l.seq + 1)
+	info, f, end, err := l.cut(l.seq + 1)
 	if err != nil {
 		return Position{}, err
 	}
 	old := l.f
-	l.f, l.seq, l.size = f, info.Seq, info.Size
+	l.f, l.seq, l.size, l.end = f, info.Seq, info.Size, end
 	l.active.Store(f)
 	l.mu.Lock()
 	l.segs[len(l.segs)-1].Sealed = true
@@ -615,10 +681,13 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 	seq, base := l.seq, l.size
 	err := sticky
 	if err == nil && len(b.buf) > 0 {
-		if _, werr := l.f.Write(b.buf); werr != nil {
+		// pwrite at the logical end: over the zeros of a pre-zeroed segment,
+		// or past the end of the file.
+		if _, werr := l.f.WriteAt(b.buf, l.size); werr != nil {
 			err = fmt.Errorf("wal: %w", werr)
 		} else {
 			l.size += int64(len(b.buf))
+			l.end = max(l.end, l.size)
 			l.written.Add(int64(len(b.buf)))
 			l.stats.appends.Add(int64(b.n))
 			l.stats.batches.Add(1)
@@ -695,10 +764,98 @@ func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 	}
 }
 
-// Close writes and fsyncs every queued record, stops the flusher and the
-// sync loop, waits for them and closes the active segment. It returns the
-// first error of that final flush, or the log's earlier write or fsync error.
-// Calls after the first return ErrClosed.
+// prepareLoop keeps one spare segment ready for the flusher's next cut: it
+// writes Options.SegmentBytes of zeros to spareName, fsyncs the file and puts
+// it in l.prepared, then waits until cut has renamed (or removed) it before
+// making the next one under the same name. After a failure it logs and waits
+// for the next cut (prepRetry) to try again. It never takes l.mu. Close stops
+// it and waits for it; a spare no cut took is removed.
+func (l *Log) prepareLoop() {
+	defer close(l.prepDone)
+	for {
+		if l.opts.testHookPrepare != nil {
+			l.opts.testHookPrepare()
+		}
+		f, err := l.prepareSpare()
+		wait := l.prepFree
+		switch {
+		case errors.Is(err, errStopped):
+			return
+		case err != nil:
+			l.logger.Warn("wal: preparing a spare segment failed; cuts make plain files until the next try", "err", err)
+			wait = l.prepRetry
+		default:
+			select {
+			case l.prepared <- f:
+			default:
+				panic("BUG: wal: a spare segment is already prepared")
+			}
+			if l.opts.testHookPrepared != nil {
+				l.opts.testHookPrepared()
+			}
+		}
+		select {
+		case <-wait:
+		case <-l.quit:
+			select {
+			case f := <-l.prepared: // no cut took it
+				f.Close()
+				os.Remove(f.Name())
+			default:
+			}
+			return
+		}
+	}
+}
+
+// errStopped tells prepareLoop that Close interrupted a preparation.
+var errStopped = errors.New("wal: stopped")
+
+// prepareSpare creates spareName, fills it with Options.SegmentBytes of zeros
+// and fsyncs it, so that records written into it later change neither the
+// file's size nor its extents and their fsyncs have less metadata to
+// journal. On error, or errStopped when Close interrupts it, it removes the
+// file.
+func (l *Log) prepareSpare() (*os.File, error) {
+	path := filepath.Join(l.opts.Dir, spareName)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("wal: %w", err)
+	}
+	if err := l.zeroFill(f); err != nil {
+		f.Close()
+		os.Remove(path)
+		if errors.Is(err, errStopped) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("wal: prepare %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// zeroFill writes Options.SegmentBytes of zeros to f, 1 MiB per write(2), and
+// fsyncs it. It returns errStopped as soon as Close was called.
+func (l *Log) zeroFill(f *os.File) error {
+	for off := int64(0); off < l.opts.SegmentBytes; {
+		select {
+		case <-l.quit:
+			return errStopped
+		default:
+		}
+		n := min(l.opts.SegmentBytes-off, int64(len(zeroBlock)))
+		if _, err := f.Write(zeroBlock[:n]); err != nil {
+			return err
+		}
+		off += n
+	}
+	return f.Sync()
+}
+
+// Close writes and fsyncs every queued record, stops the flusher, the sync
+// loop and the preparer, waits for them, closes the active segment and
+// removes an unused spare segment. It returns the first error of that final
+// flush, or the log's earlier write or fsync error. Calls after the first
+// return ErrClosed.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -714,6 +871,9 @@ func (l *Log) Close() error {
 		<-l.syncerDone
 	}
 	<-l.flusherDone
+	if l.prepDone != nil {
+		<-l.prepDone
+	}
 	return l.closeErr
 }
 
@@ -814,5 +974,6 @@ func (l *Log) Stats() Stats {
 		Rotations:    c.rotations.Load(),
 		TornBytes:    c.tornBytes.Load(),
 		SkippedBytes: c.skippedBytes.Load(),
+		PreparedCuts: c.preparedCuts.Load(),
 	}
 }

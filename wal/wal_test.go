@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -118,25 +120,44 @@ func TestAppendReplayReopen(t *testing.T) {
 	}
 }
 
-// TestTornTail cuts the last segment at every byte offset, by truncating it
-// and by zeroing it from there, and checks that Open keeps exactly the
-// records before the cut, and that the log then works and survives a reopen
-// (etcd TestOpenOnTornWrite).
+// TestTornTail cuts the last segment at every byte offset of its records, by
+// truncating it and by zeroing it from there, and checks that Open keeps
+// exactly the records before the cut, and that the log then works and
+// survives a reopen (etcd TestOpenOnTornWrite). The last segment is a plain
+// file, or a pre-zeroed spare whose records fill only its start: zeros after
+// a complete record are then its unused part, not a torn tail.
 func TestTornTail(t *testing.T) {
+	for _, layout := range []string{"plain", "prezeroed"} {
+		t.Run(layout, func(t *testing.T) { testTornTail(t, layout == "prezeroed") })
+	}
+}
+
+func testTornTail(t *testing.T, prezeroed bool) {
+	const segBytes = 4 << 10
 	base := t.TempDir()
 	src := filepath.Join(base, "src")
-	l := openT(t, Options{Dir: src, Sync: SyncNone})
+	hook, ready := spareHook()
+	l := openT(t, Options{Dir: src, Sync: SyncNone, SegmentBytes: segBytes, noSpare: !prezeroed, testHookPrepared: hook})
 	var sealed, last []rec
 	for i := range 3 {
 		sealed = append(sealed, appendT(t, l, fmt.Sprintf("sealed-%d", i)))
 	}
+	wantPrepared := int64(0)
+	if prezeroed {
+		<-ready
+		wantPrepared = 1
+	}
 	if _, err := l.Rotate(); err != nil {
 		t.Fatal(err)
+	}
+	if got := l.Stats().PreparedCuts; got != wantPrepared {
+		t.Fatalf("Stats().PreparedCuts = %d, want %d", got, wantPrepared)
 	}
 	for i := range 5 {
 		// No zero bytes in payloads, so zeroing always damages a record.
 		last = append(last, appendT(t, l, fmt.Sprintf("last-%d-%s", i, strings.Repeat("y", 7*i))))
 	}
+	written := int(l.Segments()[1].Size)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -145,9 +166,16 @@ func TestTornTail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if wantLen := map[bool]int{false: written, true: segBytes}[prezeroed]; len(orig) != wantLen || !allZero(orig[written:]) {
+		t.Fatalf("segment 2: %d bytes, %d written, want %d bytes with zeros after the records", len(orig), written, wantLen)
+	}
+	opts := func(dir string, logger *slog.Logger) Options {
+		// No preparer: no cut here could use a spare (Open cuts before it starts).
+		return Options{Dir: dir, Sync: SyncNone, SegmentBytes: segBytes, noSpare: true, Logger: logger}
+	}
 
 	for _, mode := range []string{"truncate", "zero"} {
-		for cut := range len(orig) {
+		for cut := range written {
 			name := fmt.Sprintf("%s at %d", mode, cut)
 			dir := filepath.Join(base, fmt.Sprintf("%s-%d", mode, cut))
 			copyDir(t, src, dir)
@@ -170,18 +198,31 @@ func TestTornTail(t *testing.T) {
 				}
 				want, good = append(want, r), end
 			}
+			// Only zeros after a complete header and records: a clean end.
+			clean := good > 0 && allZero(damaged[good:])
+			wantTorn := int64(len(damaged)) - good
+			if clean {
+				wantTorn = 0
+			}
 
 			var logs logRecorder
-			l, err := Open(Options{Dir: dir, Sync: SyncNone, Logger: logs.logger()})
+			l, err := Open(opts(dir, logs.logger()))
 			if err != nil {
 				t.Fatalf("%s: Open: %v", name, err)
 			}
 			equalRecs(t, replayAll(t, l, Position{}), want)
-			if got, wantTorn := l.Stats().TornBytes, int64(len(damaged))-good; got != wantTorn {
+			if got := l.Stats().TornBytes; got != wantTorn {
 				t.Fatalf("%s: Stats().TornBytes = %d, want %d", name, got, wantTorn)
 			}
-			if len(damaged) > int(good) && !strings.Contains(logs.String(), fmt.Sprintf("msg=\"wal: truncated torn tail\" file=%s offset=%d", filepath.Join(dir, lastName), good)) {
-				t.Fatalf("%s: no log of the truncation at %d:\n%s", name, good, logs.String())
+			logged := strings.Contains(logs.String(), fmt.Sprintf("msg=\"wal: truncated torn tail\" file=%s offset=%d", filepath.Join(dir, lastName), good))
+			if logged != (wantTorn > 0) || (wantTorn == 0 && strings.Contains(logs.String(), "torn")) {
+				t.Fatalf("%s: want a log of the truncation at %d: %v; got:\n%s", name, good, wantTorn > 0, logs.String())
+			}
+			if wantLen := map[bool]int64{false: good, true: int64(len(damaged))}[clean]; good > 0 && fileSize(t, filepath.Join(dir, lastName)) != wantLen {
+				t.Fatalf("%s: segment 2 is %d bytes after Open, want %d", name, fileSize(t, filepath.Join(dir, lastName)), wantLen)
+			}
+			if got := l.Segments()[1].Size; good > 0 && got != good {
+				t.Fatalf("%s: Segments()[1].Size = %d, want %d", name, got, good)
 			}
 			after := appendT(t, l, "after")
 			if after.pos.Seq != 2 {
@@ -191,7 +232,7 @@ func TestTornTail(t *testing.T) {
 				t.Fatalf("%s: Close: %v", name, err)
 			}
 
-			l, err = Open(Options{Dir: dir, Sync: SyncNone})
+			l, err = Open(opts(dir, nil))
 			if err != nil {
 				t.Fatalf("%s: second Open: %v", name, err)
 			}
@@ -276,6 +317,16 @@ func TestSealedCorruption(t *testing.T) {
 			reason:   "short header: 5 of 9 bytes",
 			skipped:  func(b []byte, recs []rec) int64 { return 5 },
 			survives: func(i int) bool { return i < 2 },
+		},
+		{
+			// Sealed segments are truncated to their records before the fsync
+			// that seals them, so they never end in preallocated zeros.
+			name:     "zero tail",
+			damage:   func(b []byte, recs []rec) []byte { return append(b, make([]byte, 100)...) },
+			off:      func(recs []rec) int64 { return recs[3].pos.Offset + recLen(recs[3]) },
+			reason:   "all-zero header",
+			skipped:  func(b []byte, recs []rec) int64 { return 100 },
+			survives: func(i int) bool { return true },
 		},
 		{
 			name:     "damaged header",
@@ -416,16 +467,23 @@ func TestOpenRefuses(t *testing.T) {
 func TestOpenRemovesUnfinishedCut(t *testing.T) {
 	dir, recs := makeSealed(t)
 	tmp := filepath.Join(dir, segmentName(4)+tmpExt)
+	spare := filepath.Join(dir, spareName)
 	other := filepath.Join(dir, "snapshot.tmp")
-	for _, p := range []string{tmp, other} {
+	for _, p := range []string{tmp, spare, other} {
 		if err := os.WriteFile(p, []byte("partial"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	l := openT(t, Options{Dir: dir})
+	var logs logRecorder
+	l := openT(t, Options{Dir: dir, noSpare: true, Logger: logs.logger()})
 	equalRecs(t, replayAll(t, l, Position{}), recs)
-	if _, err := os.Stat(tmp); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("unfinished cut %s not removed: %v", tmp, err)
+	for _, p := range []string{tmp, spare} {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("leftover %s not removed: %v", p, err)
+		}
+		if !strings.Contains(logs.String(), "file="+p) {
+			t.Fatalf("no log of the removal of %s:\n%s", p, logs.String())
+		}
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Fatalf("Open removed a file it does not own: %v", err)
@@ -664,7 +722,8 @@ func TestRotateSegmentsRemoveBefore(t *testing.T) {
 		t.Fatalf("RemoveBefore(3) = %d, %v; want 2, nil", n, err)
 	}
 	checkSegs(l.Segments(), want[2:])
-	if names := dirNames(t, dir); !slicesEqual(names, []string{segmentName(3), segmentName(4)}) {
+	// The preparer's spare segment may or may not be there yet.
+	if names := slices.DeleteFunc(dirNames(t, dir), func(n string) bool { return n == spareName }); !slicesEqual(names, []string{segmentName(3), segmentName(4)}) {
 		t.Fatalf("files after RemoveBefore(3): %q", names)
 	}
 	equalRecs(t, replayAll(t, l, Position{}), recs[6:])
