@@ -1,0 +1,338 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/freqring/freqring/window"
+)
+
+// Config is one bench run. A zero field takes the default in its comment.
+type Config struct {
+	Workload    Workload
+	Rules       []window.Rule // the domain's rules, for the oracle; nil means window.DefaultRules()
+	Concurrency int           // workers with a call in flight; 0 means 64
+	Batch       int           // items per call; 0 means 100
+	Rate        float64       // decisions/s; 0 means a closed loop, > 0 an open loop at this rate
+	Warmup      time.Duration // sent but not measured; 0 means 2s, negative none
+	Duration    time.Duration // measured; 0 means 10s
+	MaxOps      int64         // stop after this many measured decisions; 0 means no bound
+	Audit       bool          // keep every admitted send and replay them against Rules
+	Progress    io.Writer     // a line a second while it runs; nil means none
+	CallTimeout time.Duration // deadline of one call; 0 means 5s
+}
+
+func (c *Config) fill() {
+	c.Workload.fill()
+	if c.Rules == nil {
+		c.Rules = window.DefaultRules()
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 64
+	}
+	if c.Batch == 0 {
+		c.Batch = 100
+	}
+	if c.Warmup == 0 {
+		c.Warmup = 2 * time.Second
+	}
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = 5 * time.Second
+	}
+}
+
+func (c *Config) validate() error {
+	if err := c.Workload.validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.Concurrency < 1 || c.Concurrency > 10_000:
+		return fmt.Errorf("bench: Concurrency %d out of range [1, 10000]", c.Concurrency)
+	case c.Batch < 1 || c.Batch > 10_000:
+		return fmt.Errorf("bench: Batch %d out of range [1, 10000]", c.Batch)
+	case c.Rate < 0:
+		return fmt.Errorf("bench: Rate %g is negative", c.Rate)
+	case c.Duration < 0:
+		return fmt.Errorf("bench: Duration %v is negative", c.Duration)
+	}
+	return nil
+}
+
+// Latency summarises call latencies in milliseconds.
+type Latency struct {
+	P50, P90, P99, P999, Max float64
+}
+
+// Second is one second of a run, for the progress line and the chart.
+type Second struct {
+	T         int     // seconds since the measured part began
+	Decisions int64   // items decided in this second
+	Errors    int64   // items failed
+	P50, P99  float64 // call latency, ms
+}
+
+// Report is the outcome of one run against one target.
+type Report struct {
+	Target      string
+	Mode        string // "closed loop, 64 callers" or "open loop, 20000/s"
+	Batch       int
+	Recipients  int
+	Decisions   int64 // measured items decided (admitted or denied)
+	Admitted    int64
+	Denied      int64
+	Errors      int64 // items failed (call errors count each of their items)
+	Degraded    int64 // items a failure policy answered
+	Elapsed     time.Duration
+	PerSecond   float64 // measured decisions per second
+	Latency     Latency // per call, from the intended send time in an open loop
+	Series      []Second
+	Percentiles [][2]float64 // (percentile, ms) points of the latency distribution
+
+	MemoryBytes       int64   // server-side bytes held after the run (0 if unknown)
+	MemoryRecipients  int64   // recipients they hold
+	BytesPerRecipient float64 // MemoryBytes / MemoryRecipients
+
+	Audited        int64 // admitted sends replayed against the rules (warm-up included)
+	OverAdmissions int64 // of them, sends that took a window above its limit
+	AuditSkipped   string
+}
+
+// sent is one admitted send, compact, for the oracle.
+type sent struct {
+	at        int64
+	recipient uint32
+	template  uint16
+}
+
+// Run drives target with cfg's workload and returns the report. It stops
+// after Warmup+Duration, after MaxOps measured decisions, or when ctx ends.
+func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
+	cfg.fill()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Report{Target: target.Name(), Batch: cfg.Batch, Recipients: cfg.Workload.Recipients}
+	if cfg.Rate > 0 {
+		r.Mode = fmt.Sprintf("open loop, %.0f/s", cfg.Rate)
+	} else {
+		r.Mode = fmt.Sprintf("closed loop, %d callers", cfg.Concurrency)
+	}
+
+	var (
+		measuring                                  atomic.Bool
+		decisions, admitted, denied, errs, degrade atomic.Int64
+		mu                                         sync.Mutex // guards total, second
+		total                                      = hdrhistogram.New(1, 120_000_000, 3)
+		second                                     = hdrhistogram.New(1, 120_000_000, 3)
+		secErrs                                    atomic.Int64
+		sends                                      [][]sent
+	)
+	record := func(lat time.Duration) {
+		us := max(lat.Microseconds(), 1)
+		mu.Lock()
+		total.RecordValue(us)
+		second.RecordValue(us)
+		mu.Unlock()
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	start := time.Now()
+	measureAt := start.Add(max(cfg.Warmup, 0))
+	var interval time.Duration
+	if cfg.Rate > 0 {
+		interval = time.Duration(float64(time.Second) * float64(cfg.Batch) / cfg.Rate)
+	}
+	var nextCall atomic.Int64
+	var wg sync.WaitGroup
+	sends = make([][]sent, cfg.Concurrency)
+	for w := range cfg.Concurrency {
+		wg.Go(func() {
+			gen := cfg.Workload.generator(w)
+			items := make([]Item, cfg.Batch)
+			out := make([]Result, cfg.Batch)
+			for runCtx.Err() == nil {
+				intended := time.Now()
+				if interval > 0 { // open loop: take the next slot of the schedule
+					intended = start.Add(time.Duration(nextCall.Add(1)-1) * interval)
+					if d := time.Until(intended); d > 0 {
+						t := time.NewTimer(d)
+						select {
+						case <-runCtx.Done():
+							t.Stop()
+							return
+						case <-t.C:
+						}
+					}
+				}
+				for i := range items {
+					items[i] = gen.next()
+				}
+				cctx, cancel := context.WithTimeout(runCtx, cfg.CallTimeout)
+				err := target.Check(cctx, items, out)
+				cancel()
+				done := time.Now()
+				// A call the end of the run cut off is not counted; what it
+				// got admitted is still kept for the oracle.
+				measured := measuring.Load() && runCtx.Err() == nil
+				var a, d, e, g int64
+				for i := range items {
+					switch {
+					case err != nil || out[i].Err != nil:
+						e++
+					case out[i].Admitted:
+						a++
+						if out[i].Degraded {
+							g++
+						} else if cfg.Audit {
+							sends[w] = append(sends[w], sent{at: out[i].At, recipient: items[i].Recipient, template: items[i].Template})
+						}
+					default:
+						d++
+						if out[i].Degraded {
+							g++
+						}
+					}
+				}
+				if !measured {
+					if runCtx.Err() != nil {
+						return
+					}
+					continue
+				}
+				record(done.Sub(intended))
+				decisions.Add(a + d)
+				admitted.Add(a)
+				denied.Add(d)
+				errs.Add(e)
+				secErrs.Add(e)
+				degrade.Add(g)
+				if cfg.MaxOps > 0 && decisions.Load() >= cfg.MaxOps {
+					stop()
+				}
+			}
+		})
+	}
+
+	// The clock: switch to measuring after the warm-up, tick each second,
+	// stop after the duration.
+	if cfg.Warmup > 0 {
+		select {
+		case <-time.After(time.Until(measureAt)):
+		case <-runCtx.Done():
+		}
+	}
+	measuring.Store(true)
+	mStart := time.Now()
+	tick := time.NewTicker(time.Second)
+	end := time.NewTimer(cfg.Duration)
+	var last int64
+loop:
+	for t := 1; ; t++ {
+		select {
+		case <-runCtx.Done():
+			break loop
+		case <-end.C:
+			stop()
+			break loop
+		case <-tick.C:
+		}
+		mu.Lock()
+		s := Second{T: t, P50: ms(second.ValueAtQuantile(50)), P99: ms(second.ValueAtQuantile(99))}
+		second.Reset()
+		mu.Unlock()
+		cur := decisions.Load()
+		s.Decisions, last = cur-last, cur
+		s.Errors = secErrs.Swap(0)
+		r.Series = append(r.Series, s)
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "%-16s t=%3ds  %10d decisions/s  p99 %7.2f ms  errors %d\n", r.Target, t, s.Decisions, s.P99, s.Errors)
+		}
+	}
+	tick.Stop()
+	end.Stop()
+	r.Elapsed = time.Since(mStart)
+	wg.Wait()
+
+	r.Decisions, r.Admitted, r.Denied = decisions.Load(), admitted.Load(), denied.Load()
+	r.Errors, r.Degraded = errs.Load(), degrade.Load()
+	r.PerSecond = float64(r.Decisions) / r.Elapsed.Seconds()
+	r.Latency = Latency{P50: ms(total.ValueAtQuantile(50)), P90: ms(total.ValueAtQuantile(90)),
+		P99: ms(total.ValueAtQuantile(99)), P999: ms(total.ValueAtQuantile(99.9)), Max: ms(total.Max())}
+	for _, q := range []float64{0, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99, 100} {
+		r.Percentiles = append(r.Percentiles, [2]float64{q, ms(total.ValueAtQuantile(q))})
+	}
+	if b, n, err := target.Memory(context.WithoutCancel(ctx)); err == nil && n > 0 {
+		r.MemoryBytes, r.MemoryRecipients, r.BytesPerRecipient = b, n, float64(b)/float64(n)
+	}
+	if cfg.Audit {
+		var all []sent
+		for _, s := range sends {
+			all = append(all, s...)
+		}
+		r.Audited = int64(len(all))
+		r.OverAdmissions = overAdmissions(cfg.Rules, all)
+	} else {
+		r.AuditSkipped = "not asked for"
+	}
+	if r.Decisions == 0 && r.Errors > 0 {
+		return r, errors.New("bench: every call failed")
+	}
+	return r, nil
+}
+
+func ms(us int64) float64 { return float64(us) / 1000 }
+
+// overAdmissions replays admitted sends against the rules by definition: for
+// every rule (L, W), the sends of a scope in (t-W, t] up to and including
+// each one must number at most L. It is Audit for compact sends, in O(n log n)
+// and about 16 bytes a send.
+func overAdmissions(rules []window.Rule, sends []sent) int64 {
+	var over int64
+	check := func(sameScope func(a, b sent) bool, rs []window.Rule) {
+		for _, r := range rs {
+			w := r.WindowMillis()
+			lo := 0
+			for j := range sends {
+				if j > 0 && !sameScope(sends[j-1], sends[j]) {
+					lo = j
+				}
+				for sends[lo].at <= sends[j].at-w {
+					lo++
+				}
+				if j-lo+1 > r.Limit {
+					over++
+				}
+			}
+		}
+	}
+	var recip, content []window.Rule
+	for _, r := range rules {
+		if r.Scope == window.ScopeRecipient {
+			recip = append(recip, r)
+		} else {
+			content = append(content, r)
+		}
+	}
+	slices.SortStableFunc(sends, func(a, b sent) int {
+		return cmp.Or(cmp.Compare(a.recipient, b.recipient), cmp.Compare(a.at, b.at))
+	})
+	check(func(a, b sent) bool { return a.recipient == b.recipient }, recip)
+	slices.SortStableFunc(sends, func(a, b sent) int {
+		return cmp.Or(cmp.Compare(a.recipient, b.recipient), cmp.Compare(a.template, b.template), cmp.Compare(a.at, b.at))
+	})
+	check(func(a, b sent) bool { return a.recipient == b.recipient && a.template == b.template }, content)
+	return over
+}
