@@ -98,7 +98,8 @@ func (n *Node) startCluster(ctx context.Context) error {
 	}
 	gc := *n.cfg.Cluster
 	gc.NodeName, gc.GRPCAddr, gc.Placement = n.cfg.Name, n.cfg.AdvertiseAddr, n.cfg.Placement
-	gc.State = gossip.StateServing
+	// Joining keeps this node out of every ring until it can decide.
+	gc.State = gossip.StateJoining
 	if gc.Logger == nil {
 		gc.Logger = n.log.With("component", "gossip")
 	}
@@ -108,6 +109,10 @@ func (n *Node) startCluster(ctx context.Context) error {
 	}
 	c.ms = ms
 	n.cluster = c
+	if err := ms.SetState(ctx, gossip.StateServing); err != nil {
+		ms.Close()
+		return fmt.Errorf("node: announcing serving: %w", err)
+	}
 	ch, cancel := ms.Watch()
 	n.loops.Go(func() {
 		defer cancel()

@@ -6,23 +6,24 @@
 //
 // Each node announces small metadata (see meta.go): its gRPC address, its
 // State and a random boot number. The ring counts every member memberlist
-// holds alive or suspect whose metadata decodes, except members in
-// StateLeaving. It is rebuilt from a copy of memberlist's member list after
+// holds alive or suspect whose metadata decodes and whose state is
+// StateServing. It is rebuilt from a copy of memberlist's member list after
 // every join, leave, failure and metadata update, and published (Ring,
 // Watch) only when its epoch changes. Suspect members stay in the ring until
 // they are declared dead, so a slow node does not move keys.
 //
-// States: a node starts in StateJoining (in the ring, answering NOT_SERVING
-// while it recovers), moves to StateServing, and before a graceful exit to
-// StateLeaving: it leaves the ring at once, so its keys move while it is still
-// up to hand their history over, then Leave tells peers it is gone.
+// States: a node starts in StateJoining (a member, not in the ring, so that
+// nobody routes to it while it gets ready), moves to StateServing once it can
+// decide, and before a graceful exit to StateLeaving: it leaves the ring at
+// once, so its keys move while it is still up, then Leave tells peers it is
+// gone.
 //
 // # Joining
 //
 // Start joins the seeds in Config.Join. memberlist resolves a DNS name to all
 // of its addresses and contacts each. Start retries with jittered exponential
 // backoff (100ms to 5s) until one address answers or ctx ends; a node with no
-// seeds forms a cluster of one. Every RejoinInterval (30s) the seeds are
+// seeds forms a cluster of one. Every RejoinInterval (10s) the seeds are
 // joined again, which merges clusters that started apart or split.
 //
 // A node that restarts under the same name comes back at once when it has

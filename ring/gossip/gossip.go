@@ -23,7 +23,7 @@ import (
 
 // Defaults of Config. See the package comment for what the timings give.
 const (
-	DefaultRejoinInterval      = 30 * time.Second
+	DefaultRejoinInterval      = 10 * time.Second
 	DefaultProbeInterval       = 500 * time.Millisecond
 	DefaultProbeTimeout        = 250 * time.Millisecond
 	DefaultSuspicionMult       = 4
@@ -392,8 +392,8 @@ func (m *Membership) rebuild() {
 			m.log.Warn("gossip: member left out of the ring", "member", name, "gossip_addr", n.gossipAddr, "err", err)
 			continue
 		}
-		if md.State == StateLeaving {
-			continue
+		if md.State != StateServing {
+			continue // joining: not ready to decide; leaving: handing over
 		}
 		ms = append(ms, ring.Member{Name: name, Addr: md.GRPC})
 	}

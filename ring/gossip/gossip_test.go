@@ -44,9 +44,11 @@ func newTestLogger(t testing.TB) *slog.Logger {
 
 // testConfig is the default timing (what production runs) on 127.0.0.1 with
 // an OS-chosen port, except for a short DeadNodeReclaimTime so a crashed
-// node's name can come back at once.
+// node's name can come back at once. Members start serving, so that they
+// are in the ring (TestCluster also covers StateJoining).
 func testConfig(log *slog.Logger, name string, seeds ...string) Config {
 	return Config{
+		State:               StateServing,
 		NodeName:            name,
 		BindAddr:            "127.0.0.1",
 		GRPCAddr:            fmt.Sprintf("127.0.0.1:%d", 9000+int(name[len(name)-1])),
@@ -164,7 +166,7 @@ func TestCluster(t *testing.T) {
 	}
 	for _, x := range r.Members() {
 		s, ok := member(a, x.Name)
-		if !ok || x.Addr != s.GRPCAddr || s.State != StateJoining || s.Boot == 0 {
+		if !ok || x.Addr != s.GRPCAddr || s.State != StateServing || s.Boot == 0 {
 			t.Fatalf("ring member %+v, gossip member %+v (found %v)", x, s, ok)
 		}
 	}
@@ -205,6 +207,16 @@ func TestCluster(t *testing.T) {
 	if newB.Boot == oldB.Boot || newB.GossipAddr == oldB.GossipAddr {
 		t.Fatalf("restarted member: before %+v, after %+v; want a new Boot and address", oldB, newB)
 	}
+
+	// A joining member is a member, not in the ring, until it serves.
+	if err := b.SetState(wait5s(t), StateJoining); err != nil {
+		t.Fatalf("SetState: %v", err)
+	}
+	eventually(t, 5*time.Second, "a joining member is out of the ring", converged([]*Membership{a, b, c}, "node-a", "node-c"))
+	if err := b.SetState(wait5s(t), StateServing); err != nil {
+		t.Fatalf("SetState: %v", err)
+	}
+	eventually(t, 5*time.Second, "a serving member is in the ring", converged([]*Membership{a, b, c}, "node-a", "node-b", "node-c"))
 
 	// A leaving member drops out of the ring but stays in Members.
 	begin = time.Now()

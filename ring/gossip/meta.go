@@ -11,7 +11,7 @@ type State uint8
 
 // States. The numbers are on the wire: they may only be added, never changed.
 const (
-	StateJoining State = 1 // up, recovering or taking over history; answers NOT_SERVING; in the ring
+	StateJoining State = 1 // up, getting ready; a member, not in the ring
 	StateServing State = 2 // answering checks; in the ring
 	StateLeaving State = 3 // draining before Leave; out of the ring, still reachable for handoff
 )
