@@ -1,0 +1,427 @@
+// Package docker_test runs freqring as a cluster of containers of the
+// deploy/Dockerfile image, on a private Docker network, and puts it through
+// the ring changes a Kubernetes StatefulSet goes through: a node killed and
+// started again from its volume, a node cut off the network and connected
+// again, a rolling restart, a node added. For each step it measures how long
+// the survivors take to agree on the expected ring, and what a load driven
+// from the host saw meanwhile (decisions/s, call and item errors); it audits
+// every admitted send of the run with bench.Audit and records the
+// over-admissions, which are expected until history moves with ownership
+// (DESIGN §3.8).
+//
+// The test fails only when the harness or the cluster breaks: a node that
+// never converges, a call that hangs past its deadline, a container that
+// stops by itself or exits non-zero on a graceful stop.
+//
+// It needs a Docker daemon and no registry (the image is FROM scratch). It
+// skips when `docker version` fails, when FREQRING_DOCKER_TESTS=0 or under
+// -short. It takes about a minute on a 2-core machine, the build included:
+//
+//	go test -run . -v -count=1 ./deploy/docker/ -timeout 15m
+//
+// FREQRING_DOCKER_REPORT=path writes the step table as JSON.
+package docker_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/bench"
+	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/window"
+)
+
+const (
+	initialNodes   = 3
+	loadWorkers    = 4
+	loadSeed       = 7
+	settle         = 2 * time.Second  // load kept on the converged ring before a step ends
+	convergeWithin = 60 * time.Second // bound of one step's convergence
+	// A node cut off the network is merged back by its rejoin loop
+	// (--rejoin-interval, 30 s by default), so reconnecting may take that long.
+	reconnectWithin = 90 * time.Second
+	runBudget       = 8 * time.Minute // the whole run, cleanup excluded
+)
+
+// row is the measurement of one step.
+type row struct {
+	Step         string         `json:"step"`
+	Members      int            `json:"members"`    // nodes in the expected ring
+	ConvergeS    float64        `json:"converge_s"` // from the action to every survivor reporting the expected ring
+	StepS        float64        `json:"step_s"`     // from the action to the end of the settle period
+	Decisions    int64          `json:"decisions"`  // items decided (admitted or denied) during the step
+	DecisionsPS  float64        `json:"decisions_per_s"`
+	Calls        int64          `json:"calls"`
+	CallErrors   int64          `json:"call_errors"`             // Check calls that failed whole
+	ItemErrors   int64          `json:"item_errors"`             // items answered with an error
+	Admitted     int64          `json:"admitted"`                // admitted sends during the step
+	OverAdmit    int            `json:"over_admissions"`         // bench.Audit violations of sends admitted during the step
+	AdmittedRun  int64          `json:"admitted_run"`            // admitted sends of the run so far
+	OverAdmitRun int            `json:"over_admissions_run"`     // bench.Audit violations over the run so far
+	OverSendsRun int            `json:"over_admitted_sends_run"` // distinct sends among them
+	ByRuleRun    map[string]int `json:"over_admissions_by_rule_run,omitempty"`
+	Note         string         `json:"note,omitempty"`
+	Errors       []string       `json:"errors,omitempty"` // the most frequent error kinds of the step
+}
+
+// harness is one run: its Docker objects, its nodes, its load.
+type harness struct {
+	t       *testing.T
+	ctx     context.Context
+	e       *env
+	nodes   map[string]*container // by node name
+	conns   map[string]*grpc.ClientConn
+	running map[string]bool // containers that must be running
+	load    *load
+	rules   map[string][]window.Rule
+	rows    []row
+}
+
+func TestCluster(t *testing.T) {
+	switch {
+	case os.Getenv("FREQRING_DOCKER_TESTS") == "0":
+		loudSkip(t, "FREQRING_DOCKER_TESTS=0")
+	case testing.Short():
+		loudSkip(t, "-short")
+	}
+	if why := dockerAnswers(); why != "" {
+		loudSkip(t, why)
+	}
+
+	deadline := time.Now().Add(runBudget)
+	if d, ok := t.Deadline(); ok && d.Add(-time.Minute).Before(deadline) {
+		deadline = d.Add(-time.Minute) // leave the cleanup time to run
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+
+	e := newEnv(t)
+	e.buildImage(ctx)
+	e.createNetwork(ctx)
+	h := &harness{t: t, ctx: ctx, e: e, nodes: map[string]*container{}, conns: map[string]*grpc.ClientConn{},
+		running: map[string]bool{}, load: newLoad(loadSeed),
+		rules: map[string][]window.Rule{"default": node.DefaultRules().Domain("default").Rules()}}
+	t.Cleanup(func() {
+		for _, c := range h.conns {
+			c.Close()
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, name := range keys(h.nodes) {
+				t.Logf("last lines of %s:\n%s", name, h.e.logs(h.nodes[name], 40))
+			}
+		}
+	})
+
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer func() { stopLoad(); h.load.wait() }()
+	h.load.start(loadCtx, loadWorkers, loadSeed)
+
+	all := func(n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("freqring-%d", i))
+		}
+		return out
+	}
+	three := all(initialNodes)
+
+	h.step(fmt.Sprintf("start %d nodes", initialNodes), three, convergeWithin, func() string {
+		for i := range initialNodes {
+			h.add(i)
+		}
+		return ""
+	}, "")
+
+	h.step("kill -9 freqring-1", []string{"freqring-0", "freqring-2"}, convergeWithin, func() string {
+		h.docker("kill", "--signal", "KILL", h.nodes["freqring-1"].cname)
+		h.running["freqring-1"] = false
+		return ""
+	}, "")
+	h.step("start freqring-1 again (same IP and volume)", three, convergeWithin, func() string {
+		h.docker("start", h.nodes["freqring-1"].cname)
+		h.running["freqring-1"] = true
+		return ""
+	}, "freqring-1")
+
+	c2 := h.nodes["freqring-2"]
+	h.step("disconnect freqring-2", []string{"freqring-0", "freqring-1"}, convergeWithin, func() string {
+		h.docker("network", "disconnect", h.e.network, c2.cname)
+		return ""
+	}, "")
+	h.step("reconnect freqring-2", three, reconnectWithin, func() string {
+		h.docker("network", "connect", "--ip", c2.ip, "--alias", "freqring-peers", h.e.network, c2.cname)
+		return ""
+	}, "")
+
+	// A rolling restart as the StatefulSet controller does it: highest
+	// ordinal first, each pod back and converged before the next.
+	for _, name := range slices.Backward(three) {
+		h.step("rolling restart "+name, three, convergeWithin, func() string {
+			return h.restart(name)
+		}, name)
+	}
+
+	h.step("add freqring-3", all(4), convergeWithin, func() string {
+		h.add(3)
+		return ""
+	}, "")
+
+	stopLoad()
+	h.load.wait()
+	h.summary()
+	if n := h.load.ctr.hung.Load(); n > 0 {
+		t.Errorf("%d load calls returned more than %v after their %v deadline", n, hangSlack, callTimeout)
+	}
+}
+
+// loudSkip skips with the reason on stderr as well as in the test log. go
+// test shows a passing package's output only with -v (or -json), so CI that
+// wants to see the skip runs this package with -v.
+func loudSkip(t *testing.T, why string) {
+	t.Helper()
+	msg := "SKIPPING the multi-container tests of deploy/docker (" + why + ")"
+	if !strings.Contains(why, "FREQRING_DOCKER_TESTS") && why != "-short" {
+		msg += ": they need a Docker daemon answering `docker version`; FREQRING_DOCKER_TESTS=0 skips them on purpose"
+	}
+	fmt.Fprintf(os.Stderr, "\n!!! %s\n\n", msg)
+	t.Skip(msg)
+}
+
+// docker runs a docker command of a step; a failure ends the test.
+func (h *harness) docker(args ...string) string {
+	h.t.Helper()
+	out, err := docker(h.ctx, args...)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return out
+}
+
+// add starts node i and dials it.
+func (h *harness) add(i int) {
+	c := h.e.runNode(h.ctx, i)
+	conn, err := dial(c.grpcAddr())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.nodes[c.name], h.conns[c.name], h.running[c.name] = c, conn, true
+}
+
+// restart stops a node gracefully (SIGTERM: it leaves the ring, drains and
+// writes a snapshot), checks that it exited 0, and starts it again. It is
+// `docker restart` with the exit code checked in between.
+func (h *harness) restart(name string) string {
+	c := h.nodes[name]
+	h.untarget(name) // as a client following the ring would, once the node leaves it
+	start := time.Now()
+	h.running[name] = false
+	h.docker("stop", "--time", fmt.Sprint(stopGrace), c.cname)
+	stopped := time.Since(start)
+	status, code, err := h.e.state(h.ctx, c)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if code != 0 {
+		h.t.Fatalf("%s exited %d (%s) on SIGTERM, want 0:\n%s", name, code, status, h.e.logs(c, 40))
+	}
+	h.docker("start", c.cname)
+	h.running[name] = true
+	return fmt.Sprintf("graceful stop %.1fs, exit 0", stopped.Seconds())
+}
+
+// untarget stops the load sending to a node.
+func (h *harness) untarget(name string) {
+	ts := slices.DeleteFunc(slices.Clone(*h.load.targets.Load()), func(tg target) bool { return tg.name == name })
+	h.load.setTargets(ts)
+}
+
+// recovery returns what the node logged of its last recovery: WAL sends
+// replayed, snapshot records loaded, time taken.
+func (h *harness) recovery(name string) string {
+	lines := strings.Split(h.e.logs(h.nodes[name], 200), "\n")
+	for _, l := range slices.Backward(lines) {
+		if !strings.Contains(l, "msg=recovered") {
+			continue
+		}
+		var out []string
+		for _, f := range strings.Fields(l) {
+			for _, k := range []string{"snapshot_records=", "wal_sends=", "took="} {
+				if strings.HasPrefix(f, k) {
+					out = append(out, f)
+				}
+			}
+		}
+		return "recovered " + strings.Join(out, " ")
+	}
+	return "no recovery logged"
+}
+
+// step runs action, waits until the nodes in want report a ring of exactly
+// them, keeps the load on them for the settle period, and records a row.
+// The load stops sending to nodes outside want before the action and sends
+// to all of want once they have converged.
+//
+// If recovers names a node, the row's note tells what it recovered from its
+// volume when it started.
+func (h *harness) step(name string, want []string, within time.Duration, action func() string, recovers string) {
+	t := h.t
+	t.Helper()
+	var keep []target
+	for _, tg := range *h.load.targets.Load() {
+		if slices.Contains(want, tg.name) {
+			keep = append(keep, tg)
+		}
+	}
+	h.load.setTargets(keep)
+	h.load.takeErrors()
+
+	before := h.load.ctr.snapshot()
+	start := time.Now()
+	note := action()
+	var wantRing []string
+	conns := map[string]*grpc.ClientConn{}
+	for _, n := range want {
+		wantRing = append(wantRing, n+"@"+h.nodes[n].grpcAddr())
+		conns[n] = h.conns[n]
+	}
+	slices.Sort(wantRing)
+	conv, err := waitRing(h.ctx, start, conns, wantRing, within)
+	if err != nil {
+		t.Fatalf("step %q: %v", name, err)
+	}
+	if recovers != "" {
+		if note != "" {
+			note += "; "
+		}
+		note += recovers + " " + h.recovery(recovers)
+	}
+	var ts []target
+	for _, n := range want {
+		ts = append(ts, target{name: n, cli: pb.NewLimiterClient(h.conns[n])})
+	}
+	h.load.setTargets(ts)
+	select {
+	case <-time.After(settle):
+	case <-h.ctx.Done():
+		t.Fatalf("step %q: run budget exhausted", name)
+	}
+	d := h.load.ctr.snapshot().sub(before)
+	took := time.Since(start)
+	h.checkContainers(name)
+
+	sends := h.load.admittedSends()
+	v, err := bench.Audit(h.rules, sends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	overBefore := 0
+	if len(h.rows) > 0 {
+		overBefore = h.rows[len(h.rows)-1].OverAdmitRun
+	}
+	byRule := map[string]int{}
+	over := map[int64]map[string]bool{} // distinct sends by time and recipient
+	distinct := 0
+	for _, x := range v {
+		byRule[x.Rule]++
+		if over[x.Send.At] == nil {
+			over[x.Send.At] = map[string]bool{}
+		}
+		k := fmt.Sprintf("%s/%d", x.Send.Recipient, x.Send.Content)
+		if !over[x.Send.At][k] {
+			over[x.Send.At][k] = true
+			distinct++
+		}
+	}
+	errs := h.load.takeErrors()
+	if len(errs) > 4 {
+		errs = errs[:4]
+	}
+	r := row{
+		Step: name, Members: len(want), ConvergeS: round(conv.Seconds()), StepS: round(took.Seconds()),
+		Decisions: d.decisions, DecisionsPS: float64(int64(float64(d.decisions) / took.Seconds())),
+		Calls: d.calls, CallErrors: d.callErrs, ItemErrors: d.itemErrs,
+		Admitted: d.admitted, OverAdmit: len(v) - overBefore,
+		AdmittedRun: int64(len(sends)), OverAdmitRun: len(v), OverSendsRun: distinct, ByRuleRun: byRule, Note: note, Errors: errs,
+	}
+	h.rows = append(h.rows, r)
+	t.Logf("step %q: converged in %.2fs; %.0f decisions/s, %d calls (%d failed), %d item errors; admitted %d (run %d), over-admissions %d (run %d %v)%s",
+		name, r.ConvergeS, r.DecisionsPS, r.Calls, r.CallErrors, r.ItemErrors, r.Admitted, r.AdmittedRun, r.OverAdmit, r.OverAdmitRun, byRule, noteSuffix(note))
+	for _, e := range errs {
+		t.Logf("    %s", e)
+	}
+}
+
+func noteSuffix(n string) string {
+	if n == "" {
+		return ""
+	}
+	return "; " + n
+}
+
+func round(s float64) float64 { return float64(int64(s*100+0.5)) / 100 }
+
+// checkContainers fails the test if a container that should run does not.
+func (h *harness) checkContainers(step string) {
+	for _, name := range keys(h.running) {
+		if !h.running[name] {
+			continue
+		}
+		status, code, err := h.e.state(h.ctx, h.nodes[name])
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if status != "running" {
+			h.t.Fatalf("after step %q: %s is %s (exit code %d):\n%s", step, name, status, code, h.e.logs(h.nodes[name], 40))
+		}
+	}
+}
+
+// summary logs the step table and writes it as JSON to
+// $FREQRING_DOCKER_REPORT if set.
+func (h *harness) summary() {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "step\tring\tconverge s\tstep s\tdecisions/s\tcalls\tcall errors\titem errors\tadmitted\tover-admitted\tadmitted (run)\tover-admitted (run)\t")
+	for _, r := range h.rows {
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", r.Step, r.Members, r.ConvergeS, r.StepS, r.DecisionsPS,
+			r.Calls, r.CallErrors, r.ItemErrors, r.Admitted, r.OverAdmit, r.AdmittedRun, r.OverAdmitRun)
+	}
+	tw.Flush()
+	h.t.Logf("summary (over-admissions are expected after ring changes until history moves with ownership):\n%s", b.String())
+
+	path := os.Getenv("FREQRING_DOCKER_REPORT")
+	if path == "" {
+		return
+	}
+	ver, _ := docker(h.ctx, "version", "--format", "{{.Server.Version}}")
+	rep := struct {
+		When          time.Time `json:"when"`
+		DockerVersion string    `json:"docker_server_version"`
+		BatchSize     int       `json:"batch_size"`
+		Recipients    int       `json:"recipients"`
+		Workers       int       `json:"load_workers"`
+		CallTimeoutS  float64   `json:"call_timeout_s"`
+		SettleS       float64   `json:"settle_s"`
+		HungCalls     int64     `json:"hung_calls"`
+		Steps         []row     `json:"steps"`
+	}{time.Now().UTC(), ver, batchSize, recipients, loadWorkers, callTimeout.Seconds(), settle.Seconds(), h.load.ctr.hung.Load(), h.rows}
+	out, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(out, '\n'), 0o644); err != nil {
+		h.t.Errorf("FREQRING_DOCKER_REPORT: %v", err)
+	}
+}
