@@ -93,7 +93,7 @@ func (n *Node) startCluster(ctx context.Context) error {
 			return err
 		}
 		c.static = r
-		n.cluster = c
+		n.clus.Store(c)
 		return nil
 	}
 	gc := *n.cfg.Cluster
@@ -108,7 +108,7 @@ func (n *Node) startCluster(ctx context.Context) error {
 		return fmt.Errorf("node: joining the cluster: %w", err)
 	}
 	c.ms = ms
-	n.cluster = c
+	n.clus.Store(c)
 	if err := ms.SetState(ctx, gossip.StateServing); err != nil {
 		ms.Close()
 		return fmt.Errorf("node: announcing serving: %w", err)
@@ -127,20 +127,22 @@ func (n *Node) startCluster(ctx context.Context) error {
 // leaveCluster announces that this node is leaving, so that peers stop
 // routing to it, and waits (at most until ctx is done) for gossip to spread it.
 func (n *Node) leaveCluster(ctx context.Context) {
-	if n.cluster == nil || n.cluster.ms == nil {
+	c := n.clus.Load()
+	if c == nil || c.ms == nil {
 		return
 	}
-	if err := n.cluster.ms.Leave(ctx); err != nil && !errors.Is(err, gossip.ErrLeft) && !errors.Is(err, gossip.ErrClosed) {
+	if err := c.ms.Leave(ctx); err != nil && !errors.Is(err, gossip.ErrLeft) && !errors.Is(err, gossip.ErrClosed) {
 		n.log.Warn("leaving the cluster", "err", err)
 	}
 }
 
 // Ring returns the node's current ring.
 func (n *Node) Ring() *ring.Ring {
-	if n.cluster == nil {
+	c := n.clus.Load()
+	if c == nil {
 		return nil
 	}
-	return n.cluster.ring()
+	return c.ring()
 }
 
 // group is the items of a batch that one member owns, or that failed
@@ -157,7 +159,7 @@ type group struct {
 // node owns them all. Items that fail validation are not routed: they form a
 // group of their own, so that their errors name the caller's indices.
 func (n *Node) route(req *pb.CheckRequest, r *ring.Ring) []*group {
-	self := n.cluster.self.Name
+	self := n.clus.Load().self.Name
 	var groups []*group
 	byName := map[string]*group{}
 	remote := false
@@ -191,19 +193,20 @@ func (n *Node) route(req *pb.CheckRequest, r *ring.Ring) []*group {
 // checkRouted decides the local items, forwards the others to their owners
 // in parallel (one call per owner) and merges the answers in request order.
 func (n *Node) checkRouted(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, groups []*group) (*pb.CheckResponse, error) {
+	c := n.clus.Load()
 	var wg sync.WaitGroup
 	var local *group
 	for _, g := range groups {
 		if g.bad != nil {
 			continue
 		}
-		if g.owner.Name == n.cluster.self.Name {
+		if g.owner.Name == c.self.Name {
 			local = g
 			continue
 		}
 		n.forwardedOut.Add(int64(len(g.idx)))
 		wg.Go(func() {
-			cli, err := n.cluster.peer(g.owner.Addr)
+			cli, err := c.peer(g.owner.Addr)
 			if err != nil {
 				g.err = err
 				return
@@ -221,7 +224,7 @@ func (n *Node) checkRouted(ctx context.Context, req *pb.CheckRequest, r *ring.Ri
 		local.resp, local.err = n.decide(ctx, subRequest(req, local.idx, r.Epoch()), r, false)
 	}
 	wg.Wait()
-	return mergeResponses(len(req.Recipients), groups, r.Epoch(), n.cluster.self.Name), nil
+	return mergeResponses(len(req.Recipients), groups, r.Epoch(), c.self.Name), nil
 }
 
 // subRequest returns the items idx of req as a request of their own.
@@ -329,7 +332,7 @@ func (n *Node) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResp
 		return nil, err
 	}
 	n.forwardedIn.Add(int64(len(req.Recipients)))
-	return n.decide(ctx, req, n.cluster.ring(), true)
+	return n.decide(ctx, req, n.clus.Load().ring(), true)
 }
 
 // ringProto describes r for the Ring RPC.
@@ -342,8 +345,8 @@ func (n *Node) ringProto(r *ring.Ring) *pb.RingResponse {
 	for _, m := range r.Members() {
 		resp.Members = append(resp.Members, &pb.Member{Name: m.Name, Addr: m.Addr})
 	}
-	if n.cluster.ms != nil {
-		for _, m := range n.cluster.ms.Members() {
+	if c := n.clus.Load(); c.ms != nil {
+		for _, m := range c.ms.Members() {
 			resp.Known = append(resp.Known, &pb.Member{Name: m.Name, Addr: m.GRPCAddr, State: m.State.String()})
 		}
 	} else {
@@ -354,25 +357,27 @@ func (n *Node) ringProto(r *ring.Ring) *pb.RingResponse {
 
 // RingInfo answers the Ring RPC.
 func (n *Node) RingInfo(context.Context, *pb.RingRequest) (*pb.RingResponse, error) {
-	if n.cluster == nil {
+	c := n.clus.Load()
+	if c == nil {
 		return nil, status.Error(codes.Unavailable, "node is not serving yet")
 	}
-	return n.ringProto(n.cluster.ring()), nil
+	return n.ringProto(c.ring()), nil
 }
 
 // WatchRing sends the current ring, then each change, until ctx is done.
 func (n *Node) WatchRing(ctx context.Context, send func(*pb.RingResponse) error) error {
-	if n.cluster == nil {
+	c := n.clus.Load()
+	if c == nil {
 		return status.Error(codes.Unavailable, "node is not serving yet")
 	}
-	if n.cluster.ms == nil {
-		if err := send(n.ringProto(n.cluster.static)); err != nil {
+	if c.ms == nil {
+		if err := send(n.ringProto(c.static)); err != nil {
 			return err
 		}
 		<-ctx.Done()
 		return nil
 	}
-	ch, cancel := n.cluster.ms.Watch()
+	ch, cancel := c.ms.Watch()
 	defer cancel()
 	for {
 		select {

@@ -66,7 +66,7 @@ func (c *testCluster) add(name string) *testNode {
 	}
 	gc := &gossip.Config{BindAddr: "127.0.0.1", DeadNodeReclaimTime: 200 * time.Millisecond}
 	if len(c.nodes) > 0 {
-		gc.Join = []string{c.nodes[0].cluster.ms.GossipAddr()}
+		gc.Join = []string{c.nodes[0].clus.Load().ms.GossipAddr()}
 	}
 	rs, _ := ParseRules("test", []byte(durableRules))
 	n, err := New(Config{Rules: rs, Clock: c.clk, Shards: 4, Name: name, AdvertiseAddr: lis.Addr().String(), Cluster: gc, SweepInterval: -1})
@@ -130,7 +130,7 @@ func (c *testCluster) waitConverged(want int, timeout time.Duration) time.Durati
 		changed := make(chan struct{}, len(c.nodes))
 		var cancels []func()
 		for _, n := range c.up() {
-			ch, cancel := n.cluster.ms.Watch()
+			ch, cancel := n.clus.Load().ms.Watch()
 			cancels = append(cancels, cancel)
 			<-ch // the ring as of now
 			go func() {

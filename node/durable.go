@@ -88,11 +88,11 @@ func (n *Node) Close() error {
 	if n.stopLoops != nil {
 		n.stopLoops()
 	}
-	if n.cluster != nil {
-		if n.cluster.ms != nil {
-			n.cluster.ms.Close() // closes Watch channels: the ring loop ends
+	if c := n.clus.Load(); c != nil {
+		if c.ms != nil {
+			c.ms.Close() // closes Watch channels: the ring loop ends
 		}
-		n.cluster.close()
+		c.close()
 	}
 	n.loops.Wait()
 	if n.dur == nil {

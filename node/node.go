@@ -159,7 +159,7 @@ type Node struct {
 	loops     sync.WaitGroup // background loops started by Open
 	encoders  sync.Pool      // *walEncoder
 
-	cluster *cluster // set by Open
+	clus    atomic.Pointer[cluster] // set by Open; RPCs may read it before
 	started time.Time
 
 	checks, admitted, denied, failed, snapshots atomic.Int64
@@ -333,7 +333,7 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 	if err := n.admit(ctx, req); err != nil {
 		return nil, err
 	}
-	r := n.cluster.ring()
+	r := n.clus.Load().ring()
 	if r.Len() > 1 {
 		if groups := n.route(req, r); groups != nil {
 			return n.checkRouted(ctx, req, r, groups)
@@ -398,9 +398,9 @@ func (n *Node) decide(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, m
 		if ierr == nil {
 			key, tag := KeyOf(req.Recipients[i])
 			id := column(req.RequestIds, i, 0)
-			if owner := r.PartitionOwner(r.PartitionHash(key)); mustOwn && owner.Name != n.cluster.self.Name {
+			if owner := r.PartitionOwner(r.PartitionHash(key)); mustOwn && owner.Name != n.cfg.Name {
 				ierr = &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
-					quote(req.Recipients[i]), n.cluster.self.Name, r.Epoch(), owner.Name)}
+					quote(req.Recipients[i]), n.cfg.Name, r.Epoch(), owner.Name)}
 			} else if seq, dup, err := ds.store.apply(key, tag, now, it, id, &dec); err != nil {
 				ierr = n.applyError(req, i, err)
 			} else if dup {

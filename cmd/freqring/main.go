@@ -4,6 +4,7 @@
 //	freqring check [flags] RECIPIENT...    ask a node whether messages may go out
 //	freqring status [flags]                show the ring and each member
 //	freqring cluster [flags]               run a local cluster in one process
+//	freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
 //	freqring rules validate FILE           check a rules file
 //	freqring rules default                 print the embedded default rules
 //
@@ -26,6 +27,7 @@ Usage:
   freqring check [flags] RECIPIENT...    ask a node whether messages may go out
   freqring status [flags]                show the ring and each member
   freqring cluster [flags]               run a local cluster in one process
+  freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
   freqring rules validate FILE           check a rules file
   freqring rules default                 print the embedded default rules
 
@@ -55,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = status(ctx, args[1:], stdout, stderr)
 	case "cluster":
 		err = cluster(ctx, args[1:], stdout, stderr)
+	case "bench":
+		err = benchCmd(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

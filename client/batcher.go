@@ -1,0 +1,154 @@
+package client
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// batcher coalesces the single Checks sent to one member into batch RPCs:
+// once an item is queued it waits Config.MaxDelay for more, or until
+// Config.MaxBatch items are queued, then sends them in one Check RPC (in a
+// goroutine of its own, so the next batch collects meanwhile) and hands each
+// caller its outcome. It is a group commit: callers queue under a mutex and
+// wake the loop only on the first item and on a full batch.
+type batcher struct {
+	c *Client
+	p *peer
+
+	mu     sync.Mutex // guards q and closed
+	q      []*pending
+	closed bool
+
+	wake chan struct{} // cap 1: the queue went from empty to non-empty, or is full
+	quit chan struct{} // closed by close
+	once sync.Once
+}
+
+func newBatcher(c *Client, p *peer) *batcher {
+	return &batcher{c: c, p: p, wake: make(chan struct{}, 1), quit: make(chan struct{})}
+}
+
+// enqueue queues pd. It returns false if the batcher is closed (its member
+// left the ring, or the client closed).
+func (b *batcher) enqueue(pd *pending) bool {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return false
+	}
+	b.q = append(b.q, pd)
+	n := len(b.q)
+	b.mu.Unlock()
+	if n == 1 || n >= b.c.cfg.MaxBatch {
+		select {
+		case b.wake <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// close stops the loop; queued items fail as retryable (errMemberLeft).
+func (b *batcher) close() {
+	b.once.Do(func() { close(b.quit) })
+}
+
+// queued returns the queue length.
+func (b *batcher) queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.q)
+}
+
+// loop runs until close. The Client's loops group owns it.
+func (b *batcher) loop() {
+	defer b.c.loops.Done()
+	maxBatch, delay := b.c.cfg.MaxBatch, b.c.cfg.MaxDelay
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case <-b.quit:
+			b.drain()
+			return
+		case <-b.wake:
+		}
+		for n := b.queued(); n > 0; n = b.queued() {
+			if n < maxBatch && delay > 0 {
+				// Wait for more items, MaxDelay at most.
+				timer.Reset(delay)
+				for waiting := true; waiting; {
+					select {
+					case <-timer.C:
+						waiting = false
+					case <-b.wake:
+						if waiting = b.queued() < maxBatch; !waiting {
+							timer.Stop()
+						}
+					case <-b.quit:
+						timer.Stop()
+						b.drain()
+						return
+					}
+				}
+			}
+			b.mu.Lock()
+			take := min(len(b.q), maxBatch)
+			batch := b.q[:take:take]
+			b.q = b.q[take:]
+			if len(b.q) == 0 {
+				b.q = nil
+			}
+			b.mu.Unlock()
+			b.send(batch)
+		}
+	}
+}
+
+// drain closes the queue and fails what it holds.
+func (b *batcher) drain() {
+	b.mu.Lock()
+	b.closed = true
+	q := b.q
+	b.q = nil
+	b.mu.Unlock()
+	for _, pd := range q {
+		pd.res <- outcome{err: errMemberLeft}
+	}
+}
+
+// send starts the RPC of one batch, without the items whose callers have
+// stopped waiting. It lasts until the latest of their deadlines.
+func (b *batcher) send(batch []*pending) {
+	now := time.Now()
+	live := batch[:0]
+	var dl time.Time
+	for _, pd := range batch {
+		if pd.gone.Load() || !pd.deadline.After(now) {
+			continue // its caller has given up; nobody reads the outcome
+		}
+		live = append(live, pd)
+		if pd.deadline.After(dl) {
+			dl = pd.deadline
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	if len(live) > 1 {
+		b.c.st.coalesced.Add(int64(len(live)))
+	}
+	b.c.rpcs.Add(1)
+	go func() {
+		defer b.c.rpcs.Done()
+		ctx, cancel := context.WithDeadline(b.c.life, dl)
+		defer cancel()
+		b.c.rpc(ctx, b.p, live[0].node, len(live), func(j int) *prepared { return &live[j].item }, func(j int, o outcome) {
+			if o.ierr != nil {
+				o.ierr = o.ierr.at(0, j) // the caller's only item
+			}
+			live[j].res <- o
+		})
+	}()
+}
