@@ -109,10 +109,6 @@ func (n *Node) startCluster(ctx context.Context) error {
 	}
 	c.ms = ms
 	n.clus.Store(c)
-	if err := ms.SetState(ctx, gossip.StateServing); err != nil {
-		ms.Close()
-		return fmt.Errorf("node: announcing serving: %w", err)
-	}
 	ch, cancel := ms.Watch()
 	n.loops.Go(func() {
 		defer cancel()
@@ -121,6 +117,20 @@ func (n *Node) startCluster(ctx context.Context) error {
 			n.log.Info("ring changed", "epoch", r.Epoch(), "members", len(r.Members()))
 		}
 	})
+	return nil
+}
+
+// announceServing tells peers this node decides now, which puts it in their
+// rings. Open calls it once the node is ready, so that no forward arrives
+// before. SetState blocks while gossip spreads the news.
+func (n *Node) announceServing(ctx context.Context) error {
+	c := n.clus.Load()
+	if c == nil || c.ms == nil {
+		return nil
+	}
+	if err := c.ms.SetState(ctx, gossip.StateServing); err != nil {
+		return fmt.Errorf("node: announcing serving: %w", err)
+	}
 	return nil
 }
 

@@ -74,6 +74,10 @@ func (n *Node) Open(ctx context.Context) error {
 		n.loops.Go(func() { n.durableLoop(loopCtx) })
 	}
 	n.ready.Store(true)
+	if err := n.announceServing(ctx); err != nil {
+		n.Close()
+		return err
+	}
 	return nil
 }
 

@@ -846,9 +846,15 @@ func (l *Log) zeroFill(f *os.File) error {
 		if _, err := f.Write(zeroBlock[:n]); err != nil {
 			return err
 		}
+		// Sync each block: on ext4 (data=ordered) the journal commit of an
+		// Append's fsync writes out every dirty page of the filesystem, and a
+		// spare's 64 MiB of unsynced zeros stalled appends for seconds.
+		if err := f.Sync(); err != nil {
+			return err
+		}
 		off += n
 	}
-	return f.Sync()
+	return nil
 }
 
 // Close writes and fsyncs every queued record, stops the flusher, the sync

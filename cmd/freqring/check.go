@@ -3,18 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-
-	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/client"
 )
 
 // checkResult is one item's decision as "check --json" prints it.
@@ -22,6 +20,9 @@ type checkResult struct {
 	Recipient    string       `json:"recipient"`
 	Admitted     bool         `json:"admitted"`
 	Recorded     bool         `json:"recorded"`
+	Degraded     bool         `json:"degraded,omitempty"`
+	Duplicate    bool         `json:"duplicate,omitempty"`
+	Node         string       `json:"node,omitempty"`
 	DeniedBy     string       `json:"denied_by,omitempty"`
 	RetryAfterMs int64        `json:"retry_after_ms"`
 	DecidedAt    time.Time    `json:"decided_at"`
@@ -40,15 +41,16 @@ type ruleResult struct {
 
 func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
-	addr := fs.String("addr", "127.0.0.1:7070", "node gRPC address")
+	addr := fs.String("addr", "127.0.0.1:7070", "comma-separated gRPC addresses of nodes; the client learns the ring from them and asks each recipient's owner")
 	domain := fs.String("domain", "default", "domain (rule set)")
 	content := fs.String("content", "", "message content (content rules apply only with content)")
-	cost := fs.Uint("cost", 1, "sends each message counts as")
+	cost := fs.Int("cost", 1, "sends each message counts as")
 	mode := fs.String("mode", "check", "check (check and record), peek (change nothing), or record (record without checking)")
 	asJSON := fs.Bool("json", false, "print one JSON object per recipient")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
+	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call; past it the failure policy answers")
+	fail := fs.String("fail", "open", "failure policy when no node answers in time: open (admit) or closed (deny); either way marked degraded")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: freqring check [flags] RECIPIENT...\n\nAsks a node whether a message may go to each recipient now, and prints each rule's state.\n\n")
+		fmt.Fprintf(fs.Output(), "Usage: freqring check [flags] RECIPIENT...\n\nAsks the cluster whether a message may go to each recipient now, and prints each rule's state.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -57,33 +59,43 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() == 0 {
 		return usagef("want at least one RECIPIENT")
 	}
-	modes := map[string]pb.Mode{"check": pb.Mode_MODE_CHECK_AND_RECORD, "peek": pb.Mode_MODE_PEEK, "record": pb.Mode_MODE_RECORD_ONLY}
+	modes := map[string]client.Mode{"check": client.CheckAndRecord, "peek": client.Peek, "record": client.RecordOnly}
 	m, ok := modes[*mode]
 	if !ok {
 		return usagef("mode %q is not one of check, peek, record", *mode)
 	}
-	req := &pb.CheckRequest{
-		Recipients: fs.Args(),
-		Domains:    []string{*domain},
-		Costs:      []uint32{uint32(*cost)},
-		Modes:      []pb.Mode{m},
+	policy := client.FailOpen
+	switch *fail {
+	case "open":
+	case "closed":
+		policy = client.FailClosed
+	default:
+		return usagef("--fail %q is not one of open, closed", *fail)
 	}
-	if *content != "" {
-		req.Contents = [][]byte{[]byte(*content)}
+	items := make([]client.Item, fs.NArg())
+	for i, r := range fs.Args() {
+		items[i] = client.Item{Domain: *domain, Recipient: r, Content: []byte(*content), Cost: *cost, Mode: m}
 	}
-
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	resp, err := pb.NewLimiterClient(conn).Check(ctx, req)
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := client.New(ctx, client.Config{Seeds: strings.Split(*addr, ","), Timeout: *timeout, FailurePolicy: policy, Logger: logger})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *addr, err)
 	}
-	results := decodeResponse(req, resp)
+	defer c.Close()
+	decs, err := c.CheckBatch(ctx, items)
+	var bad client.ItemErrors
+	if err != nil && !errors.As(err, &bad) {
+		return err
+	}
+	results := make([]checkResult, len(items))
+	for i, d := range decs {
+		results[i] = resultOf(items[i].Recipient, d)
+	}
+	for _, e := range bad {
+		results[e.Index].Error = fmt.Sprintf("%s: %s", e.Code, e.Message)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		for _, r := range results {
@@ -94,48 +106,21 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	} else {
 		printResults(stdout, results)
 	}
-	for _, r := range results {
-		if r.Error != "" {
-			return fmt.Errorf("%d of %d items failed", len(resp.Errors), len(results))
-		}
+	if len(bad) > 0 {
+		return fmt.Errorf("%d of %d items failed", len(bad), len(items))
 	}
 	return nil
 }
 
-// decodeResponse turns the columns of resp into one result per item.
-func decodeResponse(req *pb.CheckRequest, resp *pb.CheckResponse) []checkResult {
-	errs := map[uint32]*pb.ItemError{}
-	for _, e := range resp.Errors {
-		errs[e.Index] = e
+// resultOf converts a client decision for printing.
+func resultOf(recipient string, d client.Decision) checkResult {
+	r := checkResult{Recipient: recipient, Admitted: d.Admitted, Recorded: d.Recorded, Degraded: d.Degraded,
+		DeniedBy: d.DeniedBy, RetryAfterMs: d.RetryAfter.Milliseconds(), DecidedAt: d.DecidedAt.UTC(), Node: d.Node, Duplicate: d.Duplicate}
+	for _, rs := range d.Rules {
+		r.Rules = append(r.Rules, ruleResult{Name: rs.Name, Limit: uint32(rs.Limit), Window: rs.Window.String(),
+			Used: uint32(rs.Used), Remaining: uint32(rs.Remaining), RetryAfterMs: rs.RetryAfter.Milliseconds()})
 	}
-	var out []checkResult
-	off := 0 // next per-rule entry
-	for i, rcp := range req.Recipients {
-		r := checkResult{Recipient: rcp, DecidedAt: time.UnixMilli(resp.DecidedAtMs[i]).UTC()}
-		if e := errs[uint32(i)]; e != nil {
-			r.Error = fmt.Sprintf("%s: %s", codes.Code(e.Code), e.Message)
-			out = append(out, r)
-			continue
-		}
-		r.Admitted, r.Recorded, r.RetryAfterMs = resp.Admitted[i], resp.Recorded[i], resp.RetryAfterMs[i]
-		name := req.Domains[0]
-		if len(req.Domains) > 1 {
-			name = req.Domains[i]
-		}
-		d := resp.Domains[name]
-		for j, rule := range d.GetRules() {
-			r.Rules = append(r.Rules, ruleResult{
-				Name: rule.Name, Limit: rule.Limit, Window: rule.Window,
-				Used: resp.Used[off+j], Remaining: resp.Remaining[off+j], RetryAfterMs: resp.RuleRetryAfterMs[off+j],
-			})
-		}
-		off += len(d.GetRules())
-		if k := resp.DeniedBy[i]; k >= 0 && int(k) < len(r.Rules) {
-			r.DeniedBy = r.Rules[k].Name
-		}
-		out = append(out, r)
-	}
-	return out
+	return r
 }
 
 func printResults(w io.Writer, results []checkResult) {
@@ -143,17 +128,23 @@ func printResults(w io.Writer, results []checkResult) {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
+		at := r.DecidedAt.Format(time.RFC3339Nano)
 		switch {
 		case r.Error != "":
 			fmt.Fprintf(w, "%s  FAILED  %s\n", r.Recipient, r.Error)
 			continue
+		case r.Degraded:
+			fmt.Fprintf(w, "%s  DEGRADED: no node answered in time; the failure policy says admitted=%v\n", r.Recipient, r.Admitted)
+			continue
+		case r.Duplicate:
+			fmt.Fprintf(w, "%s  ADMITTED (recorded earlier: a repeat of the same request)  at %s  by %s\n", r.Recipient, at, r.Node)
 		case r.Admitted && r.Recorded:
-			fmt.Fprintf(w, "%s  ADMITTED (recorded)  at %s\n", r.Recipient, r.DecidedAt.Format(time.RFC3339Nano))
+			fmt.Fprintf(w, "%s  ADMITTED (recorded)  at %s  by %s\n", r.Recipient, at, r.Node)
 		case r.Admitted:
-			fmt.Fprintf(w, "%s  ADMITTED (not recorded)  at %s\n", r.Recipient, r.DecidedAt.Format(time.RFC3339Nano))
+			fmt.Fprintf(w, "%s  ADMITTED (not recorded)  at %s  by %s\n", r.Recipient, at, r.Node)
 		default:
-			fmt.Fprintf(w, "%s  DENIED by %s, retry after %v  at %s\n", r.Recipient, r.DeniedBy,
-				time.Duration(r.RetryAfterMs)*time.Millisecond, r.DecidedAt.Format(time.RFC3339Nano))
+			fmt.Fprintf(w, "%s  DENIED by %s, retry after %v  at %s  by %s\n", r.Recipient, r.DeniedBy,
+				time.Duration(r.RetryAfterMs)*time.Millisecond, at, r.Node)
 		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "rule\tlimit\twindow\tused\tremaining\tretry after\t")
@@ -162,8 +153,13 @@ func printResults(w io.Writer, results []checkResult) {
 			if rr.RetryAfterMs > 0 {
 				retry = (time.Duration(rr.RetryAfterMs) * time.Millisecond).String()
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t\n", rr.Name, rr.Limit, strings.TrimSuffix(strings.TrimSuffix(rr.Window, "0s"), "0m"), rr.Used, rr.Remaining, retry)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t\n", rr.Name, rr.Limit, shortDuration(rr.Window), rr.Used, rr.Remaining, retry)
 		}
 		tw.Flush()
 	}
+}
+
+// shortDuration drops a Go duration's zero tails: 1m0s -> 1m, 24h0m0s -> 24h.
+func shortDuration(s string) string {
+	return strings.TrimSuffix(strings.TrimSuffix(s, "0s"), "0m")
 }

@@ -127,9 +127,9 @@ func TestThreeProcesses(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"admitted":true`) {
 		t.Fatalf("check: exit %d %s %s", code, out, errOut)
 	}
-	code, out, _ = runCmd(context.Background(), append([]string{"check", "--addr", grpcAddr(1)}, rcps...)...)
+	code, out, errOut = runCmd(context.Background(), append([]string{"check", "--addr", grpcAddr(1)}, rcps...)...)
 	if code != 0 || strings.Count(out, "ADMITTED") != 60 {
-		t.Fatalf("check of 60 recipients through one node: exit %d\n%s", code, out)
+		t.Fatalf("check of 60 recipients through one node: exit %d, %d admitted\n%s\n%s", code, strings.Count(out, "ADMITTED"), errOut, out)
 	}
 	code, out, _ = runCmd(context.Background(), "status", "--addr", grpcAddr(2))
 	if code != 0 || strings.Count(out, "serving  true") != 3 {
