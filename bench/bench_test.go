@@ -77,3 +77,41 @@ func TestRedisTargetsNeverOverAdmit(t *testing.T) {
 		}
 	}
 }
+
+// TestFreqringSmoke is the CI smoke run: a few seconds of the seed's
+// workload against a local 3-node cluster through the client, small enough a
+// population that the limits bind; the oracle must find no over-admission.
+// (Not a speed assertion.)
+func TestFreqringSmoke(t *testing.T) {
+	ctx := context.Background()
+	lc, err := StartCluster(ctx, 3, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Stop()
+	target, err := NewFreqringTarget(ctx, lc.Addrs, "default", 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	for _, batch := range []int{100, 1} { // CheckBatch, and coalesced single checks
+		r, err := Run(ctx, target, Config{
+			Workload: Workload{Recipients: 2000, Templates: 3, Seed: uint64(batch), Offset: uint32(batch) * 10_000}, Concurrency: 16, Batch: batch,
+			Warmup: -1, Duration: 1500 * time.Millisecond, Audit: true,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("batch %d: %.0f decisions/s, %d admitted, %d denied, %d errors, %d degraded, p99 %.2f ms, %.0f B/recipient, over-admitted %d of %d",
+			batch, r.PerSecond, r.Admitted, r.Denied, r.Errors, r.Degraded, r.Latency.P99, r.BytesPerRecipient, r.OverAdmissions, r.Audited)
+		if r.Errors > 0 || r.Degraded > 0 || r.Admitted == 0 || r.Denied == 0 {
+			t.Fatalf("batch %d: %d errors, %d degraded, %d admitted, %d denied", batch, r.Errors, r.Degraded, r.Admitted, r.Denied)
+		}
+		if r.OverAdmissions != 0 {
+			t.Fatalf("batch %d: freqring over-admitted %d sends", batch, r.OverAdmissions)
+		}
+	}
+	if s := target.Client().Stats(); s.Coalesced == 0 {
+		t.Fatalf("single checks never shared an RPC: %+v", s)
+	}
+}

@@ -17,6 +17,7 @@ type Workload struct {
 	Templates  int     // distinct message contents; 0 means 20
 	Domain     string  // rule domain; "" means "default"
 	Seed       uint64  // 0 means 1
+	Offset     uint32  // index of the first recipient, to give runs disjoint populations
 }
 
 func (w *Workload) fill() {
@@ -95,5 +96,5 @@ func (g *generator) next() Item {
 	} else {
 		r = uint32(g.rng.IntN(g.w.Recipients))
 	}
-	return Item{Recipient: r, Template: uint16(g.rng.IntN(g.w.Templates))}
+	return Item{Recipient: r + g.w.Offset, Template: uint16(g.rng.IntN(g.w.Templates))}
 }
