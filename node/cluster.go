@@ -202,7 +202,7 @@ func (n *Node) route(req *pb.CheckRequest, r *ring.Ring) []*group {
 
 // checkRouted decides the local items, forwards the others to their owners
 // in parallel (one call per owner) and merges the answers in request order.
-func (n *Node) checkRouted(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, groups []*group) (*pb.CheckResponse, error) {
+func (n *Node) checkRouted(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, groups []*group, t *walTicket) (*pb.CheckResponse, error) {
 	c := n.clus.Load()
 	var wg sync.WaitGroup
 	var local *group
@@ -231,7 +231,7 @@ func (n *Node) checkRouted(ctx context.Context, req *pb.CheckRequest, r *ring.Ri
 		})
 	}
 	if local != nil {
-		local.resp, local.err = n.decide(ctx, subRequest(req, local.idx, r.Epoch()), r, false)
+		local.resp, local.err = n.decide(ctx, subRequest(req, local.idx, r.Epoch()), r, false, t)
 	}
 	wg.Wait()
 	return mergeResponses(len(req.Recipients), groups, r.Epoch(), c.self.Name), nil
@@ -338,11 +338,13 @@ func mergeResponses(n int, groups []*group, epoch uint64, self string) *pb.Check
 // Forward answers Peer.Forward: it decides the items this node owns under
 // its own ring and fails the others as retryable.
 func (n *Node) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	t := n.announce()
+	defer t.cancel()
 	if err := n.admit(ctx, req); err != nil {
 		return nil, err
 	}
 	n.forwardedIn.Add(int64(len(req.Recipients)))
-	return n.decide(ctx, req, n.clus.Load().ring(), true)
+	return n.decide(ctx, req, n.clus.Load().ring(), true, t)
 }
 
 // ringProto describes r for the Ring RPC.

@@ -158,7 +158,7 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 	}
 
 	log, err := wal.Open(wal.Options{
-		Dir: filepath.Join(dir, "wal"), SegmentBytes: n.cfg.SegmentBytes, Sync: n.cfg.Sync,
+		Dir: filepath.Join(dir, "wal"), SegmentBytes: n.cfg.SegmentBytes, Sync: n.cfg.Sync, GroupWait: n.cfg.GroupWait,
 		SyncInterval: n.cfg.SyncInterval, SkipCorrupt: n.cfg.SkipCorrupt, Now: n.cfg.Clock.Now,
 		Logger: n.log.With("component", "wal"),
 	})
@@ -218,15 +218,16 @@ func (n *Node) resetStores() {
 	}
 }
 
-// appendWAL makes the sends of one Check durable before it replies.
-func (n *Node) appendWAL(ctx context.Context, enc *walEncoder) error {
-	if n.dur == nil || enc.n == 0 {
+// appendWAL makes the sends of one Check durable before it replies, with
+// the append its ticket announced; with no send to log, it withdraws it.
+func (n *Node) appendWAL(ctx context.Context, enc *walEncoder, t *walTicket) error {
+	if enc.n == 0 {
+		t.cancel()
 		return nil
 	}
-	if _, err := n.dur.log.Append(ctx, enc.bytes()); err != nil {
-		return err
-	}
-	return nil
+	t.used = true
+	_, err := t.log.AppendExpected(ctx, enc.bytes())
+	return err
 }
 
 // snapshot writes a snapshot, then deletes older snapshots and the WAL

@@ -61,6 +61,10 @@ type Config struct {
 	Sync wal.SyncPolicy
 	// SyncInterval is the fsync period under wal.SyncInterval; 0 means 10ms.
 	SyncInterval time.Duration
+	// GroupWait bounds how long a WAL group commit waits for appends of
+	// Checks already deciding (see wal.Options.GroupWait); 0 means 1ms,
+	// negative never waits. An idle node's lone Check never waits.
+	GroupWait time.Duration
 	// SegmentBytes is the WAL segment size; 0 means 64 MiB.
 	SegmentBytes int64
 	// SnapshotInterval is the longest time between snapshots; 0 means 1
@@ -330,16 +334,43 @@ func (n *Node) item(req *pb.CheckRequest, i int) (*domainState, window.Item, *it
 // in request order. With a DataDir, the sends it records are in the WAL
 // before it returns.
 func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	t := n.announce()
+	defer t.cancel()
 	if err := n.admit(ctx, req); err != nil {
 		return nil, err
 	}
 	r := n.clus.Load().ring()
 	if r.Len() > 1 {
 		if groups := n.route(req, r); groups != nil {
-			return n.checkRouted(ctx, req, r, groups)
+			return n.checkRouted(ctx, req, r, groups, t)
 		}
 	}
-	return n.decide(ctx, req, r, false)
+	return n.decide(ctx, req, r, false, t)
+}
+
+// walTicket is a WAL append that a call announced as soon as it arrived (wal
+// Expect), so that the group commit in progress waits for it; the call makes
+// it or withdraws it, once. A nil ticket (no WAL) does nothing.
+type walTicket struct {
+	log  *wal.Log
+	used bool
+}
+
+// announce returns a ticket for this call's WAL append, or nil without a WAL.
+func (n *Node) announce() *walTicket {
+	if n.dur == nil {
+		return nil
+	}
+	n.dur.log.Expect()
+	return &walTicket{log: n.dur.log}
+}
+
+// cancel withdraws the announcement unless the append was made.
+func (t *walTicket) cancel() {
+	if t != nil && !t.used {
+		t.used = true
+		t.log.Unexpect()
+	}
 }
 
 // admit refuses calls the node cannot take: before Open, after Close, and
@@ -376,7 +407,7 @@ func newResponse(n int) *pb.CheckResponse {
 // decide decides every item of req here, in order, at one clock reading.
 // With mustOwn, an item this node does not own under r fails with
 // UNAVAILABLE: the caller routed by a stale ring.
-func (n *Node) decide(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, mustOwn bool) (*pb.CheckResponse, error) {
+func (n *Node) decide(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, mustOwn bool, t *walTicket) (*pb.CheckResponse, error) {
 	cnt := len(req.Recipients)
 	resp := newResponse(cnt)
 	resp.RingEpoch = r.Epoch()
@@ -384,7 +415,7 @@ func (n *Node) decide(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, m
 	var dec window.Decision
 	var admitted, denied, failed int64
 	var enc *walEncoder
-	if n.dur != nil {
+	if t != nil {
 		enc, _ = n.encoders.Get().(*walEncoder)
 		if enc == nil {
 			enc = new(walEncoder)
@@ -438,7 +469,7 @@ func (n *Node) decide(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, m
 	n.denied.Add(denied)
 	n.failed.Add(failed)
 	if enc != nil {
-		if err := n.appendWAL(ctx, enc); err != nil {
+		if err := n.appendWAL(ctx, enc, t); err != nil {
 			n.log.Error("WAL append failed: the batch was decided in memory but is not durable", "err", err)
 			return nil, status.Errorf(codes.Unavailable, "write-ahead log: %v", err)
 		}

@@ -49,6 +49,11 @@ type Options struct {
 	Sync          SyncPolicy    // 0 means SyncBatch
 	SyncInterval  time.Duration // fsync period under SyncInterval; 0 means 10ms
 	MaxBatchBytes int           // Appends wait while the pending batch holds this much; 0 means 4 MiB
+	// GroupWait bounds how long the flusher, holding a batch, waits for the
+	// Appends callers announced with Expect before it writes (and fsyncs)
+	// the batch; it stops waiting as soon as none is announced. 0 means 1ms,
+	// negative never waits. A caller that announces nothing never waits.
+	GroupWait time.Duration
 	// SkipCorrupt is an operator override: Open skips damaged bytes instead of
 	// refusing to open, logs each skip and counts them in Stats.SkippedBytes.
 	SkipCorrupt bool
@@ -77,6 +82,9 @@ func (o *Options) fillDefaults() {
 	}
 	if o.SyncInterval == 0 {
 		o.SyncInterval = defaultSyncInterval
+	}
+	if o.GroupWait == 0 {
+		o.GroupWait = time.Millisecond
 	}
 	if o.MaxBatchBytes == 0 {
 		o.MaxBatchBytes = defaultMaxBatchBytes
@@ -158,10 +166,11 @@ type Stats struct {
 	TornBytes    int64 // bytes cut from the tail of the last segment by Open
 	SkippedBytes int64 // damaged bytes skipped by Open (Options.SkipCorrupt)
 	PreparedCuts int64 // segments cut from a spare segment the preparer had zeroed in advance
+	GroupWaits   int64 // batches the flusher held back for announced appends (Expect)
 }
 
 type counters struct {
-	appends, batches, bytes, fsyncs, fsyncNanos, rotations, tornBytes, skippedBytes, preparedCuts atomic.Int64
+	appends, batches, bytes, fsyncs, fsyncNanos, rotations, tornBytes, skippedBytes, preparedCuts, groupWaits atomic.Int64
 }
 
 // batch is one group-commit buffer. Two of them alternate: appends fill the
@@ -200,6 +209,7 @@ type Log struct {
 	room    chan struct{} // closed when the flusher takes pending; nil when nobody waits for room
 	closed  bool
 	err     error         // sticky write or fsync error; the log takes no more appends
+	arrived chan struct{} // cap 1: an announced Append joined pending, or an announcement was withdrawn
 	segs    []SegmentInfo // every segment, oldest first; the last one is active
 
 	removeMu sync.Mutex // serializes RemoveBefore
@@ -216,8 +226,9 @@ type Log struct {
 	prepFree  chan struct{} // cap 1: cut is done with the spare it took, so spareName is free again
 	prepRetry chan struct{} // cap 1: a cut found no spare; after a failure the preparer tries again
 
-	active  atomic.Pointer[os.File] // f, for the sync loop
-	written atomic.Int64            // bytes written since Open, for the sync loop
+	active   atomic.Pointer[os.File] // f, for the sync loop
+	written  atomic.Int64            // bytes written since Open, for the sync loop
+	expected atomic.Int64            // Appends announced by Expect and not yet made
 
 	quit        chan struct{} // closed by Close to stop the sync loop and the preparer
 	flusherDone chan struct{} // closed when the flusher has exited
@@ -253,6 +264,7 @@ func Open(opts Options) (*Log, error) {
 		prepFree:    make(chan struct{}, 1),
 		prepRetry:   make(chan struct{}, 1),
 		quit:        make(chan struct{}),
+		arrived:     make(chan struct{}, 1),
 		flusherDone: make(chan struct{}),
 	}
 	l.work.L = &l.mu
@@ -515,6 +527,32 @@ func (l *Log) fail(err error) {
 	l.mu.Unlock()
 }
 
+// Expect announces an Append the caller is about to make, so that a flusher
+// holding a batch waits for it (at most Options.GroupWait) instead of paying
+// one fsync for the batch and another for it. Follow every Expect with
+// exactly one AppendExpected, or with Unexpect. Safe for concurrent use.
+func (l *Log) Expect() { l.expected.Add(1) }
+
+// Unexpect withdraws an announcement that no Append will follow.
+func (l *Log) Unexpect() {
+	l.expected.Add(-1)
+	l.nudge()
+}
+
+// nudge wakes a flusher waiting for announced appends.
+func (l *Log) nudge() {
+	select {
+	case l.arrived <- struct{}{}:
+	default:
+	}
+}
+
+// AppendExpected is Append for a caller that announced it with Expect: the
+// announcement ends when the record joins the batch, or when it fails.
+func (l *Log) AppendExpected(ctx context.Context, payload []byte) (Position, error) {
+	return l.append(ctx, payload, true)
+}
+
 // Append adds payload to the log and returns its position once the batch
 // holding it is written to the OS and, under SyncBatch, fsynced. Concurrent
 // Appends are grouped into one write(2) (and one fsync) per batch. Append
@@ -527,6 +565,18 @@ func (l *Log) fail(err error) {
 // a full batch when Close is called returns ErrClosed and is not written.
 // After a write or fsync error every Append returns that error.
 func (l *Log) Append(ctx context.Context, payload []byte) (Position, error) {
+	return l.append(ctx, payload, false)
+}
+
+func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Position, error) {
+	joined := false
+	if expected {
+		defer func() {
+			if !joined { // failed before joining a batch
+				l.Unexpect()
+			}
+		}()
+	}
 	if len(payload) > MaxPayload {
 		return Position{}, fmt.Errorf("%w: %d bytes, maximum %d", ErrTooLarge, len(payload), MaxPayload)
 	}
@@ -569,6 +619,11 @@ func (l *Log) Append(ctx context.Context, payload []byte) (Position, error) {
 	rel := int64(len(b.buf))
 	b.buf = appendRecord(b.buf, recData, payload)
 	b.n++
+	if expected {
+		joined = true
+		l.expected.Add(-1)
+		l.nudge()
+	}
 	res := b.result()
 	l.mu.Unlock()
 
@@ -640,10 +695,35 @@ func (l *Log) request(mark func(b *batch)) (*result, error) {
 // which filled up meanwhile. Close stops it and waits for it.
 func (l *Log) flushLoop() {
 	defer close(l.flusherDone)
+	var timer *time.Timer
 	l.mu.Lock()
 	for {
 		for !l.closed && !l.pending.hasWork() {
 			l.work.Wait()
+		}
+		// Group commit: while callers have announced Appends that are not
+		// in yet, wait for them (at most GroupWait), so that one write and
+		// one fsync serve them all.
+		if wait := l.opts.GroupWait; wait > 0 && l.expected.Load() > 0 && !l.closed {
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			waiting := true
+			for waiting && l.expected.Load() > 0 && !l.closed && len(l.pending.buf) < l.opts.MaxBatchBytes {
+				l.mu.Unlock()
+				select {
+				case <-l.arrived:
+				case <-timer.C:
+					waiting = false
+				}
+				l.mu.Lock()
+			}
+			if waiting && !timer.Stop() {
+				<-timer.C
+			}
+			l.stats.groupWaits.Add(1)
 		}
 		b := l.pending
 		if l.spare == nil {
@@ -981,5 +1061,6 @@ func (l *Log) Stats() Stats {
 		TornBytes:    c.tornBytes.Load(),
 		SkippedBytes: c.skippedBytes.Load(),
 		PreparedCuts: c.preparedCuts.Load(),
+		GroupWaits:   c.groupWaits.Load(),
 	}
 }

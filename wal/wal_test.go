@@ -1014,3 +1014,72 @@ func TestWriteFileAtomic(t *testing.T) {
 		t.Fatal("WriteFileAtomic into a missing directory succeeded")
 	}
 }
+
+// TestGroupWaitGathersAnnouncedAppends: a flusher that holds a batch waits
+// for the appends callers announced with Expect, and writes them all with one
+// write and one fsync; an Unexpect or GroupWait ends the wait.
+func TestGroupWaitGathersAnnouncedAppends(t *testing.T) {
+	dir := t.TempDir()
+	synctest.Test(t, func(t *testing.T) {
+		l, err := Open(Options{Dir: dir, GroupWait: 5 * time.Millisecond, noSpare: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		before := l.Stats()
+		const n = 8
+		for range n {
+			l.Expect()
+		}
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				time.Sleep(time.Duration(i) * 100 * time.Microsecond) // arrivals spread over 0.7 ms
+				if _, err := l.AppendExpected(context.Background(), []byte{byte(i)}); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		s := l.Stats()
+		if got := s.Batches - before.Batches; got != 1 || s.Appends-before.Appends != n {
+			t.Fatalf("%d announced appends took %d batches (%d appends), want 1", n, got, s.Appends-before.Appends)
+		}
+
+		// An announcement that is withdrawn does not hold the batch back.
+		l.Expect()
+		l.Expect()
+		start := time.Now()
+		go func() {
+			time.Sleep(time.Millisecond)
+			l.Unexpect()
+		}()
+		if _, err := l.AppendExpected(context.Background(), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took != time.Millisecond {
+			t.Fatalf("append waited %v for a withdrawn announcement, want 1ms", took)
+		}
+
+		// A lone Append with nothing announced is written at once.
+		start = time.Now()
+		if _, err := l.Append(context.Background(), []byte("y")); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took != 0 {
+			t.Fatalf("an unannounced append waited %v", took)
+		}
+
+		// An announcement nobody keeps costs at most GroupWait.
+		l.Expect()
+		start = time.Now()
+		l.Expect()
+		if _, err := l.AppendExpected(context.Background(), []byte("z")); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took != 5*time.Millisecond {
+			t.Fatalf("append waited %v for a forgotten announcement, want GroupWait (5ms)", took)
+		}
+		l.Unexpect()
+	})
+}
