@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/freqring/freqring/client"
 	"github.com/freqring/freqring/window"
 )
 
@@ -89,7 +90,7 @@ func TestFreqringSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lc.Stop()
-	target, err := NewFreqringTarget(ctx, lc.Addrs, "default", 3, 0)
+	target, err := NewFreqringTarget(ctx, lc.Addrs, "default", 3, client.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

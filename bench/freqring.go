@@ -22,8 +22,9 @@ type FreqringTarget struct {
 }
 
 // NewFreqringTarget connects a client to the cluster behind seeds.
-func NewFreqringTarget(ctx context.Context, seeds []string, domain string, templates int, policy client.FailurePolicy) (*FreqringTarget, error) {
-	c, err := client.New(ctx, client.Config{Seeds: seeds, FailurePolicy: policy})
+func NewFreqringTarget(ctx context.Context, seeds []string, domain string, templates int, cfg client.Config) (*FreqringTarget, error) {
+	cfg.Seeds = seeds
+	c, err := client.New(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

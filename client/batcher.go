@@ -6,12 +6,10 @@ import (
 	"time"
 )
 
-// batcher coalesces the single Checks sent to one member into batch RPCs:
-// once an item is queued it waits Config.MaxDelay for more, or until
-// Config.MaxBatch items are queued, then sends them in one Check RPC (in a
-// goroutine of its own, so the next batch collects meanwhile) and hands each
-// caller its outcome. It is a group commit: callers queue under a mutex and
-// wake the loop only on the first item and on a full batch.
+// batcher coalesces the single Checks sent to one member into batch RPCs
+// (see loop), each in a goroutine of its own, and hands each caller its
+// outcome. It is a group commit: callers queue under a mutex and wake the
+// loop only on the first item and on a full batch.
 type batcher struct {
 	c *Client
 	p *peer
@@ -62,9 +60,20 @@ func (b *batcher) queued() int {
 }
 
 // loop runs until close. The Client's loops group owns it.
+//
+// It sends what is queued at once while fewer than Config.MaxInFlight of its
+// RPCs are outstanding, so a lone call pays no delay; while the limit is
+// reached, items queue, and the next RPC takes all that queued (up to
+// MaxBatch) as soon as one returns: the batch size follows the load. A
+// positive MaxDelay also makes each batch wait that long for more items. (It
+// uses no timer otherwise: Go timers below a millisecond fire a millisecond
+// late when the process is idle, which a timer-driven batcher pays on every
+// call.)
 func (b *batcher) loop() {
 	defer b.c.loops.Done()
-	maxBatch, delay := b.c.cfg.MaxBatch, b.c.cfg.MaxDelay
+	maxBatch, delay, maxInFlight := b.c.cfg.MaxBatch, b.c.cfg.MaxDelay, b.c.cfg.MaxInFlight
+	inflight := 0
+	done := make(chan struct{}, maxInFlight) // an RPC of this batcher returned
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -73,8 +82,14 @@ func (b *batcher) loop() {
 			b.drain()
 			return
 		case <-b.wake:
+		case <-done:
+			inflight--
 		}
-		for n := b.queued(); n > 0; n = b.queued() {
+		for inflight < maxInFlight {
+			n := b.queued()
+			if n == 0 {
+				break
+			}
 			if n < maxBatch && delay > 0 {
 				// Wait for more items, MaxDelay at most.
 				timer.Reset(delay)
@@ -82,6 +97,8 @@ func (b *batcher) loop() {
 					select {
 					case <-timer.C:
 						waiting = false
+					case <-done:
+						inflight--
 					case <-b.wake:
 						if waiting = b.queued() < maxBatch; !waiting {
 							timer.Stop()
@@ -101,7 +118,9 @@ func (b *batcher) loop() {
 				b.q = nil
 			}
 			b.mu.Unlock()
-			b.send(batch)
+			if b.send(batch, done) {
+				inflight++
+			}
 		}
 	}
 }
@@ -119,8 +138,9 @@ func (b *batcher) drain() {
 }
 
 // send starts the RPC of one batch, without the items whose callers have
-// stopped waiting. It lasts until the latest of their deadlines.
-func (b *batcher) send(batch []*pending) {
+// stopped waiting, and reports whether it did; the RPC signals done when it
+// returns. It lasts until the latest of their deadlines.
+func (b *batcher) send(batch []*pending, done chan<- struct{}) bool {
 	now := time.Now()
 	live := batch[:0]
 	var dl time.Time
@@ -134,7 +154,7 @@ func (b *batcher) send(batch []*pending) {
 		}
 	}
 	if len(live) == 0 {
-		return
+		return false
 	}
 	if len(live) > 1 {
 		b.c.st.coalesced.Add(int64(len(live)))
@@ -142,6 +162,7 @@ func (b *batcher) send(batch []*pending) {
 	b.c.rpcs.Add(1)
 	go func() {
 		defer b.c.rpcs.Done()
+		defer func() { done <- struct{}{} }() // buffered for every RPC in flight: never blocks
 		ctx, cancel := context.WithDeadline(b.c.life, dl)
 		defer cancel()
 		b.c.rpc(ctx, b.p, live[0].node, len(live), func(j int) *prepared { return &live[j].item }, func(j int, o outcome) {
@@ -151,4 +172,5 @@ func (b *batcher) send(batch []*pending) {
 			live[j].res <- o
 		})
 	}()
+	return true
 }

@@ -23,12 +23,13 @@ import (
 // window.MaxCost); the client checks them itself so that a bad item is
 // reported as the caller's error even when no node answers.
 const (
-	DefaultTimeout  = 500 * time.Millisecond
-	DefaultMaxBatch = 256
-	DefaultMaxDelay = 200 * time.Microsecond
+	DefaultTimeout     = 500 * time.Millisecond
+	DefaultMaxBatch    = 256
+	DefaultMaxInFlight = 2
 
-	MaxTimeout  = 10 * time.Minute
-	MaxMaxDelay = 100 * time.Millisecond
+	MaxTimeout     = 10 * time.Minute
+	MaxMaxDelay    = 100 * time.Millisecond
+	MaxMaxInFlight = 1024
 
 	MaxRequestItems   = 10_000   // items per Check RPC a node accepts; bounds MaxBatch
 	MaxRecipientBytes = 256      // bytes per recipient
@@ -105,9 +106,15 @@ type Config struct {
 	// MaxBatch is the most items one coalesced Check RPC carries (concurrent
 	// single Checks to one node share an RPC). 0 means 256; [1, 10000].
 	MaxBatch int
-	// MaxDelay is how long a coalesced batch waits for more items after its
-	// first one. 0 means 200µs; negative means send at once (with whatever
-	// other items are already queued); at most 100ms.
+	// MaxInFlight is how many coalesced Check RPCs to one member may be
+	// outstanding. A single Check goes out at once while fewer are; beyond,
+	// single Checks queue and the next RPC carries all that queued. 0 means
+	// 2; [1, 1024].
+	MaxInFlight int
+	// MaxDelay makes each coalesced batch wait this long for more items
+	// after its first, on top of MaxInFlight. 0 (or negative) means no wait,
+	// the default; at most 100ms. Note that Go timers shorter than a
+	// millisecond may fire a millisecond late.
 	MaxDelay time.Duration
 	// DialOptions are used for every connection to a node. nil means
 	// insecure transport credentials; a non-nil list replaces that default,
@@ -135,8 +142,8 @@ func (c Config) withDefaults() Config {
 	if c.MaxBatch == 0 {
 		c.MaxBatch = DefaultMaxBatch
 	}
-	if c.MaxDelay == 0 {
-		c.MaxDelay = DefaultMaxDelay
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.DialOptions == nil {
 		c.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
@@ -166,8 +173,11 @@ func (c Config) validate() error {
 	if c.MaxBatch < 1 || c.MaxBatch > MaxRequestItems {
 		return fmt.Errorf("client: MaxBatch %d out of range [1, %d]", c.MaxBatch, MaxRequestItems)
 	}
+	if c.MaxInFlight < 1 || c.MaxInFlight > MaxMaxInFlight {
+		return fmt.Errorf("client: MaxInFlight %d out of range [1, %d]", c.MaxInFlight, MaxMaxInFlight)
+	}
 	if c.MaxDelay > MaxMaxDelay {
-		return fmt.Errorf("client: MaxDelay %v out of range (-∞, %v] (negative: send at once)", c.MaxDelay, MaxMaxDelay)
+		return fmt.Errorf("client: MaxDelay %v out of range (-∞, %v] (0 or negative: no wait)", c.MaxDelay, MaxMaxDelay)
 	}
 	return nil
 }

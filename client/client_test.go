@@ -467,12 +467,19 @@ func TestIdempotent(t *testing.T) {
 }
 
 // TestCoalescing: concurrent single Checks to one node share RPCs, and each
-// caller gets its own item's decision.
+// caller gets its own item's decision; with the default (no delay, 2 RPCs in
+// flight) and with a delay.
 func TestCoalescing(t *testing.T) {
+	for _, delay := range []time.Duration{0, 20 * time.Millisecond} {
+		t.Run(fmt.Sprint("delay=", delay), func(t *testing.T) { testCoalescing(t, delay) })
+	}
+}
+
+func testCoalescing(t *testing.T, delay time.Duration) {
 	clk := &testClock{}
 	clk.ns.Store(t0 * 1e6)
 	c := newCluster(t, 1, clk)
-	cl := newClient(t, Config{MaxDelay: 20 * time.Millisecond, Timeout: patient}, c.addrs()...)
+	cl := newClient(t, Config{MaxDelay: delay, Timeout: patient}, c.addrs()...)
 	const recipients, sends = 67, 3 // 201 calls: each recipient gets one message 3 times
 	type result struct {
 		k int

@@ -32,12 +32,13 @@ const (
 // client coalesces concurrent calls per owner.
 func BenchmarkClientCheck(b *testing.B) {
 	for _, tc := range []struct {
-		name  string
-		delay time.Duration
-	}{{"delay=200us", 0}, {"delay=1ms", time.Millisecond}, {"delay=0", -1}} {
+		name     string
+		inflight int
+		delay    time.Duration
+	}{{"inflight=2", 0, 0}, {"inflight=1", 1, 0}, {"inflight=2,delay=1ms", 0, time.Millisecond}} {
 		b.Run(tc.name, func(b *testing.B) {
 			c := newCluster(b, 3, nil)
-			cl := newClient(b, Config{MaxDelay: tc.delay, Timeout: benchTimeout}, c.addrs()...)
+			cl := newClient(b, Config{MaxInFlight: tc.inflight, MaxDelay: tc.delay, Timeout: benchTimeout}, c.addrs()...)
 			benchLoad(b, c, 1, func(ctx context.Context, items []Item) error {
 				_, err := cl.Check(ctx, items[0])
 				return err

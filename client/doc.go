@@ -40,10 +40,14 @@
 // the answers in order.
 //
 // Concurrent Check calls for the same owner share an RPC: each member has a
-// batcher goroutine that, once an item is queued, waits Config.MaxDelay
-// (200µs) for more or until Config.MaxBatch (256) items are queued, sends
-// them as one columnar batch, and hands each caller its own decision. A
-// negative MaxDelay sends at once, batching only what queued meanwhile.
+// batcher goroutine that sends a queued item at once while fewer than
+// Config.MaxInFlight (2) of its RPCs are outstanding, and otherwise lets
+// items queue until one returns; the next RPC then carries all that queued
+// (up to Config.MaxBatch, 256) as one columnar batch, and each caller gets
+// its own decision. A lone call pays no delay, and under load the batches
+// grow with the load. A positive Config.MaxDelay makes each batch also wait
+// that long for more items (no timer is used otherwise: on an idle process
+// Go timers under a millisecond fire about a millisecond late).
 // Each caller still waits on its own context: a caller whose deadline comes
 // first gets its answer by the failure policy, and an item whose caller has
 // stopped waiting is not sent. Stats.Coalesced counts the items that shared

@@ -54,7 +54,7 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 	d := ok.withDefaults()
-	if d.Timeout != DefaultTimeout || d.MaxBatch != DefaultMaxBatch || d.MaxDelay != DefaultMaxDelay || d.FailurePolicy != FailOpen || d.Logger == nil || len(d.DialOptions) != 1 {
+	if d.Timeout != DefaultTimeout || d.MaxBatch != DefaultMaxBatch || d.MaxInFlight != DefaultMaxInFlight || d.MaxDelay != 0 || d.FailurePolicy != FailOpen || d.Logger == nil || len(d.DialOptions) != 1 {
 		t.Fatalf("defaults: %+v", d)
 	}
 }

@@ -39,6 +39,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	jsonPath := fs.String("json", "", "write the reports as JSON to this file")
 	svgPath := fs.String("svg", "", "write a chart (throughput and p99 over time, latency distribution) to this SVG file")
 	policy := fs.String("fail", "open", "freqring client failure policy: open or closed")
+	maxDelay := fs.Duration("max-delay", 0, "freqring client: how long single checks wait to share an RPC (0: the client's default, 200µs; negative: send at once)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring bench [flags]\n\nRuns the seed's workload against freqring and/or Redis running the seed's design, and prints\ndecisions/s, latency percentiles, memory per recipient and the over-admission count.\nIt starts nothing unless --start-cluster or --start-redis asks.\n\n")
@@ -100,7 +101,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				seeds = lc.Addrs
 				fmt.Fprintf(stdout, "started a local cluster of %d nodes: %s\n", *startCluster, strings.Join(lc.Addrs, ", "))
 			}
-			t, err = bench.NewFreqringTarget(ctx, seeds, *domain, *templates, fp)
+			t, err = bench.NewFreqringTarget(ctx, seeds, *domain, *templates, client.Config{FailurePolicy: fp, MaxDelay: *maxDelay})
 		case "redis", "redis-per-rule":
 			raddr := *redisAddr
 			if *startRedis {
