@@ -22,14 +22,16 @@
 // Appending to a growing file makes every fsync journal the new size and
 // extents; overwriting blocks that already hold fsynced zeros does not, and
 // takes about a third less time (etcd's file pipeline does the same). So a
-// goroutine of the Log, the preparer, keeps one spare segment ready: it writes
-// Options.SegmentBytes of zeros to "spare.wal.tmp", 1 MiB per write, and
-// fsyncs it, without holding any lock the appends need. A cut takes the spare
-// when it is ready and otherwise makes a plain file as above, so a cut never
-// waits for zeroing; once the spare is renamed, the preparer makes the next
-// one. Stats.PreparedCuts counts the cuts that used a spare. The preparer
-// starts on Open, which cuts a first segment (if it needs one) before the
-// preparer has anything ready; Close stops it and removes an unused spare.
+// goroutine of the Log, the preparer, makes the next segment ready once the
+// active one holds Options.PrepareAfter bytes (half of SegmentBytes by
+// default, so that a new or idle log spends nothing on it): it writes
+// Options.SegmentBytes of zeros to "spare.wal.tmp", 1 MiB per write, each
+// fsynced (a single fsync of 64 MiB at the end would land in some Append's
+// journal commit and stall it for seconds on ext4), without holding any lock
+// the appends need. A cut takes the spare when it is ready and otherwise
+// makes a plain file as above, so a cut never waits for zeroing.
+// Stats.PreparedCuts counts the cuts that used a spare. Close stops the
+// preparer and removes an unused spare.
 // The cost is disk space, one spare and the unused part of the active
 // segment, and writing every segment's bytes twice, once as zeros.
 //

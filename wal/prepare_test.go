@@ -2,6 +2,7 @@ package wal
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -20,7 +21,7 @@ func TestPreparedSegment(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const segBytes = 64 << 10
 		dir := t.TempDir()
-		opts := Options{Dir: dir, SegmentBytes: segBytes}
+		opts := Options{Dir: dir, PrepareAfter: -1, SegmentBytes: segBytes}
 		seg2 := filepath.Join(dir, segmentName(2))
 		l := openT(t, opts)
 		want := []rec{appendT(t, l, "in the plain first segment")}
@@ -132,7 +133,7 @@ func TestPreparedTornTail(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			hook, ready := spareHook()
-			opts := Options{Dir: dir, SegmentBytes: segBytes, testHookPrepared: hook}
+			opts := Options{Dir: dir, PrepareAfter: -1, SegmentBytes: segBytes, testHookPrepared: hook}
 			l := openT(t, opts)
 			<-ready
 			if _, err := l.Rotate(); err != nil {
@@ -179,7 +180,7 @@ func TestPreparedTornTail(t *testing.T) {
 			if err := l.Close(); err != nil {
 				t.Fatal(err)
 			}
-			l = openT(t, Options{Dir: dir, SegmentBytes: segBytes})
+			l = openT(t, Options{Dir: dir, PrepareAfter: -1, SegmentBytes: segBytes})
 			equalRecs(t, replayAll(t, l, Position{}), want)
 			if st := l.Stats(); st.TornBytes != 0 {
 				t.Fatalf("second Open cut %d bytes", st.TornBytes)
@@ -199,7 +200,7 @@ func TestPreparedCuts(t *testing.T) {
 		g := newGate()
 		defer g.release() // before the cleanup's Close, which waits for the preparer
 		var logs logRecorder
-		opts := Options{Dir: dir, SegmentBytes: segBytes, testHookPrepare: g.wait, Logger: logs.logger()}
+		opts := Options{Dir: dir, PrepareAfter: -1, SegmentBytes: segBytes, testHookPrepare: g.wait, Logger: logs.logger()}
 		l := openT(t, opts)
 		var want []rec
 		check := func(prepared, rotations int64) {
@@ -270,10 +271,39 @@ func TestPreparedCuts(t *testing.T) {
 		if err := l.Close(); err != nil {
 			t.Fatal(err)
 		}
-		l = openT(t, Options{Dir: dir, SegmentBytes: segBytes})
+		l = openT(t, Options{Dir: dir, PrepareAfter: -1, SegmentBytes: segBytes})
 		equalRecs(t, replayAll(t, l, Position{}), want)
 		if st := l.Stats(); st.TornBytes != 0 {
 			t.Fatalf("reopen cut %d bytes", st.TornBytes)
 		}
 	})
+}
+
+// TestSpareWaitsForAHalfFullSegment: by default the preparer zeroes no spare
+// until the active segment is half full, so a new or idle log writes no
+// spare at all.
+func TestSpareWaitsForAHalfFullSegment(t *testing.T) {
+	dir := t.TempDir()
+	prepared := make(chan struct{}, 1)
+	l := openT(t, Options{Dir: dir, SegmentBytes: 8 << 10, testHookPrepared: func() { prepared <- struct{}{} }})
+	defer l.Close()
+	spare := filepath.Join(dir, spareName)
+	payload := make([]byte, 1000)
+	for range 3 { // ~3 KiB: under half
+		if _, err := l.Append(context.Background(), payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(spare); !os.IsNotExist(err) {
+		t.Fatalf("a spare exists before the segment is half full: %v", err)
+	}
+	for range 2 { // past 4 KiB
+		if _, err := l.Append(context.Background(), payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-prepared
+	if _, err := os.Stat(spare); err != nil {
+		t.Fatalf("no spare once the segment is half full: %v", err)
+	}
 }

@@ -49,6 +49,11 @@ type Options struct {
 	Sync          SyncPolicy    // 0 means SyncBatch
 	SyncInterval  time.Duration // fsync period under SyncInterval; 0 means 10ms
 	MaxBatchBytes int           // Appends wait while the pending batch holds this much; 0 means 4 MiB
+	// PrepareAfter is how full the active segment gets, in bytes, before a
+	// background preparer zeroes the next segment, so that an idle or newly
+	// started log spends neither disk nor I/O on a spare. 0 means half of
+	// SegmentBytes; negative means at once.
+	PrepareAfter int64
 	// GroupWait bounds how long the flusher, holding a batch, waits for the
 	// Appends callers announced with Expect before it writes (and fsyncs)
 	// the batch; it stops waiting as soon as none is announced. 0 means 1ms,
@@ -82,6 +87,9 @@ func (o *Options) fillDefaults() {
 	}
 	if o.SyncInterval == 0 {
 		o.SyncInterval = defaultSyncInterval
+	}
+	if o.PrepareAfter == 0 {
+		o.PrepareAfter = o.SegmentBytes / 2
 	}
 	if o.GroupWait == 0 {
 		o.GroupWait = time.Millisecond
@@ -225,6 +233,7 @@ type Log struct {
 	prepared  chan *os.File // cap 1: the spare (spareName, zeroed and fsynced), taken by cut
 	prepFree  chan struct{} // cap 1: cut is done with the spare it took, so spareName is free again
 	prepRetry chan struct{} // cap 1: a cut found no spare; after a failure the preparer tries again
+	prepWant  chan struct{} // cap 1: the active segment has reached PrepareAfter
 
 	active   atomic.Pointer[os.File] // f, for the sync loop
 	written  atomic.Int64            // bytes written since Open, for the sync loop
@@ -263,6 +272,7 @@ func Open(opts Options) (*Log, error) {
 		prepared:    make(chan *os.File, 1),
 		prepFree:    make(chan struct{}, 1),
 		prepRetry:   make(chan struct{}, 1),
+		prepWant:    make(chan struct{}, 1),
 		quit:        make(chan struct{}),
 		arrived:     make(chan struct{}, 1),
 		flusherDone: make(chan struct{}),
@@ -775,6 +785,12 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 			l.mu.Lock()
 			l.segs[len(l.segs)-1].Size = l.size
 			l.mu.Unlock()
+			if l.opts.PrepareAfter >= 0 && l.size >= l.opts.PrepareAfter {
+				select { // the preparer may start on the next segment
+				case l.prepWant <- struct{}{}:
+				default:
+				}
+			}
 		}
 	}
 	if err == nil && (b.sync || closing || (l.opts.Sync == SyncBatch && len(b.buf) > 0)) {
@@ -853,6 +869,13 @@ func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 func (l *Log) prepareLoop() {
 	defer close(l.prepDone)
 	for {
+		if l.opts.PrepareAfter >= 0 {
+			select { // until the active segment is full enough to need a successor
+			case <-l.prepWant:
+			case <-l.quit:
+				return
+			}
+		}
 		if l.opts.testHookPrepare != nil {
 			l.opts.testHookPrepare()
 		}
@@ -876,6 +899,10 @@ func (l *Log) prepareLoop() {
 		}
 		select {
 		case <-wait:
+			select { // a signal from the segment the spare replaced
+			case <-l.prepWant:
+			default:
+			}
 		case <-l.quit:
 			select {
 			case f := <-l.prepared: // no cut took it

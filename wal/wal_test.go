@@ -137,7 +137,7 @@ func testTornTail(t *testing.T, prezeroed bool) {
 	base := t.TempDir()
 	src := filepath.Join(base, "src")
 	hook, ready := spareHook()
-	l := openT(t, Options{Dir: src, Sync: SyncNone, SegmentBytes: segBytes, noSpare: !prezeroed, testHookPrepared: hook})
+	l := openT(t, Options{Dir: src, Sync: SyncNone, SegmentBytes: segBytes, noSpare: !prezeroed, PrepareAfter: -1, testHookPrepared: hook})
 	var sealed, last []rec
 	for i := range 3 {
 		sealed = append(sealed, appendT(t, l, fmt.Sprintf("sealed-%d", i)))
