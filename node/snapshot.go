@@ -9,9 +9,12 @@ import (
 	"io"
 	"math/bits"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
@@ -228,6 +231,36 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 	bad := func(off int64, format string, args ...any) error {
 		return fmt.Errorf("%w: %s offset %d: %s", ErrCorruptSnapshot, path, off, fmt.Sprintf(format, args...))
 	}
+	// Shard sections load in parallel: one reader (this goroutine: I/O and
+	// CRC), and a worker per core inserting records, each shard by one.
+	work := make(chan shardWork, 4)
+	var (
+		loadErr error
+		errOnce sync.Once
+		records atomic.Int64
+		skipped atomic.Int64
+		workers sync.WaitGroup
+		bodies  sync.Pool
+	)
+	for range max(1, runtime.GOMAXPROCS(0)) {
+		workers.Go(func() {
+			for w := range work {
+				r, k, err := w.load(nowMs)
+				records.Add(r)
+				skipped.Add(k)
+				if err != nil {
+					errOnce.Do(func() { loadErr = fmt.Errorf("%w: %s offset %d: %v", ErrCorruptSnapshot, path, w.off, err) })
+				}
+				bodies.Put(w.body)
+			}
+		})
+	}
+	finish := func() error {
+		close(work)
+		workers.Wait()
+		ss.stats.Records, ss.stats.Skipped = ss.stats.Records+records.Load(), ss.stats.Skipped+skipped.Load()
+		return loadErr
+	}
 	var (
 		off      int64
 		hdr      [9]byte
@@ -240,6 +273,12 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 		nSecs    int
 		sections uint32
 	)
+	finished := false
+	defer func() {
+		if !finished {
+			finish()
+		}
+	}()
 	for !sawEnd {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return nil, bad(off, "no end section (%v)", err)
@@ -283,45 +322,18 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 			}
 			i := uint32(br.u64n(4))
 			seq := br.u64()
-			count := br.u64n(4)
 			if i >= shards {
 				return nil, bad(off, "shard %d of %d", i, shards)
 			}
 			ss.seqs[dname].seq[i] = seq
-			if domain != nil && len(domain.store.shards) == int(shards) {
-				domain.store.reserve(int(i), int(count))
+			// Workers insert the records while the next sections are read.
+			buf, _ := bodies.Get().(*[]byte)
+			if buf == nil {
+				buf = new([]byte)
 			}
-			for range count {
-				key := br.u64()
-				rec := br.take(br.u64n(2))
-				if br.err != nil {
-					break
-				}
-				if domain == nil {
-					ss.stats.Skipped++
-					continue
-				}
-				loaded, err := domain.store.load(key, rec, nowMs-domain.d.Longest())
-				if err != nil {
-					return nil, bad(off, "shard %d: %v", i, err)
-				}
-				if loaded {
-					ss.stats.Records++
-				} else {
-					ss.stats.Skipped++
-				}
-			}
-			if withIDs {
-				// Ids live in their recipient's shard, which only a store of
-				// the same layout can tell: after a reshard they are dropped.
-				sameLayout := domain != nil && len(domain.store.shards) == int(shards)
-				for range br.u64n(4) {
-					k, at := br.u64(), int64(br.u64())
-					if br.err == nil && sameLayout {
-						domain.store.loadID(int(i), k, at, nowMs)
-					}
-				}
-			}
+			*buf = append((*buf)[:0], br.b...)
+			br.b = nil
+			work <- shardWork{domain: domain, shards: shards, i: int(i), body: buf, off: off, withIDs: withIDs}
 			sections++
 		case secEnd:
 			if want := uint32(br.u64n(4)); want != uint32(len(ss.seqs)) || uint32(br.u64n(4)) != sections {
@@ -337,8 +349,70 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 		off += int64(len(hdr)) + int64(size)
 		nSecs++
 	}
+	finished = true
+	if err := finish(); err != nil {
+		return nil, err
+	}
 	ss.stats.Bytes = off
 	return ss, nil
+}
+
+// shardWork is one shard section of a snapshot, for a loading worker.
+type shardWork struct {
+	domain  *domainState // nil: a domain the rules no longer have
+	shards  uint32       // the snapshot's shard count for the domain
+	i       int          // the section's shard
+	body    *[]byte      // the section after its shard number and sequence number
+	off     int64        // the section's offset in the file, for errors
+	withIDs bool
+}
+
+// load inserts the records and request ids of the section, skipping records
+// idle at nowMs; it returns how many it loaded and skipped.
+func (w shardWork) load(nowMs int64) (records, skipped int64, err error) {
+	br := walReader{b: *w.body}
+	count := br.u64n(4)
+	sameLayout := w.domain != nil && len(w.domain.store.shards) == int(w.shards)
+	if sameLayout {
+		w.domain.store.reserve(w.i, int(count))
+	}
+	for range count {
+		key := br.u64()
+		rec := br.take(br.u64n(2))
+		if br.err != nil {
+			break
+		}
+		if w.domain == nil {
+			skipped++
+			continue
+		}
+		loaded, err := w.domain.store.load(key, rec, nowMs-w.domain.d.Longest())
+		if err != nil {
+			return records, skipped, fmt.Errorf("shard %d: %v", w.i, err)
+		}
+		if loaded {
+			records++
+		} else {
+			skipped++
+		}
+	}
+	if w.withIDs {
+		// Ids live in their recipient's shard, which only a store of the
+		// same layout can tell: after a reshard they are dropped.
+		for range br.u64n(4) {
+			k, at := br.u64(), int64(br.u64())
+			if br.err == nil && sameLayout {
+				w.domain.store.loadID(w.i, k, at, nowMs)
+			}
+		}
+	}
+	if br.err != nil {
+		return records, skipped, fmt.Errorf("shard %d: %v", w.i, br.err)
+	}
+	if len(br.b) != 0 {
+		return records, skipped, fmt.Errorf("shard %d: %d bytes after its last id", w.i, len(br.b))
+	}
+	return records, skipped, nil
 }
 
 // loadID remembers in shard i a request id (mixed with its recipient's key:
