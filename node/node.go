@@ -61,9 +61,9 @@ type Config struct {
 	Sync wal.SyncPolicy
 	// SyncInterval is the fsync period under wal.SyncInterval; 0 means 10ms.
 	SyncInterval time.Duration
-	// GroupWait bounds how long a WAL group commit waits for appends of
-	// Checks already deciding (see wal.Options.GroupWait); 0 means 1ms,
-	// negative never waits. An idle node's lone Check never waits.
+	// GroupWait is how long a WAL group commit gathers appends while other
+	// Checks are in flight (wal.Options.GroupWait); 0 means 1ms, negative
+	// never waits. A lone Check never waits.
 	GroupWait time.Duration
 	// SegmentBytes is the WAL segment size; 0 means 64 MiB.
 	SegmentBytes int64

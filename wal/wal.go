@@ -54,10 +54,10 @@ type Options struct {
 	// started log spends neither disk nor I/O on a spare. 0 means half of
 	// SegmentBytes; negative means at once.
 	PrepareAfter int64
-	// GroupWait bounds how long the flusher, holding a batch, waits for the
-	// Appends callers announced with Expect before it writes (and fsyncs)
-	// the batch; it stops waiting as soon as none is announced. 0 means 1ms,
-	// negative never waits. A caller that announces nothing never waits.
+	// GroupWait is how long the flusher, holding a batch while other
+	// callers have announced Appends (Expect), gathers more before it writes
+	// (and fsyncs) the batch; a full batch ends it early. 0 means 1ms,
+	// negative never waits. With no announcement pending, it never waits.
 	GroupWait time.Duration
 	// SkipCorrupt is an operator override: Open skips damaged bytes instead of
 	// refusing to open, logs each skip and counts them in Stats.SkippedBytes.
@@ -711,9 +711,10 @@ func (l *Log) flushLoop() {
 		for !l.closed && !l.pending.hasWork() {
 			l.work.Wait()
 		}
-		// Group commit: while callers have announced Appends that are not
-		// in yet, wait for them (at most GroupWait), so that one write and
-		// one fsync serve them all.
+		// Group commit: when other callers have announced Appends, gather
+		// for GroupWait before writing, so that one write and one fsync
+		// serve them all (PostgreSQL's commit_delay with commit_siblings).
+		// A lone caller never waits.
 		if wait := l.opts.GroupWait; wait > 0 && l.expected.Load() > 0 && !l.closed {
 			if timer == nil {
 				timer = time.NewTimer(wait)
@@ -721,7 +722,7 @@ func (l *Log) flushLoop() {
 				timer.Reset(wait)
 			}
 			waiting := true
-			for waiting && l.expected.Load() > 0 && !l.closed && len(l.pending.buf) < l.opts.MaxBatchBytes {
+			for waiting && !l.closed && len(l.pending.buf) < l.opts.MaxBatchBytes {
 				l.mu.Unlock()
 				select {
 				case <-l.arrived:

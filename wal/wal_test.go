@@ -1015,9 +1015,9 @@ func TestWriteFileAtomic(t *testing.T) {
 	}
 }
 
-// TestGroupWaitGathersAnnouncedAppends: a flusher that holds a batch waits
-// for the appends callers announced with Expect, and writes them all with one
-// write and one fsync; an Unexpect or GroupWait ends the wait.
+// TestGroupWaitGathersAnnouncedAppends: a flusher that holds a batch while
+// other appends are announced (Expect) gathers for GroupWait, and writes them
+// all with one write and one fsync; a lone append does not wait.
 func TestGroupWaitGathersAnnouncedAppends(t *testing.T) {
 	dir := t.TempDir()
 	synctest.Test(t, func(t *testing.T) {
@@ -1046,23 +1046,8 @@ func TestGroupWaitGathersAnnouncedAppends(t *testing.T) {
 			t.Fatalf("%d announced appends took %d batches (%d appends), want 1", n, got, s.Appends-before.Appends)
 		}
 
-		// An announcement that is withdrawn does not hold the batch back.
-		l.Expect()
-		l.Expect()
-		start := time.Now()
-		go func() {
-			time.Sleep(time.Millisecond)
-			l.Unexpect()
-		}()
-		if _, err := l.AppendExpected(context.Background(), []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-		if took := time.Since(start); took != time.Millisecond {
-			t.Fatalf("append waited %v for a withdrawn announcement, want 1ms", took)
-		}
-
 		// A lone Append with nothing announced is written at once.
-		start = time.Now()
+		start := time.Now()
 		if _, err := l.Append(context.Background(), []byte("y")); err != nil {
 			t.Fatal(err)
 		}
@@ -1070,7 +1055,8 @@ func TestGroupWaitGathersAnnouncedAppends(t *testing.T) {
 			t.Fatalf("an unannounced append waited %v", took)
 		}
 
-		// An announcement nobody keeps costs at most GroupWait.
+		// With siblings announced, a commit gathers for GroupWait, however
+		// the announcements end.
 		l.Expect()
 		start = time.Now()
 		l.Expect()
