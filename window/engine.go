@@ -100,24 +100,11 @@ type Scratch struct {
 // sends already recorded in (t-W, t] plus the item's cost are at most L.
 // This takes O(rules * log(entries)) after decoding the record.
 func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, dec *Decision) ([]byte, error) {
-	cost := it.Cost
-	if cost == 0 {
-		cost = 1
-	}
-	switch {
-	case cost < 1 || cost > MaxCost:
-		return nil, fmt.Errorf("%w: cost %d out of range [1, %d]", ErrInvalid, it.Cost, MaxCost)
-	case it.Mode > RecordOnly:
-		return nil, fmt.Errorf("%w: mode %d is not one of check-and-record, peek, record-only", ErrInvalid, it.Mode)
-	case now < 0 || now > maxTime:
-		return nil, fmt.Errorf("%w: time %d ms out of range [0, %d]", ErrInvalid, now, int64(maxTime))
-	}
-	st := &s.st
-	if len(rec) == 0 {
-		st.reset(tag)
-	} else if err := st.decode(rec); err != nil {
+	cost, err := s.load(rec, tag, now, it)
+	if err != nil {
 		return nil, err
 	}
+	st := &s.st
 	t := max(now, st.newest)
 
 	hasContent := it.Content != 0 && d.contentCap > 0
@@ -135,8 +122,11 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 		}
 	}
 
-	*dec = Decision{DeniedBy: -1, At: t, NumRules: len(d.rules)}
+	// Set every field Apply reports rather than zero the whole Decision:
+	// Rules beyond NumRules are not read.
+	dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At, dec.NumRules = false, false, -1, 0, t, len(d.rules)
 	for i, r := range d.rules {
+		dec.Rules[i] = RuleResult{}
 		log := st.recip
 		scopeCap := d.recipCap
 		if r.Scope == ScopeContent {
@@ -207,6 +197,28 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	return out, nil
 }
 
+// load validates it and the time t (unix ms), and decodes rec (a new record
+// with tag if empty) into s. It returns the item's cost.
+func (s *Scratch) load(rec []byte, tag uint16, t int64, it Item) (int, error) {
+	cost := it.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	switch {
+	case cost < 1 || cost > MaxCost:
+		return 0, fmt.Errorf("%w: cost %d out of range [1, %d]", ErrInvalid, it.Cost, MaxCost)
+	case it.Mode > RecordOnly:
+		return 0, fmt.Errorf("%w: mode %d is not one of check-and-record, peek, record-only", ErrInvalid, it.Mode)
+	case t < 0 || t > maxTime:
+		return 0, fmt.Errorf("%w: time %d ms out of range [0, %d]", ErrInvalid, t, int64(maxTime))
+	}
+	if len(rec) == 0 {
+		s.st.reset(tag)
+		return cost, nil
+	}
+	return cost, s.st.decode(rec)
+}
+
 func (d *Domain) fillRemaining(dec *Decision) {
 	for i, r := range d.rules {
 		dec.Rules[i].Remaining = max(0, r.Limit-dec.Rules[i].Used)
@@ -221,22 +233,12 @@ func (d *Domain) fillRemaining(dec *Decision) {
 // write-ahead log, where concurrent batches may appear out of time order.
 // The returned bytes live in s, valid until the next call with s.
 func (d *Domain) Insert(s *Scratch, rec []byte, tag uint16, at int64, it Item) ([]byte, error) {
-	cost := it.Cost
-	if cost == 0 {
-		cost = 1
-	}
-	switch {
-	case cost < 1 || cost > MaxCost:
-		return nil, fmt.Errorf("%w: cost %d out of range [1, %d]", ErrInvalid, it.Cost, MaxCost)
-	case at < 0 || at > maxTime:
-		return nil, fmt.Errorf("%w: time %d ms out of range [0, %d]", ErrInvalid, at, int64(maxTime))
-	}
-	st := &s.st
-	if len(rec) == 0 {
-		st.reset(tag)
-	} else if err := st.decode(rec); err != nil {
+	it.Mode = CheckAndRecord // ignored; any mode is valid here
+	cost, err := s.load(rec, tag, at, it)
+	if err != nil {
 		return nil, err
 	}
+	st := &s.st
 	hasContent := it.Content != 0 && d.contentCap > 0
 	if d.recipCap == 0 && !hasContent {
 		return nil, nil
