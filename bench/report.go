@@ -121,6 +121,9 @@ func WriteSVG(path string, reports []*Report) error {
 				left, right, fy(v), fy(v), left-6, fy(v)+4, humanNumber(v))
 		}
 		for _, x := range xticks {
+			if x < xmin || x > xmax {
+				continue
+			}
 			fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", fx(x), y0+16, xtickLabel(x))
 		}
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">%s</text>`+"\n", (left+right)/2, y0+34, xlabel)
@@ -131,7 +134,11 @@ func WriteSVG(path string, reports []*Report) error {
 			for k := range s.xs {
 				pts = append(pts, fmt.Sprintf("%.1f,%.1f", fx(s.xs[k]), fy(s.ys[k])))
 			}
-			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", c, strings.Join(pts, " "))
+			dash := "" // later series dashed, so that equal lines stay visible
+			if i > 0 {
+				dash = fmt.Sprintf(` stroke-dasharray="%d,4"`, 4+4*i)
+			}
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" stroke-opacity="0.85"%s points="%s"/>`+"\n", c, dash, strings.Join(pts, " "))
 			fmt.Fprintf(&b, `<rect x="%.0f" y="%d" width="12" height="12" fill="%s"/><text x="%.0f" y="%d">%s</text>`+"\n",
 				right+12, top+24+i*18, c, right+30, top+34+i*18, s.name)
 		}
