@@ -1,9 +1,16 @@
 package bench
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"encoding/xml"
+	"io"
 	"math/rand/v2"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,5 +121,62 @@ func TestFreqringSmoke(t *testing.T) {
 	}
 	if s := target.Client().Stats(); s.Coalesced == 0 {
 		t.Fatalf("single checks never shared an RPC: %+v", s)
+	}
+}
+
+// TestReportsRender: the table shows each target and the ratios, the JSON
+// reads back, and the chart is well-formed SVG with a line per target and
+// panel.
+func TestReportsRender(t *testing.T) {
+	mk := func(name string, rate, p99 float64) *Report {
+		r := &Report{Target: name, Mode: "closed loop, 4 callers", Batch: 10, PerSecond: rate,
+			Latency: Latency{P50: p99 / 4, P99: p99}, BytesPerRecipient: rate / 1000, MemoryRecipients: 1}
+		for s := 1; s <= 5; s++ {
+			r.Series = append(r.Series, Second{T: s, Decisions: int64(rate), P99: p99})
+		}
+		for _, q := range []float64{0, 50, 90, 99, 99.9, 100} {
+			r.Percentiles = append(r.Percentiles, [2]float64{q, p99 * q / 100})
+		}
+		return r
+	}
+	reports := []*Report{mk("freqring", 500_000, 1), mk("redis-merged", 40_000, 12)}
+	var b strings.Builder
+	if err := WriteTable(&b, reports); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"freqring", "redis-merged", "freqring vs redis-merged: 12.5× decisions/s, 12.0× lower p99 latency"} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	dir := t.TempDir()
+	if err := WriteJSON(filepath.Join(dir, "r.json"), reports); err != nil {
+		t.Fatal(err)
+	}
+	var back []*Report
+	if raw, err := os.ReadFile(filepath.Join(dir, "r.json")); err != nil || json.Unmarshal(raw, &back) != nil || len(back) != 2 || back[1].PerSecond != 40_000 {
+		t.Fatalf("JSON does not read back: %v %+v", err, back)
+	}
+	svg := filepath.Join(dir, "r.svg")
+	if err := WriteSVG(svg, reports); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(svg)
+	d := xml.NewDecoder(bytes.NewReader(raw))
+	lines := 0
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("chart is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+			lines++
+		}
+	}
+	if lines != 3*len(reports) {
+		t.Fatalf("%d lines in the chart, want %d (3 panels x %d targets)", lines, 3*len(reports), len(reports))
 	}
 }
