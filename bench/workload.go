@@ -57,11 +57,6 @@ type Item struct {
 // RecipientName is the recipient string of index i: a mainland mobile number.
 func RecipientName(i uint32) string { return "+86" + strconv.FormatUint(13_000_000_000+uint64(i), 10) }
 
-// AppendRecipient appends RecipientName(i) to b.
-func AppendRecipient(b []byte, i uint32) []byte {
-	return strconv.AppendUint(append(b, "+86"...), 13_000_000_000+uint64(i), 10)
-}
-
 // TemplateText is the message content of template t.
 func TemplateText(t uint16) string {
 	return fmt.Sprintf("[freqring] template %d: your verification code is valid for 5 minutes.", t)

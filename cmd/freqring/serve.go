@@ -62,7 +62,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	gossipBind := fs.String("gossip", "", "gossip (memberlist, TCP and UDP) bind host:port; setting it or --join makes the node a cluster member")
 	gossipAdv := fs.String("gossip-advertise", "", "gossip host:port peers reach this node at (default: the bind address)")
 	join := fs.String("join", "", "comma-separated seeds to join: host:port of peers' gossip, or DNS names resolving to several")
-	rejoin := fs.Duration("rejoin-interval", 30*time.Second, "how often to join the seeds again, to heal a split cluster (negative disables)")
+	rejoin := fs.Duration("rejoin-interval", gossip.DefaultRejoinInterval, "how often to join the seeds again, to heal a split cluster (negative disables)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring serve [flags]\n\nRuns a node until SIGINT or SIGTERM, then finishes in-flight calls and exits.\n\n")
 		fs.PrintDefaults()
