@@ -74,6 +74,21 @@ func (r *bitReader) read(n uint) uint64 {
 	return v
 }
 
+// readGaps fills dst, from its end, with t minus the running sum of len(dst)
+// gaps of w bits each, and returns the oldest time. The caller has checked
+// that the bits are there. It is read with the position in a local
+// variable, which the compiler keeps in a register.
+func (r *bitReader) readGaps(dst []int64, t int64, w uint) int64 {
+	b, pos, mask := r.b, r.pos, uint64(1)<<w-1
+	for i := len(dst) - 1; i >= 0; i-- {
+		t -= int64(binary.LittleEndian.Uint64(b[pos>>3:]) >> (pos & 7) & mask)
+		dst[i] = t
+		pos += w
+	}
+	r.pos = pos
+	return t
+}
+
 func (r *bitReader) count() int {
 	v := r.read(countBits)
 	if v == countEscape {
@@ -107,6 +122,26 @@ func (w *bitWriter) write(v uint64, nb uint) {
 	w.off += 8
 	w.acc = v >> (64 - w.n) // 0 when w.n == 0
 	w.n = w.n + nb - 64
+}
+
+// writeGaps writes the gaps between consecutive entries of the ascending
+// log, newest first, wd bits each, keeping the writer's state in local
+// variables (registers) for the loop.
+func (w *bitWriter) writeGaps(log []int64, wd uint) {
+	buf, off, acc, n := w.buf, w.off, w.acc, w.n
+	for i := len(log) - 1; i > 0; i-- {
+		v := uint64(log[i] - log[i-1])
+		acc |= v << n
+		if n+wd < 64 {
+			n += wd
+			continue
+		}
+		binary.LittleEndian.PutUint64(buf[off:], acc)
+		off += 8
+		acc = v >> (64 - n) // 0 when n == 0
+		n = n + wd - 64
+	}
+	w.off, w.acc, w.n = off, acc, n
 }
 
 // bytes flushes the pending bits and returns the stream's length in bytes.
@@ -179,10 +214,7 @@ func (s *state) decode(rec []byte) error {
 		}
 		s.recip = grow(s.recip, n)
 		s.recip[n-1] = t
-		for i := n - 2; i >= 0; i-- {
-			t -= int64(r.read(w))
-			s.recip[i] = t
-		}
+		t = r.readGaps(s.recip[:n-1], t, w)
 		if t < 0 {
 			return fmt.Errorf("%w: recipient entry before 1970", ErrCorruptRecord)
 		}
@@ -264,9 +296,7 @@ func (s *state) encode(dst []byte) []byte {
 			}
 			wd := widthOf(or)
 			w.write(uint64(wd), widthBits)
-			for i := n - 1; i > 0; i-- {
-				w.write(uint64(s.recip[i]-s.recip[i-1]), wd)
-			}
+			w.writeGaps(s.recip, wd)
 		}
 	}
 
