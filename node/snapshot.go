@@ -372,6 +372,11 @@ type shardWork struct {
 func (w shardWork) load(nowMs int64) (records, skipped int64, err error) {
 	br := walReader{b: *w.body}
 	count := br.u64n(4)
+	// Check the count against the bytes before reserving room for it: a
+	// record takes at least 10 bytes (key and length).
+	if count > uint64(len(br.b))/10 {
+		return 0, 0, fmt.Errorf("shard %d: %d records in %d bytes", w.i, count, len(br.b))
+	}
 	sameLayout := w.domain != nil && len(w.domain.store.shards) == int(w.shards)
 	if sameLayout {
 		w.domain.store.reserve(w.i, int(count))
@@ -399,7 +404,11 @@ func (w shardWork) load(nowMs int64) (records, skipped int64, err error) {
 	if w.withIDs {
 		// Ids live in their recipient's shard, which only a store of the
 		// same layout can tell: after a reshard they are dropped.
-		for range br.u64n(4) {
+		ids := br.u64n(4)
+		if ids > uint64(len(br.b))/16 {
+			return records, skipped, fmt.Errorf("shard %d: %d request ids in %d bytes", w.i, ids, len(br.b))
+		}
+		for range ids {
 			k, at := br.u64(), int64(br.u64())
 			if br.err == nil && sameLayout {
 				w.domain.store.loadID(w.i, k, at, nowMs)
