@@ -2,8 +2,8 @@ package node
 
 import (
 	"bufio"
-	"context"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"os"
