@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"net"
 	"os"
 	"path/filepath"
@@ -101,5 +102,37 @@ func TestServeAndCheck(t *testing.T) {
 	}
 	if code, out, _ := runCmd(context.Background(), "check", "--addr", addr, "--domain", "nope", "x"); code != 1 || !strings.Contains(out, `unknown domain "nope"`) {
 		t.Fatalf("unknown domain: exit %d %s", code, out)
+	}
+}
+
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string) string {
+		p := filepath.Join(dir, "serve.yaml")
+		os.WriteFile(p, []byte(body), 0o644)
+		return p
+	}
+	newFlags := func() (*flag.FlagSet, *string, *int, *time.Duration, *string) {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		return fs, fs.String("listen", "a", ""), fs.Int("shards", 1, ""), fs.Duration("sync-interval", time.Second, ""), fs.String("join", "", "")
+	}
+	fs, listen, shards, syncIv, join := newFlags()
+	fs.Parse([]string{"--listen", "from-flag"})
+	p := write("listen: from-file\nshards: 64\nsync_interval: 5ms\njoin: [a:1, b:2]\n")
+	if err := applyConfigFile(fs, p); err != nil {
+		t.Fatal(err)
+	}
+	if *listen != "from-flag" || *shards != 64 || *syncIv != 5*time.Millisecond || *join != "a:1,b:2" {
+		t.Fatalf("listen %q shards %d sync_interval %v join %q", *listen, *shards, *syncIv, *join)
+	}
+	for body, want := range map[string]string{
+		"lsten: x\n":         `unknown key "lsten"`,
+		"shards: many\n":     `shards: parse error`,
+		"sync_interval: 5\n": `sync_interval: parse error`,
+	} {
+		fs, _, _, _, _ := newFlags()
+		if err := applyConfigFile(fs, write(body)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error containing %q", body, err, want)
+		}
 	}
 }

@@ -1,15 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,27 +22,6 @@ import (
 	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/wal"
 )
-
-// serveConfig is the config file of "freqring serve"; flags override it.
-type serveConfig struct {
-	Listen           string        `yaml:"listen"`             // gRPC address
-	Rules            string        `yaml:"rules"`              // rules file; empty: embedded defaults
-	Shards           int           `yaml:"shards"`             // per domain, a power of two
-	SweepInterval    time.Duration `yaml:"sweep_interval"`     // idle-record reclaim period
-	LogLevel         string        `yaml:"log_level"`          // debug, info, warn, error
-	DataDir          string        `yaml:"data_dir"`           // WAL and snapshots; empty: memory only
-	Sync             string        `yaml:"sync"`               // batch, interval, none
-	SyncInterval     time.Duration `yaml:"sync_interval"`      // with sync: interval
-	SnapshotInterval time.Duration `yaml:"snapshot_interval"`  // longest time between snapshots
-	SnapshotWALBytes int64         `yaml:"snapshot_wal_bytes"` // WAL growth that triggers a snapshot
-	SkipCorrupt      bool          `yaml:"skip_corrupt"`       // start past damaged WAL or snapshot data
-	Name             string        `yaml:"name"`               // node name in the ring
-	Advertise        string        `yaml:"advertise"`          // gRPC address peers and clients reach
-	Gossip           string        `yaml:"gossip"`             // gossip bind host:port
-	GossipAdvertise  string        `yaml:"gossip_advertise"`   // gossip address peers reach
-	Join             []string      `yaml:"join"`               // seeds: host:port or DNS names
-	RejoinInterval   time.Duration `yaml:"rejoin_interval"`    // periodic rejoin to heal partitions
-}
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -73,95 +53,42 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
-	cfg := serveConfig{Listen: *listen, Rules: *rulesPath, Shards: *shards, SweepInterval: *sweep, LogLevel: *logLevel,
-		DataDir: *dataDir, Sync: *syncPolicy, SyncInterval: *syncInterval, SnapshotInterval: *snapInterval,
-		SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt, Name: *name, Advertise: *advertise,
-		Gossip: *gossipBind, GossipAdvertise: *gossipAdv, RejoinInterval: *rejoin}
-	if *join != "" {
-		cfg.Join = strings.Split(*join, ",")
-	}
 	if *configPath != "" {
-		fileCfg, err := readServeConfig(*configPath)
-		if err != nil {
+		if err := applyConfigFile(fs, *configPath); err != nil {
 			return err
 		}
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		if !set["listen"] && fileCfg.Listen != "" {
-			cfg.Listen = fileCfg.Listen
-		}
-		if !set["rules"] && fileCfg.Rules != "" {
-			cfg.Rules = fileCfg.Rules
-		}
-		if !set["shards"] && fileCfg.Shards != 0 {
-			cfg.Shards = fileCfg.Shards
-		}
-		if !set["sweep-interval"] && fileCfg.SweepInterval != 0 {
-			cfg.SweepInterval = fileCfg.SweepInterval
-		}
-		if !set["log-level"] && fileCfg.LogLevel != "" {
-			cfg.LogLevel = fileCfg.LogLevel
-		}
-		if !set["data-dir"] && fileCfg.DataDir != "" {
-			cfg.DataDir = fileCfg.DataDir
-		}
-		if !set["sync"] && fileCfg.Sync != "" {
-			cfg.Sync = fileCfg.Sync
-		}
-		if !set["sync-interval"] && fileCfg.SyncInterval != 0 {
-			cfg.SyncInterval = fileCfg.SyncInterval
-		}
-		if !set["snapshot-interval"] && fileCfg.SnapshotInterval != 0 {
-			cfg.SnapshotInterval = fileCfg.SnapshotInterval
-		}
-		if !set["snapshot-wal-bytes"] && fileCfg.SnapshotWALBytes != 0 {
-			cfg.SnapshotWALBytes = fileCfg.SnapshotWALBytes
-		}
-		if !set["skip-corrupt"] && fileCfg.SkipCorrupt {
-			cfg.SkipCorrupt = true
-		}
-		for flagName, pair := range map[string][2]*string{
-			"name": {&cfg.Name, &fileCfg.Name}, "advertise": {&cfg.Advertise, &fileCfg.Advertise},
-			"gossip": {&cfg.Gossip, &fileCfg.Gossip}, "gossip-advertise": {&cfg.GossipAdvertise, &fileCfg.GossipAdvertise},
-		} {
-			if !set[flagName] && *pair[1] != "" {
-				*pair[0] = *pair[1]
-			}
-		}
-		if !set["join"] && len(fileCfg.Join) > 0 {
-			cfg.Join = fileCfg.Join
-		}
-		if !set["rejoin-interval"] && fileCfg.RejoinInterval != 0 {
-			cfg.RejoinInterval = fileCfg.RejoinInterval
-		}
+	}
+	var seeds []string
+	if *join != "" {
+		seeds = strings.Split(*join, ",")
 	}
 	policies := map[string]wal.SyncPolicy{"batch": wal.SyncBatch, "interval": wal.SyncInterval, "none": wal.SyncNone}
-	policy, ok := policies[cfg.Sync]
+	policy, ok := policies[*syncPolicy]
 	if !ok {
-		return usagef("sync %q is not one of batch, interval, none", cfg.Sync)
+		return usagef("sync %q is not one of batch, interval, none", *syncPolicy)
 	}
 
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return usagef("log level %q is not one of debug, info, warn, error", cfg.LogLevel)
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usagef("log level %q is not one of debug, info, warn, error", *logLevel)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	rules := node.DefaultRules()
-	if cfg.Rules != "" {
+	if *rulesPath != "" {
 		var err error
-		if rules, err = node.LoadRules(cfg.Rules); err != nil {
+		if rules, err = node.LoadRules(*rulesPath); err != nil {
 			return err
 		}
 	}
 	nc := node.Config{
-		Rules: rules, Shards: cfg.Shards, SweepInterval: cfg.SweepInterval, Logger: logger,
-		DataDir: cfg.DataDir, Sync: policy, SyncInterval: cfg.SyncInterval,
-		SnapshotInterval: cfg.SnapshotInterval, SnapshotWALBytes: cfg.SnapshotWALBytes, SkipCorrupt: cfg.SkipCorrupt,
-		Name: cfg.Name, AdvertiseAddr: cfg.Advertise,
+		Rules: rules, Shards: *shards, SweepInterval: *sweep, Logger: logger,
+		DataDir: *dataDir, Sync: policy, SyncInterval: *syncInterval,
+		SnapshotInterval: *snapInterval, SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt,
+		Name: *name, AdvertiseAddr: *advertise,
 	}
-	if cfg.Gossip != "" || len(cfg.Join) > 0 {
-		gc, err := gossipConfig(cfg.Gossip, cfg.GossipAdvertise, cfg.Join, cfg.RejoinInterval)
+	if *gossipBind != "" || len(seeds) > 0 {
+		gc, err := gossipConfig(*gossipBind, *gossipAdv, seeds, *rejoin)
 		if err != nil {
 			return err
 		}
@@ -171,7 +98,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", cfg.Listen)
+	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
 	}
@@ -210,16 +137,45 @@ func splitHostPort(flagName, hp string) (string, int, error) {
 	return host, p, nil
 }
 
-func readServeConfig(path string) (serveConfig, error) {
-	var c serveConfig
+// applyConfigFile sets from the YAML file at path every flag of fs that the
+// command line did not set. Its keys are the flags' names with underscores
+// for dashes (data_dir: for --data-dir); a list (join) is joined with commas.
+// An unknown key or a bad value is an error naming the file and the key.
+func applyConfigFile(fs *flag.FlagSet, path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return c, err
+		return err
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && err != io.EOF {
-		return c, fmt.Errorf("%s: %v", path, err)
+	var m map[string]any
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("%s: %v", path, err)
 	}
-	return c, nil
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, key := range slices.Sorted(maps.Keys(m)) {
+		name := strings.ReplaceAll(key, "_", "-")
+		if name == "config" || fs.Lookup(name) == nil {
+			return usagef("%s: unknown key %q", path, key)
+		}
+		if set[name] {
+			continue // the command line wins
+		}
+		var v string
+		switch x := m[key].(type) {
+		case []any:
+			parts := make([]string, len(x))
+			for i, p := range x {
+				parts[i] = fmt.Sprint(p)
+			}
+			v = strings.Join(parts, ",")
+		case nil:
+			continue
+		default:
+			v = fmt.Sprint(x)
+		}
+		if err := fs.Set(name, v); err != nil {
+			return usagef("%s: %s: %v", path, key, err)
+		}
+	}
+	return nil
 }
