@@ -142,4 +142,16 @@
 // WriteFileAtomic.
 //
 // A directory must be used by one Log at a time; wal takes no lock on it.
+//
+// # Files
+//
+// wal.go holds Options, Log, Open, Close and the inspection calls (Segments,
+// RemoveBefore, Stats). commit.go is group commit: the two batches, Append,
+// AppendExpected, Expect and Unexpect, Sync and Rotate, and the flusher loop
+// that takes each batch. writer.go is what the flusher does to the files:
+// write and fsync a batch, the SyncInterval loop, sealing (rotate) and cutting
+// segments, the sticky error. reader.go reads segments back: Open's recovery
+// and torn-tail repair, and Replay. spare.go is the preparer of pre-zeroed
+// spare segments. segment.go names, lists and scans segment files (plus
+// WriteFileAtomic); record.go is the record framing.
 package wal

@@ -1,0 +1,260 @@
+package wal
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// batch is one group-commit buffer. Two of them alternate: appends fill the
+// pending one while the flusher writes the other.
+type batch struct {
+	buf    []byte  // framed records
+	n      int     // records in buf
+	sync   bool    // fsync after writing, whatever the policy (Sync)
+	rotate bool    // cut a new segment after writing (Rotate)
+	res    *result // shared by everyone waiting on this batch; nil until the first
+}
+
+func (b *batch) hasWork() bool { return len(b.buf) > 0 || b.sync || b.rotate }
+
+// result is what the flusher tells the waiters of one batch. A new one is
+// made per batch, so a waiter may read it after the batch buffer is reused.
+type result struct {
+	done   chan struct{} // closed when the fields below are set
+	seq    uint64        // segment the batch went to
+	base   int64         // offset of the batch's first byte in that segment
+	err    error         // write or fsync error
+	next   Position      // Rotate: first position of the new segment
+	rotErr error         // Rotate: error cutting the new segment
+}
+
+// result returns the batch's result, making it on first use. Called with mu held.
+func (b *batch) result() *result {
+	if b.res == nil {
+		b.res = &result{done: make(chan struct{})}
+	}
+	return b.res
+}
+
+// Expect announces an Append the caller is about to make, so that a flusher
+// holding a batch waits for it (at most Options.GroupWait) instead of paying
+// one fsync for the batch and another for it. Follow every Expect with
+// exactly one AppendExpected, or with Unexpect. Safe for concurrent use.
+func (l *Log) Expect() { l.expected.Add(1) }
+
+// Unexpect withdraws an announcement that no Append will follow.
+func (l *Log) Unexpect() {
+	l.expected.Add(-1)
+	l.nudge()
+}
+
+// nudge wakes a flusher waiting for announced appends.
+func (l *Log) nudge() {
+	select {
+	case l.arrived <- struct{}{}:
+	default:
+	}
+}
+
+// AppendExpected is Append for a caller that announced it with Expect: the
+// announcement ends when the record joins the batch, or when it fails.
+func (l *Log) AppendExpected(ctx context.Context, payload []byte) (Position, error) {
+	return l.append(ctx, payload, true)
+}
+
+// Append adds payload to the log and returns its position once the batch
+// holding it is written to the OS and, under SyncBatch, fsynced. Concurrent
+// Appends are grouped into one write(2) (and one fsync) per batch. Append
+// copies payload; the caller may reuse it as soon as Append returns.
+//
+// If ctx is done before the record is queued, Append returns ctx.Err() and
+// nothing is written. If ctx is done while Append waits for its batch, Append
+// returns an error wrapping ctx.Err(), and the record may still be written.
+// Close writes every queued record first; an Append still waiting for room in
+// a full batch when Close is called returns ErrClosed and is not written.
+// After a write or fsync error every Append returns that error.
+func (l *Log) Append(ctx context.Context, payload []byte) (Position, error) {
+	return l.append(ctx, payload, false)
+}
+
+func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Position, error) {
+	joined := false
+	if expected {
+		defer func() {
+			if !joined { // failed before joining a batch
+				l.Unexpect()
+			}
+		}()
+	}
+	if len(payload) > MaxPayload {
+		return Position{}, fmt.Errorf("%w: %d bytes, maximum %d", ErrTooLarge, len(payload), MaxPayload)
+	}
+	if err := ctx.Err(); err != nil {
+		return Position{}, err
+	}
+	need := recordHeaderLen + len(payload)
+	l.mu.Lock()
+	for {
+		if l.closed {
+			l.mu.Unlock()
+			return Position{}, ErrClosed
+		}
+		if l.err != nil {
+			err := l.err
+			l.mu.Unlock()
+			return Position{}, err
+		}
+		b := l.pending
+		if b.n == 0 || len(b.buf)+need <= l.opts.MaxBatchBytes {
+			break
+		}
+		// The batch is full: wait until the flusher takes it.
+		if l.room == nil {
+			l.room = make(chan struct{})
+		}
+		room := l.room
+		l.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return Position{}, ctx.Err()
+		}
+		l.mu.Lock()
+	}
+	b := l.pending
+	if !b.hasWork() {
+		l.work.Signal()
+	}
+	rel := int64(len(b.buf))
+	b.buf = appendRecord(b.buf, recData, payload)
+	b.n++
+	if expected {
+		joined = true
+		l.expected.Add(-1)
+		l.nudge()
+	}
+	res := b.result()
+	l.mu.Unlock()
+
+	select {
+	case <-res.done:
+	case <-ctx.Done():
+		return Position{}, fmt.Errorf("wal: append: %w (the record may still be written)", ctx.Err())
+	}
+	if res.err != nil {
+		return Position{}, res.err
+	}
+	return Position{Seq: res.seq, Offset: res.base + rel}, nil
+}
+
+// Sync writes every record queued before the call and fsyncs the active
+// segment, whatever the policy.
+func (l *Log) Sync() error {
+	res, err := l.request(func(b *batch) { b.sync = true })
+	if err != nil {
+		return err
+	}
+	<-res.done
+	return res.err
+}
+
+// Rotate writes every record queued before the call, seals the active segment
+// (fsync) and starts a new one. It returns the position of the new segment's
+// first record: every record whose Append returned before Rotate was called is
+// before it, and every record appended after Rotate returns is at or after it.
+// Concurrent Rotates may share one new segment.
+func (l *Log) Rotate() (Position, error) {
+	res, err := l.request(func(b *batch) { b.rotate = true })
+	if err != nil {
+		return Position{}, err
+	}
+	<-res.done
+	if res.err != nil {
+		return Position{}, res.err
+	}
+	return res.next, res.rotErr
+}
+
+// request marks the pending batch with a flusher action and returns its result.
+func (l *Log) request(mark func(b *batch)) (*result, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, ErrClosed
+	}
+	if l.err != nil {
+		return nil, l.err
+	}
+	mark(l.pending)
+	l.work.Signal()
+	return l.pending.result(), nil
+}
+
+// flushLoop is the one goroutine that writes to the active segment. It takes
+// the whole pending batch, writes it with one write(2), fsyncs it if the
+// policy or a Sync asks, wakes its waiters and goes on with the next batch,
+// which filled up meanwhile. Close stops it and waits for it.
+func (l *Log) flushLoop() {
+	defer close(l.flusherDone)
+	var timer *time.Timer
+	l.mu.Lock()
+	for {
+		for !l.closed && !l.pending.hasWork() {
+			l.work.Wait()
+		}
+		// Group commit: when other callers have announced Appends, gather
+		// for GroupWait before writing, so that one write and one fsync
+		// serve them all (PostgreSQL's commit_delay with commit_siblings).
+		// A lone caller never waits.
+		if wait := l.opts.GroupWait; wait > 0 && l.expected.Load() > 0 && !l.closed {
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			waiting := true
+			for waiting && !l.closed && len(l.pending.buf) < l.opts.MaxBatchBytes {
+				l.mu.Unlock()
+				select {
+				case <-l.arrived:
+				case <-timer.C:
+					waiting = false
+				}
+				l.mu.Lock()
+			}
+			if waiting && !timer.Stop() {
+				<-timer.C
+			}
+			l.stats.groupWaits.Add(1)
+		}
+		b := l.pending
+		if l.spare == nil {
+			panic("BUG: wal: flusher found no spare batch")
+		}
+		l.pending, l.spare = l.spare, nil
+		if l.room != nil {
+			close(l.room)
+			l.room = nil
+		}
+		closing, sticky := l.closed, l.err
+		l.mu.Unlock()
+
+		if l.opts.testHookFlush != nil {
+			l.opts.testHookFlush()
+		}
+		l.flush(b, closing, sticky)
+
+		b.n, b.sync, b.rotate, b.res = 0, false, false, nil
+		if cap(b.buf) > 2*l.opts.MaxBatchBytes {
+			b.buf = nil // after a huge record; do not keep the memory
+		}
+		b.buf = b.buf[:0]
+		l.mu.Lock()
+		l.spare = b
+		if closing {
+			l.mu.Unlock()
+			return
+		}
+	}
+}

@@ -1,0 +1,227 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// flush writes one batch and tells its waiters. Flusher only.
+func (l *Log) flush(b *batch, closing bool, sticky error) {
+	seq, base := l.seq, l.size
+	err := sticky
+	if err == nil && len(b.buf) > 0 {
+		// pwrite at the logical end: over the zeros of a pre-zeroed segment,
+		// or past the end of the file.
+		if _, werr := l.f.WriteAt(b.buf, l.size); werr != nil {
+			err = fmt.Errorf("wal: %w", werr)
+		} else {
+			l.size += int64(len(b.buf))
+			l.end = max(l.end, l.size)
+			l.written.Add(int64(len(b.buf)))
+			l.stats.appends.Add(int64(b.n))
+			l.stats.batches.Add(1)
+			l.stats.bytes.Add(int64(len(b.buf)))
+			l.mu.Lock()
+			l.segs[len(l.segs)-1].Size = l.size
+			l.mu.Unlock()
+			if l.opts.PrepareAfter >= 0 && l.size >= l.opts.PrepareAfter {
+				select { // the preparer may start on the next segment
+				case l.prepWant <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+	if err == nil && (b.sync || closing || (l.opts.Sync == SyncBatch && len(b.buf) > 0)) {
+		if serr := l.fsync(l.f); serr != nil {
+			err = fmt.Errorf("wal: fsync %s: %w", segmentName(l.seq), serr)
+		}
+	}
+	if err != nil && sticky == nil {
+		l.fail(err)
+	}
+
+	res := b.res
+	if res != nil {
+		res.seq, res.base, res.err = seq, base, err
+		if b.rotate {
+			res.rotErr = err
+			if err == nil && !closing {
+				res.next, res.rotErr = l.rotate()
+			} else if closing {
+				res.rotErr = ErrClosed
+			}
+		}
+		close(res.done)
+	}
+
+	switch {
+	case closing:
+		if cerr := l.f.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("wal: %w", cerr)
+		}
+		l.closeErr = err
+	case err == nil && !b.rotate && l.size >= l.opts.SegmentBytes:
+		if _, rerr := l.rotate(); rerr != nil {
+			l.logger.Error("wal: rotation failed; the segment grows until the next try", "file", segmentName(l.seq), "err", rerr)
+		}
+	}
+}
+
+// fail records the first write or fsync error; the log then refuses appends.
+func (l *Log) fail(err error) {
+	l.mu.Lock()
+	if l.err == nil {
+		l.err = err
+		l.logger.Error("wal: log failed; reopen to recover", "err", err)
+	}
+	l.mu.Unlock()
+}
+
+func (l *Log) fsync(f *os.File) error {
+	start := time.Now()
+	err := f.Sync()
+	l.stats.fsyncs.Add(1)
+	l.stats.fsyncNanos.Add(int64(time.Since(start)))
+	return err
+}
+
+func (l *Log) syncDir() error {
+	start := time.Now()
+	err := syncDir(l.opts.Dir)
+	l.stats.fsyncs.Add(1)
+	l.stats.fsyncNanos.Add(int64(time.Since(start)))
+	return err
+}
+
+// syncLoop fsyncs the active segment on every tick when anything was written
+// since the last fsync. Close stops it and waits for it.
+func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
+	defer close(l.syncerDone)
+	defer stop()
+	var synced int64
+	for {
+		select {
+		case <-l.quit:
+			return
+		case <-tick:
+		}
+		// Load written before the file: writes counted in w went to f, or to
+		// a segment that rotation fsynced before closing it.
+		w := l.written.Load()
+		if w == synced {
+			continue
+		}
+		f := l.active.Load()
+		if err := l.fsync(f); err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				synced = w // rotated or closed meanwhile; both fsync first
+				continue
+			}
+			l.fail(fmt.Errorf("wal: fsync %s: %w", filepath.Base(f.Name()), err))
+			return
+		}
+		synced = w
+	}
+}
+
+// rotate seals the active segment (truncate to its logical size if it was
+// pre-zeroed, then fsync) and makes a new one active. If the truncation
+// fails or the new segment cannot be made, the old one stays active and the
+// error is returned; if the fsync fails, the error is returned and also made
+// sticky. Flusher only (or Open before the flusher starts).
+func (l *Log) rotate() (Position, error) {
+	if l.end > l.size {
+		// A sealed segment ends with its last record: drop the unused zeros.
+		if err := l.f.Truncate(l.size); err != nil {
+			return Position{}, fmt.Errorf("wal: truncate %s before rotation: %w", segmentName(l.seq), err)
+		}
+		l.end = l.size
+	}
+	if err := l.fsync(l.f); err != nil {
+		err = fmt.Errorf("wal: fsync %s before rotation: %w", segmentName(l.seq), err)
+		l.fail(err)
+		return Position{}, err
+	}
+	info, f, end, err := l.cut(l.seq + 1)
+	if err != nil {
+		return Position{}, err
+	}
+	old := l.f
+	l.f, l.seq, l.size, l.end = f, info.Seq, info.Size, end
+	l.active.Store(f)
+	l.mu.Lock()
+	l.segs[len(l.segs)-1].Sealed = true
+	l.segs = append(l.segs, info)
+	l.mu.Unlock()
+	if err := old.Close(); err != nil {
+		l.logger.Warn("wal: close sealed segment", "file", old.Name(), "err", err)
+	}
+	l.stats.rotations.Add(1)
+	return info.First, nil
+}
+
+// cut creates segment seq and returns it open for writing, with the file's
+// length. If the preparer has a spare segment ready, cut writes the header at
+// its offset 0, fsyncs it and renames it to <name>; otherwise it writes the
+// header to a new <name>.tmp, fsyncs it and renames that. Either way it then
+// fsyncs the directory (etcd's cut), and it never waits for a spare. A file
+// named <name> is replaced. Flusher only (or Open before the flusher starts).
+func (l *Log) cut(seq uint64) (SegmentInfo, *os.File, int64, error) {
+	path := filepath.Join(l.opts.Dir, segmentName(seq))
+	created := l.opts.Now()
+	hdr := appendSegHeader(make([]byte, 0, segHeaderRecordLen), segHeader{version: formatVersion, seq: seq, created: created})
+	var (
+		f        *os.File
+		tmp      string
+		end      int64
+		prepared bool
+	)
+	select {
+	case f = <-l.prepared:
+		tmp, end, prepared = filepath.Join(l.opts.Dir, spareName), l.opts.SegmentBytes, true
+		defer signal(l.prepFree) // after the rename or the removal: the name is free
+	default:
+		defer signal(l.prepRetry)
+		tmp, end = path+tmpExt, int64(len(hdr))
+		var err error
+		f, err = os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return SegmentInfo{}, nil, 0, fmt.Errorf("wal: cut segment: %w", err)
+		}
+	}
+	_, err := f.WriteAt(hdr, 0)
+	if err == nil {
+		err = l.fsync(f)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil {
+		err = l.syncDir()
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return SegmentInfo{}, nil, 0, fmt.Errorf("wal: cut segment %s: %w", path, err)
+	}
+	if prepared {
+		l.stats.preparedCuts.Add(1)
+	}
+	info := SegmentInfo{
+		Seq: seq, Path: path, Size: int64(len(hdr)), Created: created,
+		First: Position{Seq: seq, Offset: int64(len(hdr))},
+	}
+	return info, f, max(end, info.Size), nil
+}
+
+// signal sends on a channel of capacity 1 unless a signal is already pending.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
