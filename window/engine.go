@@ -84,8 +84,10 @@ type Decision struct {
 // Apply does not allocate once warm. A Scratch is not safe for concurrent
 // use; the store keeps one per shard, guarded by the shard's lock.
 type Scratch struct {
-	st  state
-	out []byte
+	st     state
+	other  state // the second record of Merge
+	merged state // Merge's result
+	out    []byte
 }
 
 // Apply decides it against rec, the current record of one recipient in
@@ -365,4 +367,111 @@ func countAfter(log []int64, bound int64) int {
 		}
 	}
 	return len(log) - lo
+}
+
+// Merge returns the record of one recipient that holds the union of the
+// sends of records a and b (either may be empty), pruned as Apply prunes at
+// the newer record's newest send; nil when nothing is left. Both must carry
+// the same tag. The union keeps, for each log and each millisecond, the
+// larger of the two records' counts of sends at that millisecond: it is
+// exact when, at every millisecond, one record's sends include the other's,
+// as two copies of one recipient's history do (a recipient has one deciding
+// owner at a time), and it never counts a send twice. The returned bytes
+// live in s, valid until the next call with s.
+func (d *Domain) Merge(s *Scratch, a, b []byte) ([]byte, error) {
+	if len(a) == 0 && len(b) == 0 {
+		return nil, nil
+	}
+	if len(a) == 0 {
+		a, b = b, a
+	}
+	if err := s.st.decode(a); err != nil {
+		return nil, err
+	}
+	tag := s.st.tag
+	s.other.reset(tag)
+	if len(b) > 0 {
+		if err := s.other.decode(b); err != nil {
+			return nil, err
+		}
+		if s.other.tag != tag {
+			return nil, fmt.Errorf("%w: records of two recipients (tags %04x and %04x)", ErrInvalid, tag, s.other.tag)
+		}
+	}
+	x, y, m := &s.st, &s.other, &s.merged
+	m.reset(tag)
+	m.newest = max(x.newest, y.newest)
+	if d.recipCap > 0 {
+		m.recip = unionLogs(m.recip[:0], x.recip, y.recip)
+	}
+	if d.contentCap > 0 {
+		for _, c := range x.clogs {
+			var yl []int64
+			for _, o := range y.clogs {
+				if o.fp == c.fp {
+					yl = y.ctimes[o.off : o.off+o.n]
+					break
+				}
+			}
+			off := len(m.ctimes)
+			m.ctimes = unionLogs(m.ctimes, x.ctimes[c.off:c.off+c.n], yl)
+			m.clogs = append(m.clogs, contentLog{fp: c.fp, off: int32(off), n: int32(len(m.ctimes) - off)})
+		}
+		for _, o := range y.clogs {
+			found := false
+			for _, c := range x.clogs {
+				if c.fp == o.fp {
+					found = true
+					break
+				}
+			}
+			if !found {
+				if len(m.clogs) >= MaxContents {
+					return nil, fmt.Errorf("%w: recipient would have more than %d distinct contents inside the content window", ErrFull, MaxContents)
+				}
+				off := len(m.ctimes)
+				m.ctimes = append(m.ctimes, y.ctimes[o.off:o.off+o.n]...)
+				m.clogs = append(m.clogs, contentLog{fp: o.fp, off: int32(off), n: o.n})
+			}
+		}
+	}
+	d.prune(m, m.newest)
+	if len(m.recip) == 0 && len(m.clogs) == 0 {
+		return nil, nil
+	}
+	out := m.encode(s.out[:0])
+	s.out = out
+	if len(out) > MaxRecordBytes {
+		return nil, fmt.Errorf("%w: record would take %d bytes, more than %d", ErrFull, len(out), MaxRecordBytes)
+	}
+	return out, nil
+}
+
+// unionLogs appends to dst the union of two ascending logs: each time as
+// many times as the log that has it more often.
+func unionLogs(dst, a, b []int64) []int64 {
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || (i < len(a) && a[i] < b[j]):
+			dst = append(dst, a[i])
+			i++
+		case i == len(a) || b[j] < a[i]:
+			dst = append(dst, b[j])
+			j++
+		default: // equal: the longer run of this time
+			t := a[i]
+			na, nb := 0, 0
+			for ; i < len(a) && a[i] == t; i++ {
+				na++
+			}
+			for ; j < len(b) && b[j] == t; j++ {
+				nb++
+			}
+			for range max(na, nb) {
+				dst = append(dst, t)
+			}
+		}
+	}
+	return dst
 }
