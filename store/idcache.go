@@ -1,4 +1,4 @@
-package node
+package store
 
 // idCache remembers the request ids of recorded items, so that a retried
 // item is answered from its first decision instead of being recorded again.

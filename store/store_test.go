@@ -1,7 +1,9 @@
-package node
+package store
 
 import (
 	"fmt"
+	"hash/crc32"
+	"hash/fnv"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -11,12 +13,36 @@ import (
 
 const t0 = int64(1_790_000_000_000) // unix ms
 
+// keyOf returns a test recipient's key hash and tag (the node hashes with
+// xxhash64 and CRC-32C; any good hash does here).
+func keyOf(rcp string) (uint64, uint16) {
+	h := fnv.New64a()
+	h.Write([]byte(rcp))
+	k := h.Sum64()
+	return k, uint16(crc32.ChecksumIEEE([]byte(rcp)))
+}
+
+// newTestStore returns a store of n partitions and a Ref of d in it.
+func newTestStore(t testing.TB, d *window.Domain, n int) (*Store, Ref) {
+	t.Helper()
+	st, err := New(Config{Partitions: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, st.Bind(d)
+}
+
+// apply is Apply with the partition computed from the key.
+func apply(st *Store, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (uint64, bool, error) {
+	return st.Apply(st.PartitionOf(storedKey(key)), r, key, tag, now, it, id, dec)
+}
+
 // TestStoreMatchesEngine checks that the store, with its index, slabs and
 // size classes, answers exactly as window.Apply on one plain byte slice per
 // recipient.
 func TestStoreMatchesEngine(t *testing.T) {
 	d, _ := window.NewDomain("default", window.DefaultRules())
-	st := newStore(d, 4, 60_000, 1<<20)
+	st, ref := newTestStore(t, d, 4)
 	rng := rand.New(rand.NewPCG(1, 2))
 	plain := map[string][]byte{}
 	var s window.Scratch
@@ -28,9 +54,9 @@ func TestStoreMatchesEngine(t *testing.T) {
 		if rng.IntN(10) == 0 {
 			it.Mode = window.Peek
 		}
-		key, tag := KeyOf(rcp)
+		key, tag := keyOf(rcp)
 		var got, want window.Decision
-		if _, _, err := st.apply(key, tag, now, it, 0, &got); err != nil {
+		if _, _, err := apply(st, ref, key, tag, now, it, 0, &got); err != nil {
 			t.Fatal(err)
 		}
 		out, err := d.Apply(&s, plain[rcp], tag, now, it, &want)
@@ -44,7 +70,7 @@ func TestStoreMatchesEngine(t *testing.T) {
 			t.Fatalf("op %d %s: store %+v, engine %+v", op, rcp, got, want)
 		}
 	}
-	if s := st.stats(); s.Records != int64(len(plain)) || s.Collisions != 0 {
+	if s := st.Stats(ref); s.Records != int64(len(plain)) || s.Collisions != 0 {
 		t.Fatalf("stats %+v, want %d records", s, len(plain))
 	}
 }
@@ -53,24 +79,24 @@ func TestStoreMatchesEngine(t *testing.T) {
 // hash: the tag must keep their records apart and the collision be counted.
 func TestStoreTellsCollidingRecipientsApart(t *testing.T) {
 	d, _ := window.NewDomain("d", []window.Rule{{Name: "one", Scope: window.ScopeRecipient, Limit: 1, Window: time.Hour}})
-	st := newStore(d, 1, 60_000, 1<<20)
+	st, ref := newTestStore(t, d, 1)
 	const key = 0xdeadbeef
 	var dec window.Decision
 	for _, tag := range []uint16{1, 2} {
-		if _, _, err := st.apply(key, tag, t0, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
+		if _, _, err := apply(st, ref, key, tag, t0, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
 			t.Fatalf("tag %d: first send %+v, %v", tag, dec, err)
 		}
 	}
 	for _, tag := range []uint16{1, 2} {
-		if _, _, err := st.apply(key, tag, t0+1, window.Item{}, 0, &dec); err != nil || dec.Admitted {
+		if _, _, err := apply(st, ref, key, tag, t0+1, window.Item{}, 0, &dec); err != nil || dec.Admitted {
 			t.Fatalf("tag %d: second send %+v, %v; want denied", tag, dec, err)
 		}
 	}
-	if s := st.stats(); s.Records != 2 || s.Collisions != 1 {
+	if s := st.Stats(ref); s.Records != 2 || s.Collisions != 1 {
 		t.Fatalf("stats %+v, want 2 records and 1 collision", s)
 	}
 	// Key 0 is stored as 1; it still works.
-	if _, _, err := st.apply(0, 9, t0, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
+	if _, _, err := apply(st, ref, 0, 9, t0, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
 		t.Fatalf("key 0: %+v %v", dec, err)
 	}
 }
@@ -80,22 +106,22 @@ func TestSweepReclaimsIdleRecords(t *testing.T) {
 		{Name: "a", Scope: window.ScopeRecipient, Limit: 3, Window: time.Minute},
 		{Name: "b", Scope: window.ScopeContent, Limit: 1, Window: time.Hour},
 	})
-	st := newStore(d, 2, 60_000, 1<<20)
+	st, ref := newTestStore(t, d, 2)
 	var dec window.Decision
 	const n = 20_000
 	for i := range n {
-		key, tag := KeyOf(fmt.Sprint(i))
+		key, tag := keyOf(fmt.Sprint(i))
 		at := t0
 		if i%16 == 0 {
 			at = t0 + d.Longest() // one in 16 is newer by a whole window
 		}
-		if _, _, err := st.apply(key, tag, at, window.Item{Content: 5}, 0, &dec); err != nil {
+		if _, _, err := apply(st, ref, key, tag, at, window.Item{Content: 5}, 0, &dec); err != nil {
 			t.Fatal(err)
 		}
 	}
-	before := st.stats()
-	got := sweepAll(t, st, t0) // reclaims records whose newest send is at or before t0
-	after := st.stats()
+	before := st.Stats(ref)
+	got := sweepAll(t, st, ref, t0) // reclaims records whose newest send is at or before t0
+	after := st.Stats(ref)
 	if left := int64(n / 16); int64(got) != n-left || after.Records != left || after.Expired != n-left {
 		t.Fatalf("reclaimed %d, stats %+v; want %d reclaimed and %d left", got, after, n-left, left)
 	}
@@ -105,8 +131,8 @@ func TestSweepReclaimsIdleRecords(t *testing.T) {
 	// The survivors still answer from their records: a repeat of the same
 	// content within the hour is denied.
 	for i := 0; i < n; i += 16 {
-		key, tag := KeyOf(fmt.Sprint(i))
-		if _, _, err := st.apply(key, tag, t0+d.Longest()+1, window.Item{Content: 5}, 0, &dec); err != nil || dec.Admitted {
+		key, tag := keyOf(fmt.Sprint(i))
+		if _, _, err := apply(st, ref, key, tag, t0+d.Longest()+1, window.Item{Content: 5}, 0, &dec); err != nil || dec.Admitted {
 			t.Fatalf("recipient %d after the sweep: %+v, %v; want denied by b", i, dec, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"encoding/binary"
@@ -48,16 +48,17 @@ func benchKey(i int) (uint64, uint16) {
 
 // fillSteady puts n recipients (benchKey(0..n-1)) into st, each with a copy
 // of one of the templates.
-func fillSteady(tb testing.TB, st *store, n int, templates [][]byte) {
+func fillSteady(tb testing.TB, st *Store, r Ref, n int, templates [][]byte) {
 	tb.Helper()
 	buf := make([]byte, 0, 512)
 	for i := range n {
 		key, tag := benchKey(i)
 		rec := append(buf[:0], templates[i%len(templates)]...)
 		binary.LittleEndian.PutUint16(rec, tag)
-		sh := st.shardOf(key)
-		pos, _, other := sh.lookup(key, tag)
-		if err := sh.put(key, pos, rec, other); err != nil {
+		pt := &st.parts[st.PartitionOf(key)]
+		sp := pt.space(r.id, true)
+		pos, _, other := sp.lookup(key, tag)
+		if err := sp.put(key, pos, rec, other); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -65,13 +66,13 @@ func fillSteady(tb testing.TB, st *store, n int, templates [][]byte) {
 
 var benchMode = window.CheckAndRecord
 
-// sweepAll sweeps every shard of st with cutoff.
-func sweepAll(tb testing.TB, st *store, cutoff int64) (reclaimed int) {
-	for i := range st.shards {
+// sweepAll sweeps every partition of st with cutoff.
+func sweepAll(tb testing.TB, st *Store, ref Ref, cutoff int64) (reclaimed int) {
+	for p := range st.Partitions() {
 		for pos := 0; pos >= 0; {
 			var r int
 			var err error
-			if pos, r, err = st.sweep(i, pos, cutoff, sweepBudget); err != nil {
+			if pos, r, err = st.Sweep(p, ref, pos, cutoff, 2048); err != nil {
 				tb.Fatal(err)
 			}
 			reclaimed += r
@@ -84,15 +85,15 @@ func sweepAll(tb testing.TB, st *store, cutoff int64) (reclaimed int) {
 // (index lookup, decode, decide, encode, slot write) on recipients at the
 // seed's steady state, chosen uniformly at random among n.
 //
-//	go test -run '^$' -bench StoreCheck -benchtime 3s ./node
+//	go test -run '^$' -bench StoreCheck -benchtime 3s ./store
 func BenchmarkStoreCheck(b *testing.B) {
 	d, _ := window.NewDomain("default", window.DefaultRules())
 	now := t0 + 86_400_000
 	templates := steadyTemplates(b, d, 1000, now)
 	for _, n := range []int{10_000, 1_000_000, 10_000_000} {
 		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
-			st := newStore(d, 256, 60_000, 1<<20)
-			fillSteady(b, st, n, templates)
+			st, ref := newTestStore(b, d, 0)
+			fillSteady(b, st, ref, n, templates)
 			rng := rand.New(rand.NewPCG(3, 3))
 			var dec window.Decision
 			// Time moves as in the steady state: 30 sends per recipient
@@ -103,7 +104,7 @@ func BenchmarkStoreCheck(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				key, tag := benchKey(rng.IntN(n))
 				at := now + int64(float64(i)*step)
-				if _, _, err := st.apply(key, tag, at, window.Item{Content: uint64(i&7) + 1, Mode: benchMode}, 0, &dec); err != nil {
+				if _, _, err := apply(st, ref, key, tag, at, window.Item{Content: uint64(i&7) + 1, Mode: benchMode}, 0, &dec); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -117,7 +118,7 @@ func BenchmarkStoreCheck(b *testing.B) {
 // full GC cycle (mark and sweep) with all of them live, and its stop-the-world
 // pause.
 //
-//	go test -run '^$' -bench SteadyStateMemory -benchtime 1x ./node
+//	go test -run '^$' -bench SteadyStateMemory -benchtime 1x ./store
 func BenchmarkSteadyStateMemory(b *testing.B) {
 	d, _ := window.NewDomain("default", window.DefaultRules())
 	now := t0 + 86_400_000
@@ -134,22 +135,22 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 				runtime.GC()
 				var before, after runtime.MemStats
 				runtime.ReadMemStats(&before)
-				st := newStore(d, 256, 60_000, 1<<20)
+				st, ref := newTestStore(b, d, 0)
 				if tc.unique {
 					rng := rand.New(rand.NewPCG(9, 9))
 					var dec window.Decision
 					for i := range tc.n {
-						key, tag := KeyOf(fmt.Sprintf("+86%011d", i))
+						key, tag := keyOf(fmt.Sprintf("+86%011d", i))
 						for _, snd := range window.SteadyStateSends(rng, now) {
-							if _, _, err := st.apply(key, tag, snd.At, window.Item{Content: snd.Content}, 0, &dec); err != nil {
+							if _, _, err := apply(st, ref, key, tag, snd.At, window.Item{Content: snd.Content}, 0, &dec); err != nil {
 								b.Fatal(err)
 							}
 						}
 					}
 				} else {
-					fillSteady(b, st, tc.n, templates)
+					fillSteady(b, st, ref, tc.n, templates)
 				}
-				sweepAll(b, st, 0) // reclaims nothing: trims empty slabs, as Serve's sweep does
+				sweepAll(b, st, ref, 0) // reclaims nothing: trims empty slabs, as Serve's sweep does
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				start := time.Now()
@@ -158,7 +159,7 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 				var final runtime.MemStats
 				runtime.ReadMemStats(&final)
 				pause := final.PauseNs[(final.NumGC+255)%256]
-				s := st.stats()
+				s := st.Stats(ref)
 				heap := float64(after.HeapAlloc - before.HeapAlloc)
 				b.ReportMetric(heap/float64(tc.n), "heap-B/recipient")
 				b.ReportMetric(float64(s.IndexBytes)/float64(tc.n), "index-B/recipient")

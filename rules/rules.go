@@ -1,8 +1,10 @@
-package node
+package rules
 
 import (
 	"bytes"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -17,47 +19,55 @@ import (
 )
 
 //go:embed default_rules.yaml
-var defaultRulesYAML []byte
+var defaultYAML []byte
 
-// DefaultRulesYAML returns the embedded default rules file.
-func DefaultRulesYAML() []byte { return slices.Clone(defaultRulesYAML) }
+// DefaultYAML returns the embedded default rules file.
+func DefaultYAML() []byte { return slices.Clone(defaultYAML) }
 
 // MaxDomains is the largest number of domains in one rules file.
 const MaxDomains = 256
 
-// RuleSet is a validated set of domains, by name. It is immutable and safe
+// Set is a validated set of domains, by name. It is immutable and safe
 // for concurrent use.
-type RuleSet struct {
+type Set struct {
 	source  string // file name, or "embedded defaults"
 	domains map[string]*window.Domain
 	names   []string // sorted
+	hash    uint64   // see Hash
 }
 
 // Source names where the rules came from.
-func (rs *RuleSet) Source() string { return rs.source }
+func (rs *Set) Source() string { return rs.source }
 
 // Domain returns the named domain, or nil.
-func (rs *RuleSet) Domain(name string) *window.Domain { return rs.domains[name] }
+func (rs *Set) Domain(name string) *window.Domain { return rs.domains[name] }
+
+// Hash returns a stable 64-bit digest of what the set decides: every
+// domain's name and, in order, each rule's name, scope, limit and window.
+// The source, comments and layout of the file do not count, so two nodes
+// that load equal rules from different files agree. It is the same on every
+// platform and in every version that keeps this encoding (TestHashGolden).
+func (rs *Set) Hash() uint64 { return rs.hash }
 
 // Names returns the domain names, sorted.
-func (rs *RuleSet) Names() []string { return slices.Clone(rs.names) }
+func (rs *Set) Names() []string { return slices.Clone(rs.names) }
 
-// DefaultRules returns the embedded default rules.
-func DefaultRules() *RuleSet {
-	rs, err := ParseRules("embedded defaults", defaultRulesYAML)
+// Default returns the embedded default rules.
+func Default() *Set {
+	rs, err := Parse("embedded defaults", defaultYAML)
 	if err != nil {
 		panic("BUG: embedded default rules: " + err.Error())
 	}
 	return rs
 }
 
-// LoadRules reads and validates a rules file.
-func LoadRules(path string) (*RuleSet, error) {
+// Load reads and validates a rules file.
+func Load(path string) (*Set, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("node: rules: %w", err)
+		return nil, fmt.Errorf("rules: %w", err)
 	}
-	return ParseRules(path, b)
+	return Parse(path, b)
 }
 
 // The YAML shape of a rules file. Unknown fields are errors.
@@ -77,9 +87,9 @@ type ruleSpec struct {
 	Window string `yaml:"window"`
 }
 
-// ParseRules validates the rules file data read from source. Errors read
+// Parse validates the rules file data read from source. Errors read
 // "source:line: what is wrong", naming the domain, the rule and the field.
-func ParseRules(source string, data []byte) (*RuleSet, error) {
+func Parse(source string, data []byte) (*Set, error) {
 	fail := func(line int, format string, args ...any) error {
 		return fmt.Errorf("%s:%d: %s", source, line, fmt.Sprintf(format, args...))
 	}
@@ -105,7 +115,7 @@ func ParseRules(source string, data []byte) (*RuleSet, error) {
 	if len(f.Domains) > MaxDomains {
 		return nil, fail(1, "%d domains, more than %d", len(f.Domains), MaxDomains)
 	}
-	rs := &RuleSet{source: source, domains: make(map[string]*window.Domain, len(f.Domains))}
+	rs := &Set{source: source, domains: make(map[string]*window.Domain, len(f.Domains))}
 	for i, ds := range f.Domains {
 		dn := nodeAt(domainNodes, i)
 		if ds.Name == "" {
@@ -151,6 +161,7 @@ func ParseRules(source string, data []byte) (*RuleSet, error) {
 		rs.names = append(rs.names, ds.Name)
 	}
 	slices.Sort(rs.names)
+	rs.hash = rs.digest()
 	return rs, nil
 }
 
@@ -224,4 +235,32 @@ func fieldLine(m *yaml.Node, field string) int {
 		return v.Line
 	}
 	return line(m)
+}
+
+// digest computes Hash: SHA-256 over a canonical encoding (domains sorted by
+// name; per rule its name, scope, limit and window in ms, length-prefixed),
+// cut to its first 8 bytes.
+func (rs *Set) digest() uint64 {
+	h := sha256.New()
+	var b []byte
+	str := func(s string) {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	b = append(b, "freqring rules v1"...)
+	b = binary.AppendUvarint(b, uint64(len(rs.names)))
+	for _, name := range rs.names {
+		d := rs.domains[name]
+		str(name)
+		b = binary.AppendUvarint(b, uint64(d.NumRules()))
+		for i := range d.NumRules() {
+			r := d.Rule(i)
+			str(r.Name)
+			b = append(b, byte(r.Scope))
+			b = binary.AppendUvarint(b, uint64(r.Limit))
+			b = binary.AppendUvarint(b, uint64(r.WindowMillis()))
+		}
+	}
+	h.Write(b)
+	return binary.BigEndian.Uint64(h.Sum(nil))
 }

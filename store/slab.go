@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"fmt"
@@ -117,7 +117,7 @@ func (s *slab) alloc() (uint32, error) {
 		return i, nil
 	}
 	if s.next == maxSlots {
-		return 0, fmt.Errorf("node: size class of %d bytes holds %d records in one shard, the most it can", s.size, maxSlots)
+		return 0, fmt.Errorf("store: size class of %d bytes holds %d records in one shard, the most it can", s.size, maxSlots)
 	}
 	i := s.next
 	if c, _ := s.locate(i); c == len(s.chunks) {

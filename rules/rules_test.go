@@ -1,4 +1,4 @@
-package node
+package rules
 
 import (
 	"os"
@@ -11,7 +11,7 @@ import (
 )
 
 func TestDefaultRulesAreTheDesignRules(t *testing.T) {
-	rs := DefaultRules()
+	rs := Default()
 	if got := rs.Names(); !reflect.DeepEqual(got, []string{"default"}) {
 		t.Fatalf("domains %v", got)
 	}
@@ -50,40 +50,40 @@ func TestParseRulesErrorsNameFileLineAndField(t *testing.T) {
 		{"not yaml", "domains: [", `r.yaml: `},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseRules("r.yaml", []byte(tc.yaml))
+			_, err := Parse("r.yaml", []byte(tc.yaml))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v\nwant it to contain %q", err, tc.want)
 			}
 		})
 	}
-	rs, err := ParseRules("r.yaml", []byte(good))
+	rs, err := Parse("r.yaml", []byte(good))
 	if err != nil || rs.Domain("sms") == nil {
 		t.Fatalf("good file: %v", err)
 	}
 }
 
-func TestLoadRules(t *testing.T) {
+func TestLoad(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(p, DefaultRulesYAML(), 0o644); err != nil {
+	if err := os.WriteFile(p, DefaultYAML(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rs, err := LoadRules(p)
+	rs, err := Load(p)
 	if err != nil || rs.Source() != p {
 		t.Fatalf("LoadRules: %v", err)
 	}
-	if _, err := LoadRules(p + ".missing"); err == nil || !strings.Contains(err.Error(), "no such file") {
+	if _, err := Load(p + ".missing"); err == nil || !strings.Contains(err.Error(), "no such file") {
 		t.Fatalf("missing file: %v", err)
 	}
 }
 
 // FuzzParseRules: any bytes either parse into domains that validate, or fail
 // with an error that names the source; never a panic.
-func FuzzParseRules(f *testing.F) {
-	f.Add(DefaultRulesYAML())
+func FuzzParse(f *testing.F) {
+	f.Add(DefaultYAML())
 	f.Add([]byte("domains:\n  - name: a\n    rules:\n      - {name: x, scope: recipient, limit: 3, window: 2s}\n"))
 	f.Add([]byte("domains: [{name: a, rules: [{name: x, scope: recipient+content, limit: 1000, window: 744h}]}]"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rs, err := ParseRules("f.yaml", b)
+		rs, err := Parse("f.yaml", b)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "f.yaml") {
 				t.Fatalf("error does not name the file: %v", err)
@@ -98,4 +98,43 @@ func FuzzParseRules(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestHashGolden(t *testing.T) {
+	// The default rules' hash is part of the cluster protocol: nodes compare
+	// it. A change here means nodes of two versions would refuse each other.
+	if got, want := Default().Hash(), uint64(0xaaa88df9ddf89dd7); got != want {
+		t.Fatalf("Default().Hash() = %#x, want %#x", got, want)
+	}
+}
+
+func TestHashIgnoresLayoutNotMeaning(t *testing.T) {
+	base := Default()
+	same, err := Parse("other.yaml", []byte("# a comment\ndomains:\n- name: default\n  rules:\n  - {name: recipient-1m, scope: recipient, limit: 15, window: 60s}\n  - {name: recipient-24h, scope: recipient, limit: 50, window: 1440m}\n  - {name: content-59s, scope: recipient+content, limit: 2, window: 59000ms}\n  - {name: content-59m, scope: recipient+content, limit: 5, window: 59m}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if same.Hash() != base.Hash() {
+		t.Fatalf("equal rules in another layout hash to %#x, want %#x", same.Hash(), base.Hash())
+	}
+	f := func(name, yaml string) {
+		t.Helper()
+		rs, err := Parse(name, []byte(yaml))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if rs.Hash() == base.Hash() {
+			t.Fatalf("%s: hash %#x equals the defaults'", name, rs.Hash())
+		}
+	}
+	f("limit", "domains:\n- name: default\n  rules:\n  - {name: recipient-1m, scope: recipient, limit: 16, window: 1m}\n")
+	f("window", "domains:\n- name: default\n  rules:\n  - {name: recipient-1m, scope: recipient, limit: 15, window: 61s}\n")
+	f("scope", "domains:\n- name: default\n  rules:\n  - {name: recipient-1m, scope: recipient+content, limit: 15, window: 1m}\n")
+	f("rule name", "domains:\n- name: default\n  rules:\n  - {name: r, scope: recipient, limit: 15, window: 1m}\n")
+	f("domain name", "domains:\n- name: sms\n  rules:\n  - {name: recipient-1m, scope: recipient, limit: 15, window: 1m}\n")
+	a, _ := Parse("a", []byte("domains:\n- name: a\n  rules:\n  - {name: x, scope: recipient, limit: 1, window: 1m}\n  - {name: y, scope: recipient, limit: 2, window: 1h}\n"))
+	b, _ := Parse("b", []byte("domains:\n- name: a\n  rules:\n  - {name: y, scope: recipient, limit: 2, window: 1h}\n  - {name: x, scope: recipient, limit: 1, window: 1m}\n"))
+	if a.Hash() == b.Hash() {
+		t.Fatal("rule order changes what a check reports, but not the hash")
+	}
 }

@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"math/rand/v2"

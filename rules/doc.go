@@ -1,0 +1,19 @@
+// Package rules turns a rules file into an immutable rule set: it parses and
+// validates the YAML (errors read "file:line: domain, rule, field and value"),
+// holds the embedded default rules (DESIGN §1: Huawei Cloud's published SMS
+// limits), and gives each set a stable hash that nodes compare across a
+// cluster.
+//
+// A rules file is a list of domains (rule sets), each a list of rules:
+//
+//	domains:
+//	  - name: default
+//	    rules:
+//	      - name: recipient-1m      # unique within the domain
+//	        scope: recipient        # recipient | recipient+content
+//	        limit: 15               # [1, window.MaxLimit]
+//	        window: 1m              # a Go duration, whole ms, [1ms, window.MaxWindow]
+//
+// Unknown fields are errors. A Set is immutable and safe for concurrent use;
+// a reload builds a new one. The package imports window and yaml only.
+package rules

@@ -1,0 +1,60 @@
+// Package store keeps freqring's records in memory: one compact record
+// (package window's format) per recipient and domain, organised by ring
+// partition so that a partition can be listed, exported as an image, merged
+// into another store and dropped without touching the others. It imports
+// window only; partition numbers are the ring's (key % Partitions), given as
+// a count. A Store is safe for concurrent use.
+//
+// # Partitions and locks
+//
+// A Store has Partitions partitions, each with one lock, which guards every
+// record of the partition in every domain, its request ids, its sequence
+// number and its window.Scratch. A check takes exactly one lock. Within a
+// partition each domain has its own space: an open-addressing index (linear
+// probing, backward-shift deletion) of 12-byte entries (a 64-bit key hash
+// and a 32-bit slot reference, grown by half when 85% full) and one slab per
+// size class (8-byte steps to 256 bytes, then ~1/8 steps to
+// window.MaxRecordBytes), of pointer-free chunks that double from 1 KiB to
+// 64 KiB; a record moves to another class when its size does. Nothing per
+// recipient holds a pointer, so a garbage collection costs the same at 10
+// million recipients as at ten.
+//
+// # Domains
+//
+// The domain is an argument of every call, as a Ref from Bind. Records belong
+// to the domain's name: binding a reloaded rule set finds the same records.
+//
+// # Collisions
+//
+// Two recipients whose 64-bit key hashes collide are told apart by a 16-bit
+// tag (the caller's verifier, kept in the record header): the second gets
+// its own index entry with the same key, and the store counts the collision
+// (Stats.Collisions). Only recipients equal in all 80 bits share a record;
+// sharing can deny early, never admit beyond a limit.
+//
+// # Request ids
+//
+// A recorded item's nonzero request id is remembered for IDHorizon in its
+// partition (two generations of integer maps, keyed by id mixed with the
+// recipient's key), so that a retry is answered from the first decision.
+//
+// # Sequence numbers
+//
+// Each partition numbers the sends it records (Apply returns the number).
+// The node writes the number to its WAL beside the send, and a snapshot
+// image carries the partition's number when it was taken, so that a restart
+// replays only the sends the snapshot does not hold.
+//
+// # Images
+//
+// AppendImage writes a partition's records and ids (format in image.go);
+// MergeImage merges one in as a set union of sends (window.Domain.Merge),
+// checking the whole image before it changes anything. Snapshots are a
+// series of images; partition handoff will move them between nodes.
+//
+// # Idle records
+//
+// A record whose newest send is older than its domain's longest window holds
+// nothing any rule counts. Sweep reclaims them a bounded number of index
+// entries at a time; MergeImage skips them.
+package store

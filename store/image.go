@@ -1,0 +1,427 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/freqring/freqring/window"
+)
+
+// ErrBadImage reports partition image bytes that AppendImage did not write.
+var ErrBadImage = errors.New("store: bad partition image")
+
+// A partition image is every record and request id of one partition, for
+// snapshots and for moving a partition to another node. Layout,
+// little-endian:
+//
+//	version     u8   imageVersion
+//	partition   u32  the partition's number
+//	partitions  u32  the store's partition count
+//	seq         u64  the partition's sequence number when the image was taken
+//	domains     u16  count, then each:
+//	  name      u16 length, bytes
+//	  records   u32 count, then each: key u64, length u16, record (window's format)
+//	  ids       u32 count, then each: mixed key u64 (id ^ key*φ), decision time u64 (unix ms)
+//
+// An image has no checksum of its own: it travels inside framed, checksummed
+// containers (snapshot sections, peer messages). Versions may only be added.
+const imageVersion = 1
+
+// AppendImage appends partition p's image to dst and returns it with the
+// number of records it holds. It holds p's lock while it copies.
+func (s *Store) AppendImage(dst []byte, p int) ([]byte, int64) {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	dst = append(dst, imageVersion)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(p))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.parts)))
+	dst = binary.LittleEndian.AppendUint64(dst, pt.seq)
+	var n uint16
+	for _, sp := range pt.spaces {
+		if sp != nil && (sp.records > 0 || sp.ids.len() > 0) {
+			n++
+		}
+	}
+	dst = binary.LittleEndian.AppendUint16(dst, n)
+	var records int64
+	for id, sp := range pt.spaces {
+		if sp == nil || (sp.records == 0 && sp.ids.len() == 0) {
+			continue
+		}
+		name := s.domainName(id)
+		dst = binary.LittleEndian.AppendUint16(dst, uint16(len(name)))
+		dst = append(dst, name...)
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(sp.records))
+		t := &sp.index
+		for pos := range t.len {
+			k := t.key(pos)
+			if k == 0 {
+				continue
+			}
+			r := t.ref(pos)
+			rec := sp.slabs[r.class()].bytes(r.slot()) // the whole slot: a record ignores bytes after it
+			dst = binary.LittleEndian.AppendUint64(dst, k)
+			dst = binary.LittleEndian.AppendUint16(dst, uint16(len(rec)))
+			dst = append(dst, rec...)
+		}
+		records += sp.records
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(sp.ids.len()))
+		for _, gen := range []map[uint64]int64{sp.ids.prev, sp.ids.cur} {
+			for k, at := range gen {
+				dst = binary.LittleEndian.AppendUint64(dst, k)
+				dst = binary.LittleEndian.AppendUint64(dst, uint64(at))
+			}
+		}
+	}
+	return dst, records
+}
+
+// ImageHeader is what an image says about itself.
+type ImageHeader struct {
+	Partition  int    // the partition the image was taken of
+	Partitions int    // the partition count of the store it was taken from
+	Seq        uint64 // that partition's sequence number then
+}
+
+// MergeStats count what MergeImage did.
+type MergeStats struct {
+	Records       int64 // records added or merged
+	Merged        int64 // of Records, merged into a record already here
+	Idle          int64 // records skipped: their newest send was outside every window
+	UnknownDomain int64 // records of a domain bind did not know
+	IDs           int64 // request ids remembered
+	DroppedIDs    int64 // request ids dropped: taken under another partition count, or past the horizon
+}
+
+// MergeImage merges an image into the store as a set union of sends: a
+// recipient that has a record here gets the union of both records'
+// (window.Domain.Merge); one that has none gets the image's record. Records
+// whose newest send is at or before now minus their domain's longest window
+// are skipped. bind resolves a domain name to its Ref; records of names it
+// does not know are skipped and counted. The partition's sequence number is
+// raised to the image's.
+//
+// An image taken under another partition count is spread by key over this
+// store's partitions; its request ids, which cannot be placed, are dropped
+// and counted.
+//
+// The image is checked whole before anything changes: a malformed one
+// returns an error wrapping ErrBadImage and changes nothing. A record that
+// fails to merge (window.ErrCorruptRecord, window.ErrFull) stops the merge
+// there, with the records before it merged.
+func (s *Store) MergeImage(img []byte, now int64, bind func(name string) (Ref, bool)) (ImageHeader, MergeStats, error) {
+	var ms MergeStats
+	h, err := s.checkImage(img)
+	if err != nil {
+		return h, ms, err
+	}
+	sameLayout := h.Partitions == len(s.parts)
+	r := imageReader{b: img[imageHeaderLen:]}
+	nd := int(r.u16())
+	for range nd {
+		name := string(r.take(int(r.u16())))
+		ref, known := bind(name)
+		nrec := int(r.u32())
+		start := r.b
+		for range nrec {
+			r.u64()
+			r.take(int(r.u16()))
+		}
+		recs := start[:len(start)-len(r.b)]
+		nid := int(r.u32())
+		ids := r.take(16 * nid)
+		if !known {
+			ms.UnknownDomain += int64(nrec)
+			ms.DroppedIDs += int64(nid)
+			continue
+		}
+		cutoff := now - ref.rules.Longest()
+		if sameLayout {
+			err = s.mergeRecords(h.Partition, ref, recs, nrec, cutoff, &ms)
+			if err == nil {
+				s.mergeIDs(h.Partition, ref, ids, now, &ms)
+			}
+		} else {
+			err = s.spreadRecords(ref, recs, nrec, cutoff, &ms)
+			ms.DroppedIDs += int64(nid)
+		}
+		if err != nil {
+			return h, ms, err
+		}
+	}
+	if sameLayout {
+		s.RaiseSeq(h.Partition, h.Seq)
+	} else {
+		for p := range s.parts {
+			s.RaiseSeq(p, h.Seq)
+		}
+	}
+	return h, ms, nil
+}
+
+const imageHeaderLen = 1 + 4 + 4 + 8
+
+// checkImage checks the structure of img without changing anything and
+// returns its header.
+func (s *Store) checkImage(img []byte) (ImageHeader, error) {
+	var h ImageHeader
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadImage, fmt.Sprintf(format, args...))
+	}
+	if len(img) < imageHeaderLen+2 {
+		return h, bad("%d bytes, shorter than a header", len(img))
+	}
+	if v := img[0]; v != imageVersion {
+		return h, bad("version %d, this store reads %d", v, imageVersion)
+	}
+	h.Partition = int(binary.LittleEndian.Uint32(img[1:]))
+	h.Partitions = int(binary.LittleEndian.Uint32(img[5:]))
+	h.Seq = binary.LittleEndian.Uint64(img[9:])
+	if h.Partitions < 1 || h.Partitions > MaxPartitions || h.Partition >= h.Partitions {
+		return h, bad("partition %d of %d", h.Partition, h.Partitions)
+	}
+	r := imageReader{b: img[imageHeaderLen:]}
+	nd := int(r.u16())
+	for d := range nd {
+		name := r.take(int(r.u16()))
+		if r.err == nil && len(name) == 0 {
+			return h, bad("domain %d has an empty name", d)
+		}
+		nrec := uint64(r.u32())
+		if nrec > uint64(len(r.b))/10 { // a record takes at least 10 bytes
+			return h, bad("domain %q: %d records in %d bytes", name, nrec, len(r.b))
+		}
+		for i := range nrec {
+			r.u64()
+			n := int(r.u16())
+			rec := r.take(n)
+			if r.err != nil {
+				return h, bad("domain %q record %d: %v", name, i, r.err)
+			}
+			if n == 0 || n > window.MaxRecordBytes {
+				return h, bad("domain %q record %d: %d bytes", name, i, n)
+			}
+			if _, err := window.RecordNewest(rec); err != nil {
+				return h, bad("domain %q record %d: %v", name, i, err)
+			}
+		}
+		nid := uint64(r.u32())
+		if nid > uint64(len(r.b))/16 {
+			return h, bad("domain %q: %d request ids in %d bytes", name, nid, len(r.b))
+		}
+		r.take(int(16 * nid))
+		if r.err != nil {
+			return h, bad("domain %d: %v", d, r.err)
+		}
+	}
+	if r.err != nil {
+		return h, bad("%v", r.err)
+	}
+	if len(r.b) != 0 {
+		return h, bad("%d bytes after the last domain", len(r.b))
+	}
+	return h, nil
+}
+
+// mergeRecords merges n checked records (key, length, bytes) into partition
+// p's space of ref. Into an empty space they go straight in: an image holds
+// each (key, tag) once.
+func (s *Store) mergeRecords(p int, ref Ref, recs []byte, n int, cutoff int64, ms *MergeStats) error {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	sp := pt.space(ref.id, true)
+	fresh := sp.records == 0
+	sp.index.reserve(n)
+	r := imageReader{b: recs}
+	for range n {
+		key := storedKey(r.u64())
+		rec := r.take(int(r.u16()))
+		if err := s.mergeOne(pt, sp, ref, key, rec, cutoff, fresh, ms); err != nil {
+			return fmt.Errorf("store: partition %d domain %q: %w", p, ref.rules.Name(), err)
+		}
+	}
+	return nil
+}
+
+// spreadRecords merges n checked records into the partitions their keys
+// fall in under this store's partition count.
+func (s *Store) spreadRecords(ref Ref, recs []byte, n int, cutoff int64, ms *MergeStats) error {
+	r := imageReader{b: recs}
+	for range n {
+		key := storedKey(r.u64())
+		rec := r.take(int(r.u16()))
+		p := s.PartitionOf(key)
+		pt := &s.parts[p]
+		pt.mu.Lock()
+		err := s.mergeOne(pt, pt.space(ref.id, true), ref, key, rec, cutoff, false, ms)
+		pt.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("store: partition %d domain %q: %w", p, ref.rules.Name(), err)
+		}
+	}
+	return nil
+}
+
+// mergeOne merges one record under its partition's lock. With fresh, the
+// space held nothing when the merge began and no lookup is needed.
+func (s *Store) mergeOne(pt *partition, sp *space, ref Ref, key uint64, rec []byte, cutoff int64, fresh bool, ms *MergeStats) error {
+	newest, err := window.RecordNewest(rec)
+	if err != nil {
+		return err
+	}
+	if newest <= cutoff {
+		ms.Idle++
+		return nil
+	}
+	if fresh {
+		ms.Records++
+		return sp.put(key, -1, rec, false)
+	}
+	tag := window.RecordTag(rec)
+	pos, old, other := sp.lookup(key, tag)
+	if pos >= 0 {
+		out, err := ref.rules.Merge(&pt.scratch, old, rec)
+		if err != nil {
+			return err
+		}
+		ms.Records++
+		ms.Merged++
+		if out == nil { // nothing left inside any window
+			return nil
+		}
+		return sp.put(key, pos, out, false)
+	}
+	ms.Records++
+	return sp.put(key, -1, rec, other)
+}
+
+// mergeIDs remembers, in partition p, the request ids (16 bytes each) that
+// are still inside the horizon at now.
+func (s *Store) mergeIDs(p int, ref Ref, ids []byte, now int64, ms *MergeStats) {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	sp := pt.space(ref.id, true)
+	for len(ids) >= 16 {
+		k, at := binary.LittleEndian.Uint64(ids), int64(binary.LittleEndian.Uint64(ids[8:]))
+		ids = ids[16:]
+		if now-at >= s.idHorizon {
+			ms.DroppedIDs++
+			continue
+		}
+		if _, ok := sp.ids.get(k, now, s.idHorizon); !ok {
+			sp.ids.put(k, at, now, s.idHorizon, s.idCap)
+		}
+		ms.IDs++
+	}
+}
+
+// LoadLegacyIDs remembers request ids of domain ref whose mixed keys (id ^
+// key*φ) were saved without their partition, in partition p: the caller
+// knows they belong there.
+func (s *Store) LoadLegacyIDs(p int, ref Ref, ids []byte, now int64) (kept int64) {
+	var ms MergeStats
+	s.mergeIDs(p, ref, ids, now, &ms)
+	return ms.IDs
+}
+
+// Drop removes every record and request id of partition p and returns the
+// number of records removed. Its sequence number is kept, so that sends it
+// numbers later never reuse a number.
+func (s *Store) Drop(p int) int64 {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	var n int64
+	for _, sp := range pt.spaces {
+		if sp != nil {
+			n += sp.records
+		}
+	}
+	pt.spaces = nil
+	return n
+}
+
+// ForEach calls fn with every record of partition p: its domain, key hash
+// and record bytes (its whole slot, which may run past the record; valid
+// only during the call), under the partition's lock,
+// until fn returns false. fn must not call the store.
+func (s *Store) ForEach(p int, fn func(domain string, key uint64, rec []byte) bool) {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	for id, sp := range pt.spaces {
+		if sp == nil {
+			continue
+		}
+		name := s.domainName(id)
+		t := &sp.index
+		for pos := range t.len {
+			k := t.key(pos)
+			if k == 0 {
+				continue
+			}
+			r := t.ref(pos)
+			rec := sp.slabs[r.class()].bytes(r.slot())
+			if !fn(name, k, rec) {
+				return
+			}
+		}
+	}
+}
+
+// imageReader consumes an image; the first error sticks and reads return 0.
+type imageReader struct {
+	b   []byte
+	err error
+}
+
+func (r *imageReader) fail(what string) {
+	if r.err == nil {
+		r.err = fmt.Errorf("truncated %s", what)
+	}
+	r.b = nil
+}
+
+func (r *imageReader) u16() uint16 {
+	if len(r.b) < 2 {
+		r.fail("u16")
+		return 0
+	}
+	v := binary.LittleEndian.Uint16(r.b)
+	r.b = r.b[2:]
+	return v
+}
+
+func (r *imageReader) u32() uint32 {
+	if len(r.b) < 4 {
+		r.fail("u32")
+		return 0
+	}
+	v := binary.LittleEndian.Uint32(r.b)
+	r.b = r.b[4:]
+	return v
+}
+
+func (r *imageReader) u64() uint64 {
+	if len(r.b) < 8 {
+		r.fail("u64")
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(r.b)
+	r.b = r.b[8:]
+	return v
+}
+
+func (r *imageReader) take(n int) []byte {
+	if n < 0 || len(r.b) < n {
+		r.fail("bytes")
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}

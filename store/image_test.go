@@ -1,0 +1,259 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/freqring/freqring/window"
+)
+
+// peekAll returns the per-rule used counts of every recipient in rcps.
+func peekAll(t *testing.T, st *Store, ref Ref, rcps []string, now int64) map[string][window.MaxRules]int {
+	t.Helper()
+	out := map[string][window.MaxRules]int{}
+	var dec window.Decision
+	for _, rcp := range rcps {
+		key, tag := keyOf(rcp)
+		if _, _, err := apply(st, ref, key, tag, now, window.Item{Mode: window.Peek, Content: 1}, 0, &dec); err != nil {
+			t.Fatal(err)
+		}
+		var used [window.MaxRules]int
+		for i := range dec.NumRules {
+			used[i] = dec.Rules[i].Used
+		}
+		out[rcp] = used
+	}
+	return out
+}
+
+// fill records random sends for n recipients into st and returns their names.
+func fill(t *testing.T, st *Store, ref Ref, rng *rand.Rand, n, sends int, now int64) []string {
+	t.Helper()
+	var rcps []string
+	for i := range n {
+		rcps = append(rcps, fmt.Sprintf("+86%09d", i))
+	}
+	var dec window.Decision
+	for i := range sends {
+		rcp := rcps[rng.IntN(n)]
+		key, tag := keyOf(rcp)
+		if _, _, err := apply(st, ref, key, tag, now+int64(i), window.Item{Content: uint64(rng.IntN(3))}, uint64(i+1), &dec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rcps
+}
+
+func bindTo(refs ...Ref) func(string) (Ref, bool) {
+	return func(name string) (Ref, bool) {
+		for _, r := range refs {
+			if r.Rules().Name() == name {
+				return r, true
+			}
+		}
+		return Ref{}, false
+	}
+}
+
+// TestImageRoundTrip moves every partition of one store into an empty one
+// through images, under the same and under another partition count: every
+// recipient answers the same, and (same count) retried ids stay duplicates.
+func TestImageRoundTrip(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	rng := rand.New(rand.NewPCG(1, 1))
+	src, sref := newTestStore(t, d, 16)
+	rcps := fill(t, src, sref, rng, 500, 5000, t0)
+	now := t0 + 5000
+	want := peekAll(t, src, sref, rcps, now)
+	for _, parts := range []int{16, 7} {
+		dst, dref := newTestStore(t, d, parts)
+		var total int64
+		for p := range src.Partitions() {
+			img, n := src.AppendImage(nil, p)
+			h, ms, err := dst.MergeImage(img, now, bindTo(dref))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Partition != p || h.Partitions != 16 || h.Seq != src.Seq(p) || ms.Records != n {
+				t.Fatalf("partition %d: header %+v stats %+v, want %d records", p, h, ms, n)
+			}
+			if parts != 16 && ms.DroppedIDs == 0 && ms.IDs != 0 {
+				t.Fatalf("ids kept across a partition count change: %+v", ms)
+			}
+			total += n
+		}
+		if s := dst.Stats(dref); s.Records != total || total != src.Stats(sref).Records {
+			t.Fatalf("%d partitions: %d records, want %d", parts, s.Records, total)
+		}
+		if got := peekAll(t, dst, dref, rcps, now); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%d partitions: answers differ after the move", parts)
+		}
+		if parts == 16 && src.Stats(sref).IDs != dst.Stats(dref).IDs {
+			t.Fatalf("ids: %d moved, want %d", dst.Stats(dref).IDs, src.Stats(sref).IDs)
+		}
+	}
+}
+
+// TestMergeImageIsAUnion splits one history between two stores, as an old
+// and a new owner might hold it, and merges one into the other both ways.
+func TestMergeImageIsAUnion(t *testing.T) {
+	d, _ := window.NewDomain("default", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 100, Window: time.Hour}})
+	whole, wref := newTestStore(t, d, 4)
+	a, aref := newTestStore(t, d, 4)
+	b, bref := newTestStore(t, d, 4)
+	rng := rand.New(rand.NewPCG(2, 2))
+	var rcps []string
+	for i := range 50 {
+		rcps = append(rcps, fmt.Sprint("r", i))
+	}
+	var dec window.Decision
+	for i := range 2000 {
+		rcp := rcps[rng.IntN(len(rcps))]
+		key, tag := keyOf(rcp)
+		at := t0 + int64(i)
+		targets := []struct {
+			st  *Store
+			ref Ref
+		}{{whole, wref}}
+		switch rng.IntN(3) {
+		case 0:
+			targets = append(targets, struct {
+				st  *Store
+				ref Ref
+			}{a, aref})
+		case 1:
+			targets = append(targets, struct {
+				st  *Store
+				ref Ref
+			}{b, bref})
+		default:
+			targets = append(targets, struct {
+				st  *Store
+				ref Ref
+			}{a, aref}, struct {
+				st  *Store
+				ref Ref
+			}{b, bref})
+		}
+		for _, tg := range targets {
+			if _, _, err := apply(tg.st, tg.ref, key, tag, at, window.Item{Mode: window.RecordOnly}, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	now := t0 + 2000
+	want := peekAll(t, whole, wref, rcps, now)
+	for p := range 4 {
+		img, _ := b.AppendImage(nil, p)
+		if _, _, err := a.MergeImage(img, now, bindTo(aref)); err != nil {
+			t.Fatal(err)
+		}
+		// Merging the same image again changes nothing.
+		if _, _, err := a.MergeImage(img, now, bindTo(aref)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := peekAll(t, a, aref, rcps, now); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("union differs from the whole history:\n got %v\nwant %v", got, want)
+	}
+}
+
+func TestDropAndForEach(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	st, ref := newTestStore(t, d, 8)
+	rng := rand.New(rand.NewPCG(3, 3))
+	fill(t, st, ref, rng, 200, 1000, t0)
+	var seen int64
+	for p := range 8 {
+		n := st.PartitionStats(p, ref).Records
+		var listed int64
+		st.ForEach(p, func(domain string, key uint64, rec []byte) bool {
+			if domain != "default" || st.PartitionOf(key) != p {
+				t.Fatalf("partition %d lists key %x of domain %q", p, key, domain)
+			}
+			listed++
+			return true
+		})
+		if listed != n {
+			t.Fatalf("partition %d: listed %d of %d", p, listed, n)
+		}
+		seen += n
+	}
+	total := st.Stats(ref).Records
+	if seen != total {
+		t.Fatalf("partitions hold %d, store %d", seen, total)
+	}
+	seq := st.Seq(3)
+	dropped := st.Drop(3)
+	if after := st.Stats(ref).Records; after != total-dropped || st.PartitionStats(3, ref).Records != 0 || st.Seq(3) != seq {
+		t.Fatalf("drop: %d left of %d after dropping %d; seq %d, was %d", after, total, dropped, st.Seq(3), seq)
+	}
+}
+
+// TestBadImageChangesNothing damages an image in many ways: each is refused
+// with ErrBadImage and the store is left as it was.
+func TestBadImageChangesNothing(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	src, sref := newTestStore(t, d, 4)
+	fill(t, src, sref, rand.New(rand.NewPCG(4, 4)), 50, 300, t0)
+	img, _ := src.AppendImage(nil, 1)
+	dst, dref := newTestStore(t, d, 4)
+	for cut := range len(img) {
+		if _, _, err := dst.MergeImage(img[:cut], t0, bindTo(dref)); !errors.Is(err, ErrBadImage) {
+			t.Fatalf("prefix of %d bytes: %v, want ErrBadImage", cut, err)
+		}
+	}
+	for _, bad := range [][]byte{
+		append([]byte{9}, img[1:]...),                   // unknown version
+		append(bytes.Clone(img), 0),                     // trailing byte
+		append(img[:1:1], 0xff, 0xff, 0, 0, 4, 0, 0, 0), // partition out of range
+	} {
+		if _, _, err := dst.MergeImage(bad, t0, bindTo(dref)); !errors.Is(err, ErrBadImage) {
+			t.Fatalf("%x: %v, want ErrBadImage", bad[:min(len(bad), 16)], err)
+		}
+	}
+	if s := dst.Stats(dref); s.Records != 0 || dst.Seq(1) != 0 {
+		t.Fatalf("a refused image changed the store: %+v", s)
+	}
+}
+
+func FuzzMergeImage(f *testing.F) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	src, err := New(Config{Partitions: 2})
+	if err != nil {
+		f.Fatal(err)
+	}
+	sref := src.Bind(d)
+	var dec window.Decision
+	for i := range 20 {
+		key, tag := keyOf(fmt.Sprint(i))
+		apply(src, sref, key, tag, t0+int64(i), window.Item{Content: uint64(i % 3)}, uint64(i), &dec)
+	}
+	for p := range 2 {
+		img, _ := src.AppendImage(nil, p)
+		f.Add(img)
+	}
+	f.Fuzz(func(t *testing.T, img []byte) {
+		dst, _ := New(Config{Partitions: 2})
+		ref := dst.Bind(d)
+		_, _, err := dst.MergeImage(img, t0+100, bindTo(ref))
+		if err != nil {
+			if dst.Stats(ref).Records != 0 && errors.Is(err, ErrBadImage) {
+				t.Fatalf("a refused image changed the store: %v", err)
+			}
+			return
+		}
+		// What was merged can be exported and merged again.
+		for p := range 2 {
+			out, _ := dst.AppendImage(nil, p)
+			again, _ := New(Config{Partitions: 2})
+			if _, _, err := again.MergeImage(out, t0+100, bindTo(again.Bind(d))); err != nil {
+				t.Fatalf("re-export of partition %d does not merge: %v", p, err)
+			}
+		}
+	})
+}

@@ -1,0 +1,411 @@
+package store
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/freqring/freqring/window"
+)
+
+// Config configures a Store. A zero field takes the default named in its
+// comment.
+type Config struct {
+	// Partitions is the number of ring partitions, in [1, MaxPartitions]; 0
+	// means 271 (package ring's default). It must equal the ring's
+	// PartitionCount: key k belongs to partition k % Partitions.
+	Partitions int
+	// IDHorizon is how long the request id of a recorded item is remembered;
+	// 0 means 1 minute.
+	IDHorizon time.Duration
+	// IDCapacity bounds the request ids one domain remembers across all
+	// partitions (about 40 bytes each); 0 means 1,048,576.
+	IDCapacity int
+}
+
+// MaxPartitions is the largest Config.Partitions.
+const MaxPartitions = 1 << 16
+
+// DefaultPartitions is the partition count of a zero Config.
+const DefaultPartitions = 271
+
+func (c *Config) fill() {
+	if c.Partitions == 0 {
+		c.Partitions = DefaultPartitions
+	}
+	if c.IDHorizon == 0 {
+		c.IDHorizon = time.Minute
+	}
+	if c.IDCapacity == 0 {
+		c.IDCapacity = 1 << 20
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Partitions < 1 || c.Partitions > MaxPartitions:
+		return fmt.Errorf("store: Partitions %d out of range [1, %d]", c.Partitions, MaxPartitions)
+	case c.IDHorizon < time.Millisecond:
+		return fmt.Errorf("store: IDHorizon %v is below 1ms", c.IDHorizon)
+	case c.IDCapacity < 1:
+		return fmt.Errorf("store: IDCapacity %d is below 1", c.IDCapacity)
+	}
+	return nil
+}
+
+// Store holds the records of every domain, organised by ring partition with
+// one lock per partition. It is safe for concurrent use.
+type Store struct {
+	parts     []partition
+	idHorizon int64 // ms
+	idCap     int   // ids one partition remembers per domain
+
+	mu     sync.Mutex     // guards names and byName
+	names  []string       // domain id -> name; ids are never reused
+	byName map[string]int // name -> domain id
+}
+
+// partition is one lock's worth of a store: the records of every domain
+// whose keys fall in one ring partition.
+type partition struct {
+	mu      sync.Mutex     // guards every field below and the spaces
+	spaces  []*space       // by domain id; nil until the domain has a record here
+	scratch window.Scratch // working memory of window.Apply
+	seq     uint64         // sends recorded in this partition, ever; numbers each one for the WAL
+	_       [64]byte       // keep neighbouring partitions' locks off one cache line
+}
+
+// space holds one domain's records in one partition.
+type space struct {
+	index      table   // key hash -> slot
+	slabs      []slab  // per size class
+	ids        idCache // request ids of recorded items
+	records    int64   // entries in index
+	collisions int64   // records created for a key whose hash matched another recipient's
+	expired    int64   // records reclaimed by sweep
+}
+
+func newSpace() *space {
+	sp := &space{slabs: make([]slab, len(classSizes))}
+	for c, size := range classSizes {
+		sp.slabs[c] = newSlab(size)
+	}
+	return sp
+}
+
+// New returns an empty store.
+func New(cfg Config) (*Store, error) {
+	cfg.fill()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Store{
+		parts:     make([]partition, cfg.Partitions),
+		idHorizon: cfg.IDHorizon.Milliseconds(),
+		idCap:     max(2, cfg.IDCapacity/cfg.Partitions),
+		byName:    map[string]int{},
+	}, nil
+}
+
+// Partitions returns the number of partitions.
+func (s *Store) Partitions() int { return len(s.parts) }
+
+// PartitionOf returns the partition of key hash key: key % Partitions, the
+// ring's rule.
+func (s *Store) PartitionOf(key uint64) int { return int(key % uint64(len(s.parts))) }
+
+// Ref is a rule domain bound to its records in a store. Records belong to the
+// domain's name, not to its rules: binding new rules of the same name (a
+// reload) finds the same records. The zero Ref is not valid.
+type Ref struct {
+	id    int
+	rules *window.Domain
+}
+
+// Rules returns the domain's rules.
+func (r Ref) Rules() *window.Domain { return r.rules }
+
+// Bind returns the Ref of d's records, by d's name.
+func (s *Store) Bind(d *window.Domain) Ref {
+	return Ref{id: s.domainID(d.Name()), rules: d}
+}
+
+// domainID returns name's id, assigning the next one on first use.
+func (s *Store) domainID(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.byName[name]
+	if !ok {
+		id = len(s.names)
+		s.names = append(s.names, name)
+		s.byName[name] = id
+	}
+	return id
+}
+
+// domainName returns the name of domain id.
+func (s *Store) domainName(id int) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.names[id]
+}
+
+// space returns domain id's space, or nil if it has none (and !create).
+// The partition's lock is held.
+func (pt *partition) space(id int, create bool) *space {
+	if id < len(pt.spaces) && pt.spaces[id] != nil {
+		return pt.spaces[id]
+	}
+	if !create {
+		return nil
+	}
+	for len(pt.spaces) <= id {
+		pt.spaces = append(pt.spaces, nil)
+	}
+	pt.spaces[id] = newSpace()
+	return pt.spaces[id]
+}
+
+// Apply decides it for the recipient with key hash key and verifier tag, in
+// partition p (PartitionOf(key), which the caller has computed), at time now
+// (unix ms), recording it if the decision says so. A recorded item gets
+// seq, its partition's next sequence number (0 if not recorded).
+//
+// A nonzero id that the store recorded for this recipient within the id
+// horizon makes the item a duplicate: nothing is recorded, and dec is the
+// first decision (admitted, recorded, at its time) with per-rule counts as
+// of now.
+func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (seq uint64, dup bool, err error) {
+	key = storedKey(key)
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	sp := pt.space(r.id, false)
+	var pos int = -1
+	var rec []byte
+	var other bool
+	if sp != nil {
+		pos, rec, other = sp.lookup(key, tag)
+		if id != 0 && it.Mode != window.Peek {
+			if at, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok {
+				peek := it
+				peek.Mode = window.Peek
+				if _, err := r.rules.Apply(&pt.scratch, rec, tag, now, peek, dec); err != nil {
+					return 0, false, err
+				}
+				dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At = true, true, -1, 0, at
+				for i := range dec.NumRules {
+					dec.Rules[i].RetryAfter = 0
+				}
+				return 0, true, nil
+			}
+		}
+	}
+	out, err := r.rules.Apply(&pt.scratch, rec, tag, now, it, dec)
+	if err != nil || out == nil {
+		return 0, false, err
+	}
+	if sp == nil {
+		sp = pt.space(r.id, true)
+	}
+	if err := sp.put(key, pos, out, other); err != nil {
+		dec.Recorded = false
+		return 0, false, err
+	}
+	if id != 0 {
+		sp.ids.put(idKey(id, key), dec.At, now, s.idHorizon, s.idCap)
+	}
+	pt.seq++
+	return pt.seq, false, nil
+}
+
+// Insert records it as sent at time at (unix ms) without deciding
+// (window.Insert), for replaying a write-ahead log, and raises partition p's
+// sequence number to seq if it is below. A nonzero id is remembered as of
+// now (unix ms).
+func (s *Store) Insert(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, seq, id uint64, now int64) error {
+	key = storedKey(key)
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	pt.seq = max(pt.seq, seq)
+	sp := pt.space(r.id, true)
+	if id != 0 && now-at < s.idHorizon {
+		sp.ids.put(idKey(id, key), at, now, s.idHorizon, s.idCap)
+	}
+	pos, rec, other := sp.lookup(key, tag)
+	out, err := r.rules.Insert(&pt.scratch, rec, tag, at, it)
+	if err != nil || out == nil {
+		return err
+	}
+	return sp.put(key, pos, out, other)
+}
+
+// Seq returns partition p's sequence number: the number of the last send it
+// recorded.
+func (s *Store) Seq(p int) uint64 {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return pt.seq
+}
+
+// RaiseSeq raises partition p's sequence number to seq if it is below.
+func (s *Store) RaiseSeq(p int, seq uint64) {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	pt.seq = max(pt.seq, seq)
+	pt.mu.Unlock()
+}
+
+// storedKey maps key hash 0, which marks empty index entries, to 1.
+func storedKey(key uint64) uint64 { return max(key, 1) }
+
+// lookup returns the index position and slot of key's record with tag, or -1
+// and nil if there is none; other reports an entry of the same key with
+// another tag (a 64-bit hash collision between two recipients).
+func (sp *space) lookup(key uint64, tag uint16) (pos int, rec []byte, other bool) {
+	for pos = sp.index.find(key, -1); pos >= 0; pos = sp.index.find(key, pos+1) {
+		r := sp.index.ref(pos)
+		rec = sp.slabs[r.class()].bytes(r.slot())
+		if window.RecordTag(rec) == tag {
+			return pos, rec, other
+		}
+		other = true
+	}
+	return -1, nil, other
+}
+
+// put stores rec as key's record: in place when it fits the same size class,
+// else in a new slot. pos is key's index position, or -1 for a new record.
+func (sp *space) put(key uint64, pos int, rec []byte, collision bool) error {
+	c := sizeClass(len(rec))
+	if pos >= 0 {
+		r := sp.index.ref(pos)
+		if r.class() == c {
+			copy(sp.slabs[c].bytes(r.slot()), rec)
+			return nil
+		}
+	}
+	slot, err := sp.slabs[c].alloc()
+	if err != nil {
+		return err
+	}
+	copy(sp.slabs[c].bytes(slot), rec)
+	if pos >= 0 {
+		old := sp.index.ref(pos)
+		sp.slabs[old.class()].release(old.slot())
+		sp.index.setRef(pos, makeRef(c, slot))
+		return nil
+	}
+	sp.index.insert(key, makeRef(c, slot))
+	sp.records++
+	if collision {
+		sp.collisions++
+	}
+	return nil
+}
+
+// Sweep reclaims, in partition p, the records of domain r whose newest send
+// is at or before cutoff (unix ms), visiting at most budget index entries
+// from position from. It returns the position to continue from, or -1 when
+// the partition is done.
+func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next int, reclaimed int, err error) {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	sp := pt.space(r.id, false)
+	if sp == nil {
+		return -1, 0, nil
+	}
+	t := &sp.index
+	end := min(t.len, from+budget)
+	for pos := from; pos < end; {
+		if t.key(pos) == 0 {
+			pos++
+			continue
+		}
+		ref := t.ref(pos)
+		newest, err := window.RecordNewest(sp.slabs[ref.class()].bytes(ref.slot()))
+		if err != nil {
+			return -1, reclaimed, fmt.Errorf("store: partition %d domain %q position %d: %w", p, r.rules.Name(), pos, err)
+		}
+		if newest > cutoff {
+			pos++
+			continue
+		}
+		sp.slabs[ref.class()].release(ref.slot())
+		t.remove(pos) // a later entry may move into pos: look at it again
+		sp.records--
+		sp.expired++
+		reclaimed++
+	}
+	if end < t.len {
+		return end, reclaimed, nil
+	}
+	t.shrink()
+	for c := range sp.slabs {
+		sp.slabs[c].trim()
+	}
+	return -1, reclaimed, nil
+}
+
+// Stats are one domain's counters in a store at one moment.
+type Stats struct {
+	Records          int64 // recipients with a record
+	Collisions       int64 // records created beside another recipient's with the same 64-bit key hash
+	Expired          int64 // records reclaimed because nothing in them was inside any window
+	IDs              int64 // request ids remembered
+	EarlyIDRotations int64 // id generations retired before half the horizon because full
+	IndexBytes       int64 // heap held by the index
+	SlabBytes        int64 // heap held by record slabs, free slots included
+	LiveBytes        int64 // bytes of slots in use
+}
+
+func (a *Stats) add(sp *space) {
+	a.Records += sp.records
+	a.Collisions += sp.collisions
+	a.Expired += sp.expired
+	a.IDs += int64(sp.ids.len())
+	a.EarlyIDRotations += sp.ids.early
+	a.IndexBytes += sp.index.bytes()
+	for c := range sp.slabs {
+		sl := &sp.slabs[c]
+		a.SlabBytes += sl.reserved()
+		a.LiveBytes += int64(int(sl.next)-len(sl.free)) * int64(sl.size)
+	}
+}
+
+// Stats returns domain r's counters over every partition. It takes each
+// partition's lock briefly.
+func (s *Store) Stats(r Ref) Stats {
+	var st Stats
+	for p := range s.parts {
+		st = st.plus(s.PartitionStats(p, r))
+	}
+	return st
+}
+
+// PartitionStats returns domain r's counters in partition p.
+func (s *Store) PartitionStats(p int, r Ref) Stats {
+	var st Stats
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	if sp := pt.space(r.id, false); sp != nil {
+		st.add(sp)
+	}
+	pt.mu.Unlock()
+	return st
+}
+
+func (a Stats) plus(b Stats) Stats {
+	a.Records += b.Records
+	a.Collisions += b.Collisions
+	a.Expired += b.Expired
+	a.IDs += b.IDs
+	a.EarlyIDRotations += b.EarlyIDRotations
+	a.IndexBytes += b.IndexBytes
+	a.SlabBytes += b.SlabBytes
+	a.LiveBytes += b.LiveBytes
+	return a
+}
