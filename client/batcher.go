@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -26,6 +28,36 @@ type batcher struct {
 func newBatcher(c *Client, p *peer) *batcher {
 	return &batcher{c: c, p: p, wake: make(chan struct{}, 1), quit: make(chan struct{})}
 }
+
+// batcher returns p's batcher, starting it on first use.
+func (c *Client) batcher(p *peer) (*batcher, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	if p.b == nil {
+		if c.peers[p.addr] != p {
+			return nil, errMemberLeft // pruned since the caller looked it up
+		}
+		p.b = newBatcher(c, p)
+		c.loops.Add(1)
+		go p.b.loop()
+	}
+	return p.b, nil
+}
+
+// pending is a single Check's item queued on a batcher.
+type pending struct {
+	item     prepared
+	node     string    // the member the item was routed to
+	deadline time.Time // the attempt's; the batch RPC lasts until the latest
+	res      chan outcome
+	gone     atomic.Bool // the caller stopped waiting: do not send it
+}
+
+// errMemberLeft fails the items queued for a member that left the ring.
+var errMemberLeft = errors.New("client: the member left the ring before the item was sent")
 
 // enqueue queues pd. It returns false if the batcher is closed (its member
 // left the ring, or the client closed).

@@ -107,4 +107,18 @@
 // batcher per member in use and the batch RPCs they start. Close cancels and
 // waits for them all and closes every connection; calls in flight and later
 // calls return ErrClosed.
+//
+// # Files
+//
+// client.go holds Config, Client, New, Close and Stats. ring.go learns and
+// follows the ring: the seed rounds of New, the WatchRing loop, refreshes
+// (one fetch shared by concurrent callers), the epoch check of a node's ring,
+// installing a ring and pruning the peers of members that left, and the
+// owner table calls route by. conn.go is the one connection per member
+// address. batcher.go coalesces single Checks into batch RPCs. item.go is
+// what a call carries: Item, Decision, the item errors, validation and
+// request ids. rpc.go is one Check RPC: the columnar request and the checks
+// and decoding of its response. check.go is Check and CheckBatch (splitting
+// by owner, the attempt and its retry). policy.go is the failure policy:
+// deadlines, the refresh before a retry, and degraded answers.
 package client
