@@ -15,7 +15,9 @@
 //
 // It needs a Docker daemon and no registry (the image is FROM scratch). It
 // skips when `docker version` fails, when FREQRING_DOCKER_TESTS=0 or under
-// -short. It takes about a minute on a 2-core machine, the build included:
+// -short, and then prints "deploy/docker: Docker harness skipped: <reason>",
+// also without -v. It takes about a minute on a 2-core machine, the build
+// included:
 //
 //	go test -run . -v -count=1 ./deploy/docker/ -timeout 15m
 //
@@ -37,7 +39,7 @@ import (
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/bench"
-	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/window"
 )
 
@@ -110,7 +112,7 @@ func TestCluster(t *testing.T) {
 	e.createNetwork(ctx)
 	h := &harness{t: t, ctx: ctx, e: e, nodes: map[string]*container{}, conns: map[string]*grpc.ClientConn{},
 		running: map[string]bool{}, load: newLoad(loadSeed),
-		rules: map[string][]window.Rule{"default": node.DefaultRules().Domain("default").Rules()}}
+		rules: map[string][]window.Rule{"default": rules.Default().Domain("default").Rules()}}
 	t.Cleanup(func() {
 		for _, c := range h.conns {
 			c.Close()
@@ -186,16 +188,16 @@ func TestCluster(t *testing.T) {
 	}
 }
 
-// loudSkip skips with the reason on stderr as well as in the test log. go
-// test shows a passing package's output only with -v (or -json), so CI that
-// wants to see the skip runs this package with -v.
+// loudSkip skips with the reason in the test log, and keeps it for TestMain,
+// which prints it in one line that a plain `go test ./...` shows too.
 func loudSkip(t *testing.T, why string) {
 	t.Helper()
 	msg := "SKIPPING the multi-container tests of deploy/docker (" + why + ")"
 	if !strings.Contains(why, "FREQRING_DOCKER_TESTS") && why != "-short" {
 		msg += ": they need a Docker daemon answering `docker version`; FREQRING_DOCKER_TESTS=0 skips them on purpose"
+		why += "; FREQRING_DOCKER_TESTS=0 skips on purpose"
 	}
-	fmt.Fprintf(os.Stderr, "\n!!! %s\n\n", msg)
+	skipReason = why
 	t.Skip(msg)
 }
 
