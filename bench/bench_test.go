@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/freqring/freqring/client"
+	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/window"
 )
 
@@ -92,12 +93,12 @@ func TestRedisTargetsNeverOverAdmit(t *testing.T) {
 // (Not a speed assertion.)
 func TestFreqringSmoke(t *testing.T) {
 	ctx := context.Background()
-	lc, err := StartCluster(ctx, 3, nil, nil)
+	lc, err := nodetest.Start(ctx, nodetest.Config{Size: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lc.Stop()
-	target, err := NewFreqringTarget(ctx, lc.Addrs, "default", 3, client.Config{})
+	defer lc.Close()
+	target, err := NewFreqringTarget(ctx, lc.Addrs(), "default", 3, client.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

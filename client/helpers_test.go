@@ -15,8 +15,8 @@ import (
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/ring"
-	"github.com/freqring/freqring/ring/gossip"
 )
 
 // t0 is the test clock's start, unix ms (2026-09-21).
@@ -28,138 +28,74 @@ type testClock struct{ ns atomic.Int64 }
 func (c *testClock) Now() int64              { return c.ns.Load() }
 func (c *testClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
-// killListener is a listener whose kill closes it and every connection it
-// accepted, as the death of the process would: peers see resets, new
-// connections are refused.
-type killListener struct {
-	net.Listener
-	mu    sync.Mutex // guards conns, dead
-	conns []net.Conn
-	dead  bool
-}
-
-func (l *killListener) Accept() (net.Conn, error) {
-	conn, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.dead {
-		conn.Close()
-		return nil, net.ErrClosed
-	}
-	l.conns = append(l.conns, conn)
-	return conn, nil
-}
-
-func (l *killListener) kill() {
-	l.mu.Lock()
-	l.dead = true
-	conns := l.conns
-	l.conns = nil
-	l.mu.Unlock()
-	l.Listener.Close()
-	for _, c := range conns {
-		c.Close()
-	}
-}
-
 // tnode is one node of an in-process cluster.
 type tnode struct {
-	name   string
-	n      *node.Node
-	addr   string // gRPC
-	gossip int    // gossip port on 127.0.0.1
-	lis    *killListener
-	cancel context.CancelFunc
-	served chan error
-	down   bool
+	m    *nodetest.Member
+	n    *node.Node
+	addr string // gRPC
+	name string
 }
 
-// tcluster runs nodes in this process on 127.0.0.1, each with its own gRPC
-// server (node.Serve) and gossip port, sharing one clock and rule set.
+// tcluster runs nodes in this process on 127.0.0.1 (nodetest), each with
+// its own gRPC server and gossip port, sharing one clock.
 type tcluster struct {
 	tb    testing.TB
-	clk   node.Clock // nil: the system clock
-	rules *node.RuleSet
+	lc    *nodetest.Cluster
 	nodes []*tnode
-}
-
-// fastGossip detects a crashed member in about a second on one host.
-func fastGossip() gossip.Config {
-	return gossip.Config{
-		BindAddr: "127.0.0.1", DeadNodeReclaimTime: 200 * time.Millisecond, RejoinInterval: -1,
-		ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond, SuspicionMult: 2,
-		GossipInterval: 50 * time.Millisecond,
-	}
 }
 
 // newCluster starts size nodes, n0 to n<size-1>, and waits until they agree
 // on a ring of all of them. clk nil means the system clock.
 func newCluster(tb testing.TB, size int, clk node.Clock) *tcluster {
 	tb.Helper()
-	c := &tcluster{tb: tb, clk: clk, rules: node.DefaultRules()}
-	tb.Cleanup(c.stopAll)
-	for i := range size {
-		c.add(fmt.Sprintf("n%d", i))
+	lc, err := nodetest.Start(context.Background(), nodetest.Config{Size: size, Clock: clk, NamePrefix: "n",
+		Node: func(cfg *node.Config) { cfg.SweepInterval = -1 }})
+	if err != nil {
+		tb.Fatal(err)
 	}
-	c.waitConverged(size)
+	c := &tcluster{tb: tb, lc: lc}
+	tb.Cleanup(c.stopAll)
+	for _, m := range lc.Members() {
+		c.nodes = append(c.nodes, &tnode{m: m, n: m.Node, addr: m.Addr, name: m.Name})
+	}
 	return c
 }
 
-// add starts a node that joins the running ones (or forms a cluster alone).
+// add starts a node that joins the running ones; nodetest names it n<i>
+// for the i-th node started, which name must be.
 func (c *tcluster) add(name string) *tnode {
-	tb := c.tb
-	tb.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	c.tb.Helper()
+	m, err := c.lc.Add(context.Background())
 	if err != nil {
-		tb.Fatal(err)
+		c.tb.Fatal(err)
 	}
-	gc := fastGossip()
-	gc.BindPort = freePort(tb)
-	for _, n := range c.up() {
-		gc.Join = append(gc.Join, fmt.Sprintf("127.0.0.1:%d", n.gossip))
+	if m.Name != name {
+		c.tb.Fatalf("started %s, want %s", m.Name, name)
 	}
-	n, err := node.New(node.Config{Name: name, Rules: c.rules, Clock: c.clk, Shards: 4, SweepInterval: -1, Cluster: &gc})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tn := &tnode{name: name, n: n, addr: lis.Addr().String(), gossip: gc.BindPort, lis: &killListener{Listener: lis}, cancel: cancel, served: make(chan error, 1)}
-	go func() { tn.served <- n.Serve(ctx, tn.lis) }()
-	c.nodes = append(c.nodes, tn)
-	waitServing(tb, tn.addr)
-	return tn
+	n := &tnode{m: m, n: m.Node, addr: m.Addr, name: m.Name}
+	c.nodes = append(c.nodes, n)
+	return n
 }
 
 // leave stops a node gracefully: it leaves the ring, then stops serving.
 func (c *tcluster) leave(n *tnode) {
-	if n.down {
-		return
+	if err := c.lc.Stop(n.m); err != nil {
+		c.tb.Errorf("stopping %s: %v", n.name, err)
 	}
-	n.down = true
-	n.cancel()
-	<-n.served
 }
 
 // kill stops a node as a crash would: its connections reset, its gossip
 // stops without a word.
 func (c *tcluster) kill(n *tnode) {
-	if n.down {
-		return
+	if err := c.lc.Kill(n.m); err != nil {
+		c.tb.Errorf("killing %s: %v", n.name, err)
 	}
-	n.down = true
-	n.lis.kill()
-	<-n.served // Serve returns when its listener fails, after closing the node
-	n.cancel()
 }
 
-// stopAll stops every node that is up, one after the other: a node leaves
-// fastest while its peers are there to hear it.
+// stopAll stops every node that is up, one after the other.
 func (c *tcluster) stopAll() {
-	for _, n := range c.up() {
-		c.leave(n)
+	if err := c.lc.Close(); err != nil {
+		c.tb.Errorf("stopping the cluster: %v", err)
 	}
 }
 
@@ -167,20 +103,14 @@ func (c *tcluster) stopAll() {
 func (c *tcluster) up() []*tnode {
 	var out []*tnode
 	for _, n := range c.nodes {
-		if !n.down {
+		if !n.m.Down() {
 			out = append(out, n)
 		}
 	}
 	return out
 }
 
-func (c *tcluster) addrs() []string {
-	var out []string
-	for _, n := range c.up() {
-		out = append(out, n.addr)
-	}
-	return out
-}
+func (c *tcluster) addrs() []string { return c.lc.Addrs() }
 
 func (c *tcluster) byName(name string) *tnode {
 	for _, n := range c.nodes {
@@ -201,60 +131,14 @@ func (c *tcluster) forwardedOut() map[string]int64 {
 	return out
 }
 
-// waitConverged waits, through a WatchRing stream to each running node, until
-// they all report the same ring of want members, and returns its epoch.
+// waitConverged waits until every running node reports the same ring of
+// want members, and returns its epoch.
 func (c *tcluster) waitConverged(want int) uint64 {
-	tb := c.tb
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	up := c.up()
-	type update struct {
-		i       int
-		epoch   uint64
-		members int
+	c.tb.Helper()
+	if err := c.lc.WaitConverged(context.Background(), want); err != nil {
+		c.tb.Fatal(err)
 	}
-	updates := make(chan update)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	for i, n := range up {
-		conn := dial(tb, n.addr)
-		defer conn.Close()
-		stream, err := pb.NewLimiterClient(conn).WatchRing(ctx, &pb.RingRequest{})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		wg.Go(func() {
-			for {
-				r, err := stream.Recv()
-				if err != nil {
-					return
-				}
-				select {
-				case updates <- update{i, r.Epoch, len(r.Members)}:
-				case <-ctx.Done():
-					return
-				}
-			}
-		})
-	}
-	latest := make([]update, len(up))
-	for {
-		select {
-		case u := <-updates:
-			latest[u.i] = u
-		case <-ctx.Done():
-			tb.Fatalf("rings did not converge on %d members: %+v", want, latest)
-		}
-		ok := true
-		for _, u := range latest {
-			ok = ok && u.members == want && u.epoch == latest[0].epoch
-		}
-		if ok {
-			return latest[0].epoch
-		}
-	}
+	return c.up()[0].n.Ring().Epoch()
 }
 
 // waitClientEpoch waits until cl routes by the ring of epoch.

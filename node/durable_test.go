@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/wal"
 )
 
@@ -44,11 +45,11 @@ func (c *testClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 func durableConfig(t testing.TB, dir string, clk Clock) Config {
 	t.Helper()
-	rs, err := ParseRules("test", []byte(durableRules))
+	rs, err := rules.Parse("test", []byte(durableRules))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Config{Rules: rs, Clock: clk, Shards: 4, DataDir: dir, SnapshotInterval: -1, SnapshotWALBytes: -1, SweepInterval: -1}
+	return Config{Rules: rs, Clock: clk, DataDir: dir, SnapshotInterval: -1, SnapshotWALBytes: -1, SweepInterval: -1}
 }
 
 func openNode(t testing.TB, cfg Config) *Node {

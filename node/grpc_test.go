@@ -15,6 +15,7 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/bench"
 	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/window"
 )
 
@@ -70,13 +71,13 @@ func startServer(t *testing.T, n *node.Node) pb.LimiterClient {
 // two domains through gRPC while the clock races ahead; replaying every
 // admitted send against the rules must find no window above its limit.
 func TestConcurrentChecksNeverOverAdmit(t *testing.T) {
-	rs, err := node.ParseRules("test", []byte(testRules))
+	rs, err := rules.Parse("test", []byte(testRules))
 	if err != nil {
 		t.Fatal(err)
 	}
 	clk := &steppingClock{}
 	clk.ns.Store(1_790_000_000_000 * 1e6)
-	n, err := node.New(node.Config{Rules: rs, Clock: clk, Shards: 2})
+	n, err := node.New(node.Config{Rules: rs, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

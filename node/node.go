@@ -2,11 +2,9 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"log/slog"
-	"math/bits"
 	"os"
 	"sort"
 	"sync"
@@ -15,12 +13,12 @@ import (
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
 	"github.com/freqring/freqring/ring/gossip"
+	"github.com/freqring/freqring/rules"
+	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
 )
@@ -47,8 +45,7 @@ func (systemClock) Now() int64 { return time.Now().UnixNano() }
 // Config configures a Node. A zero field takes the default named in its
 // comment.
 type Config struct {
-	Rules         *RuleSet      // nil means the embedded default rules (DefaultRules)
-	Shards        int           // lock shards per domain, a power of two in [1, 65536]; 0 means 256
+	Rules         *rules.Set    // nil means the embedded default rules (rules.Default)
 	SweepInterval time.Duration // how often idle records are reclaimed; 0 means 1 minute, negative disables
 	Clock         Clock         // nil means the system clock
 	Logger        *slog.Logger  // nil means discard
@@ -92,8 +89,12 @@ type Config struct {
 	// nil means a cluster of this node alone.
 	Cluster *gossip.Config
 	// Placement is the ring's placement; every node and client of a cluster
-	// must use the same. The zero value means package ring's defaults.
+	// must use the same. The zero value means package ring's defaults. The
+	// store has one lock per partition (Placement.PartitionCount).
 	Placement ring.Config
+	// Peers reaches other nodes; nil means gRPC (GRPCPeers). In-process
+	// clusters pass a LocalNetwork's peers.
+	Peers Peers
 
 	// IdempotencyWindow is how long the request id of a recorded item is
 	// remembered, so that a retry is not recorded twice; 0 means 1 minute.
@@ -106,10 +107,13 @@ type Config struct {
 
 func (c *Config) fill() {
 	if c.Rules == nil {
-		c.Rules = DefaultRules()
+		c.Rules = rules.Default()
 	}
-	if c.Shards == 0 {
-		c.Shards = 256
+	if c.Placement.PartitionCount == 0 {
+		c.Placement.PartitionCount = ring.DefaultPartitionCount
+	}
+	if c.Placement.ReplicationFactor == 0 {
+		c.Placement.ReplicationFactor = ring.DefaultReplicationFactor
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = time.Minute
@@ -141,8 +145,14 @@ func (c *Config) fill() {
 }
 
 func (c *Config) validate() error {
-	if c.Shards < 1 || c.Shards > 1<<16 || bits.OnesCount(uint(c.Shards)) != 1 {
-		return fmt.Errorf("node: Shards %d is not a power of two in [1, 65536]", c.Shards)
+	if _, err := ring.New(nil, c.Placement); err != nil {
+		return fmt.Errorf("node: Placement: %w", err)
+	}
+	if c.IdempotencyWindow < 0 {
+		return fmt.Errorf("node: IdempotencyWindow %v is negative", c.IdempotencyWindow)
+	}
+	if c.IdempotencyCapacity < 0 {
+		return fmt.Errorf("node: IdempotencyCapacity %d is negative", c.IdempotencyCapacity)
 	}
 	return nil
 }
@@ -150,10 +160,10 @@ func (c *Config) validate() error {
 // Node decides checks against its rules over in-memory records. It is safe
 // for concurrent use.
 type Node struct {
-	cfg     Config
-	log     *slog.Logger
-	domains map[string]*domainState
-	longest int64 // longest window of any domain, ms
+	cfg   Config
+	log   *slog.Logger
+	store *store.Store
+	view  atomic.Pointer[view] // the rules in force and their bindings to the store
 
 	ready     atomic.Bool // Check decides; false until Open has recovered, and after Close
 	opened    bool
@@ -164,16 +174,27 @@ type Node struct {
 	encoders  sync.Pool      // *walEncoder
 
 	clus    atomic.Pointer[cluster] // set by Open; RPCs may read it before
+	peers   Peers
 	started time.Time
 
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
 }
 
-// domainState is one domain's rules, records and API description.
-type domainState struct {
+// view is a rule set bound to the node's store: what a Check reads, through
+// one atomic pointer, so that a reload swaps rules without moving records.
+// It is immutable.
+type view struct {
+	rules   *rules.Set
+	domains map[string]*domainView
+	names   []string // sorted
+	longest int64    // longest window of any domain, ms
+}
+
+// domainView is one domain's rules, records and API description.
+type domainView struct {
 	d     *window.Domain
-	store *store
+	ref   store.Ref
 	proto *pb.Domain // shared by every response; never modified
 }
 
@@ -183,18 +204,36 @@ func New(cfg Config) (*Node, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), domains: make(map[string]*domainState), started: time.Now()}
-	for _, name := range cfg.Rules.Names() {
-		d := cfg.Rules.Domain(name)
-		n.domains[name] = &domainState{d: d, store: n.newStore(d), proto: domainProto(d)}
-		n.longest = max(n.longest, d.Longest())
+	st, err := store.New(store.Config{Partitions: cfg.Placement.PartitionCount,
+		IDHorizon: cfg.IdempotencyWindow, IDCapacity: cfg.IdempotencyCapacity})
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
 	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), store: st, peers: cfg.Peers, started: time.Now()}
+	if n.peers == nil {
+		n.peers = GRPCPeers()
+	}
+	n.view.Store(n.bind(cfg.Rules))
 	return n, nil
 }
 
-// newStore returns an empty store for d under the node's config.
-func (n *Node) newStore(d *window.Domain) *store {
-	return newStore(d, n.cfg.Shards, n.cfg.IdempotencyWindow.Milliseconds(), n.cfg.IdempotencyCapacity)
+// bind binds a rule set to the node's store.
+func (n *Node) bind(rs *rules.Set) *view {
+	v := &view{rules: rs, domains: map[string]*domainView{}, names: rs.Names()}
+	for _, name := range v.names {
+		d := rs.Domain(name)
+		v.domains[name] = &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d)}
+		v.longest = max(v.longest, d.Longest())
+	}
+	return v
+}
+
+// bindName resolves a domain name for store.MergeImage.
+func (v *view) bindName(name string) (store.Ref, bool) {
+	if dv := v.domains[name]; dv != nil {
+		return dv.ref, true
+	}
+	return store.Ref{}, false
 }
 
 func domainProto(d *window.Domain) *pb.Domain {
@@ -229,294 +268,12 @@ func ContentHash(content []byte) uint64 {
 	return max(xxhash.Sum64(content), 1)
 }
 
-// column returns entry i of a per-item column of 0, 1 or n entries.
-func column[T any](c []T, i int, def T) T {
-	switch len(c) {
-	case 0:
-		return def
-	case 1:
-		return c[0]
-	}
-	return c[i]
-}
-
-// checkShape validates a request's columns: it fails whole if they are not
-// well formed.
-func checkShape(req *pb.CheckRequest) error {
-	n := len(req.Recipients)
-	if n == 0 || n > MaxBatch {
-		return status.Errorf(codes.InvalidArgument, "recipients: %d items, want 1 to %d", n, MaxBatch)
-	}
-	for _, c := range []struct {
-		name string
-		len  int
-	}{
-		{"domains", len(req.Domains)}, {"contents", len(req.Contents)},
-		{"content_hashes", len(req.ContentHashes)}, {"costs", len(req.Costs)},
-		{"modes", len(req.Modes)}, {"request_ids", len(req.RequestIds)},
-	} {
-		if c.len > 1 && c.len != n {
-			return status.Errorf(codes.InvalidArgument, "%s: %d entries, want 0, 1 or %d (one per recipient)", c.name, c.len, n)
-		}
-	}
-	if len(req.Contents) > 0 && len(req.ContentHashes) > 0 {
-		return status.Error(codes.InvalidArgument, "contents and content_hashes: set at most one of them")
-	}
-	return nil
-}
-
-// itemError is one failed item: a gRPC code and a message naming the field.
-type itemError struct {
-	code codes.Code
-	msg  string
-}
-
-func badItem(format string, args ...any) *itemError {
-	return &itemError{codes.InvalidArgument, fmt.Sprintf(format, args...)}
-}
-
-// quote shows a recipient in an error, cut to 40 bytes.
-func quote(s string) string {
-	if len(s) > 40 {
-		return fmt.Sprintf("%q... (%d bytes)", s[:40], len(s))
-	}
-	return fmt.Sprintf("%q", s)
-}
-
-// item decodes and validates item i of req.
-func (n *Node) item(req *pb.CheckRequest, i int) (*domainState, window.Item, *itemError) {
-	var it window.Item
-	rcp := req.Recipients[i]
-	if rcp == "" {
-		return nil, it, badItem("recipients[%d]: empty recipient", i)
-	}
-	if len(rcp) > MaxRecipientBytes {
-		return nil, it, badItem("recipients[%d]: %d bytes, more than %d", i, len(rcp), MaxRecipientBytes)
-	}
-	name := column(req.Domains, i, "")
-	if name == "" {
-		name = DefaultDomain
-	}
-	ds := n.domains[name]
-	if ds == nil {
-		return nil, it, badItem("domains[%d]: unknown domain %s (this node serves %v)", i, quote(name), n.cfg.Rules.names)
-	}
-	if len(req.Contents) > 0 {
-		c := column(req.Contents, i, nil)
-		if len(c) > MaxContentBytes {
-			return nil, it, badItem("contents[%d]: %d bytes, more than %d", i, len(c), MaxContentBytes)
-		}
-		it.Content = ContentHash(c)
-	} else {
-		it.Content = column(req.ContentHashes, i, 0)
-	}
-	cost := column(req.Costs, i, 1)
-	if cost < 1 || cost > window.MaxCost {
-		return nil, it, badItem("costs[%d]: cost %d out of range [1, %d]", i, cost, window.MaxCost)
-	}
-	it.Cost = int(cost)
-	mode := column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD)
-	switch mode {
-	case pb.Mode_MODE_CHECK_AND_RECORD:
-		it.Mode = window.CheckAndRecord
-	case pb.Mode_MODE_PEEK:
-		it.Mode = window.Peek
-	case pb.Mode_MODE_RECORD_ONLY:
-		it.Mode = window.RecordOnly
-	default:
-		return nil, it, badItem("modes[%d]: unknown mode %d", i, int32(mode))
-	}
-	return ds, it, nil
-}
-
-// Check answers Limiter.Check. The items this node owns are decided here,
-// the others are forwarded in one call per owner, and the answers come back
-// in request order. With a DataDir, the sends it records are in the WAL
-// before it returns.
-func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
-	t := n.announce()
-	defer t.cancel()
-	if err := n.admit(ctx, req); err != nil {
-		return nil, err
-	}
-	r := n.clus.Load().ring()
-	if r.Len() > 1 {
-		if groups := n.route(req, r); groups != nil {
-			return n.checkRouted(ctx, req, r, groups, t)
-		}
-	}
-	return n.decide(ctx, req, r, false, t)
-}
-
-// walTicket is a WAL append that a call announced as soon as it arrived (wal
-// Expect), so that the group commit in progress waits for it; the call makes
-// it or withdraws it, once. A nil ticket (no WAL) does nothing.
-type walTicket struct {
-	log  *wal.Log
-	used bool
-}
-
-// announce returns a ticket for this call's WAL append, or nil without a WAL.
-func (n *Node) announce() *walTicket {
-	if n.dur == nil {
-		return nil
-	}
-	n.dur.log.Expect()
-	return &walTicket{log: n.dur.log}
-}
-
-// cancel withdraws the announcement unless the append was made.
-func (t *walTicket) cancel() {
-	if t != nil && !t.used {
-		t.used = true
-		t.log.Unexpect()
-	}
-}
-
-// admit refuses calls the node cannot take: before Open, after Close, and
-// malformed batches.
-func (n *Node) admit(ctx context.Context, req *pb.CheckRequest) error {
-	if !n.ready.Load() {
-		return status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
-	}
-	if err := checkShape(req); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return status.FromContextError(err).Err()
-	}
-	return nil
-}
-
-// newResponse returns an empty response with room for n items.
-func newResponse(n int) *pb.CheckResponse {
-	return &pb.CheckResponse{
-		Admitted:         make([]bool, n),
-		Recorded:         make([]bool, n),
-		DeniedBy:         make([]int32, n),
-		RetryAfterMs:     make([]int64, n),
-		DecidedAtMs:      make([]int64, n),
-		Used:             make([]uint32, 0, n*4),
-		Remaining:        make([]uint32, 0, n*4),
-		RuleRetryAfterMs: make([]int64, 0, n*4),
-		RuleCounts:       make([]uint32, n),
-		Domains:          make(map[string]*pb.Domain, 1),
-	}
-}
-
-// decide decides every item of req here, in order, at one clock reading.
-// With mustOwn, an item this node does not own under r fails with
-// UNAVAILABLE: the caller routed by a stale ring.
-func (n *Node) decide(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, mustOwn bool, t *walTicket) (*pb.CheckResponse, error) {
-	cnt := len(req.Recipients)
-	resp := newResponse(cnt)
-	resp.RingEpoch = r.Epoch()
-	now := n.nowMs()
-	var dec window.Decision
-	var admitted, denied, failed int64
-	var enc *walEncoder
-	if t != nil {
-		enc, _ = n.encoders.Get().(*walEncoder)
-		if enc == nil {
-			enc = new(walEncoder)
-		}
-		enc.reset()
-		defer n.encoders.Put(enc)
-	}
-	for i := range cnt {
-		resp.DeniedBy[i] = -1
-		ds, it, ierr := n.item(req, i)
-		if ierr == nil {
-			key, tag := KeyOf(req.Recipients[i])
-			id := column(req.RequestIds, i, 0)
-			if owner := r.PartitionOwner(r.PartitionHash(key)); mustOwn && owner.Name != n.cfg.Name {
-				ierr = &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
-					quote(req.Recipients[i]), n.cfg.Name, r.Epoch(), owner.Name)}
-			} else if seq, dup, err := ds.store.apply(key, tag, now, it, id, &dec); err != nil {
-				ierr = n.applyError(req, i, err)
-			} else if dup {
-				resp.Duplicates = append(resp.Duplicates, uint32(i))
-			} else if dec.Recorded && enc != nil {
-				enc.add(walSend{domain: ds.d.Name(), key: key, tag: tag, seq: seq, at: dec.At, content: it.Content, cost: it.Cost, id: id})
-			}
-		}
-		if ierr != nil {
-			failed++
-			resp.DecidedAtMs[i] = now
-			resp.Errors = append(resp.Errors, &pb.ItemError{Index: uint32(i), Code: uint32(ierr.code), Message: ierr.msg})
-			continue
-		}
-		resp.Domains[ds.d.Name()] = ds.proto
-		if dec.Admitted {
-			admitted++
-		} else {
-			denied++
-		}
-		resp.Admitted[i] = dec.Admitted
-		resp.Recorded[i] = dec.Recorded
-		resp.DeniedBy[i] = int32(dec.DeniedBy)
-		resp.RetryAfterMs[i] = dec.RetryAfter
-		resp.DecidedAtMs[i] = dec.At
-		resp.RuleCounts[i] = uint32(dec.NumRules)
-		for _, r := range dec.Rules[:dec.NumRules] {
-			resp.Used = append(resp.Used, uint32(r.Used))
-			resp.Remaining = append(resp.Remaining, uint32(r.Remaining))
-			resp.RuleRetryAfterMs = append(resp.RuleRetryAfterMs, r.RetryAfter)
-		}
-	}
-	n.checks.Add(int64(cnt))
-	n.admitted.Add(admitted)
-	n.denied.Add(denied)
-	n.failed.Add(failed)
-	if enc != nil {
-		if err := n.appendWAL(ctx, enc, t); err != nil {
-			n.log.Error("WAL append failed: the batch was decided in memory but is not durable", "err", err)
-			return nil, status.Errorf(codes.Unavailable, "write-ahead log: %v", err)
-		}
-	}
-	return resp, nil
-}
-
-// sortErrors orders item errors by index.
-func sortErrors(es []*pb.ItemError) {
-	sort.Slice(es, func(a, b int) bool { return es[a].Index < es[b].Index })
-}
-
-// windowItem is the item a WAL send records.
-func windowItem(s walSend) window.Item {
-	return window.Item{Content: s.content, Cost: s.cost, Mode: window.RecordOnly}
-}
-
-// applyError turns a store error into an item error. Its message names the
-// recipient, not the item's index: a forwarded item's index is its place in
-// the forwarded batch, not in the caller's.
-func (n *Node) applyError(req *pb.CheckRequest, i int, err error) *itemError {
-	switch {
-	case errors.Is(err, window.ErrInvalid):
-		return badItem("recipient %s: %s", quote(req.Recipients[i]), trimPrefix(err))
-	case errors.Is(err, window.ErrFull):
-		return &itemError{codes.ResourceExhausted, fmt.Sprintf("recipient %s: %s", quote(req.Recipients[i]), trimPrefix(err))}
-	}
-	n.log.Error("check failed", "recipient", quote(req.Recipients[i]), "err", err)
-	return &itemError{codes.Internal, fmt.Sprintf("recipient %s: %v", quote(req.Recipients[i]), err)}
-}
-
-// trimPrefix drops the "window: invalid item: " style prefix of a window error.
-func trimPrefix(err error) string {
-	s := err.Error()
-	for _, p := range []string{window.ErrInvalid.Error() + ": ", window.ErrFull.Error() + ": "} {
-		if len(s) > len(p) && s[:len(p)] == p {
-			return s[len(p):]
-		}
-	}
-	return s
-}
-
 // Rules answers the Rules RPC.
 func (n *Node) Rules(context.Context, *pb.RulesRequest) (*pb.RulesResponse, error) {
+	v := n.view.Load()
 	resp := &pb.RulesResponse{}
-	for _, name := range n.cfg.Rules.names {
-		resp.Domains = append(resp.Domains, n.domains[name].proto)
+	for _, name := range v.names {
+		resp.Domains = append(resp.Domains, v.domains[name].proto)
 	}
 	return resp, nil
 }
@@ -528,6 +285,7 @@ type Stats struct {
 	Snapshots                        int64 // snapshots written since start
 	WAL                              wal.Stats
 	Domains                          []DomainStats
+	Partitions                       []int64 // records per ring partition, all domains
 }
 
 // DomainStats describes one domain's store.
@@ -541,40 +299,46 @@ type DomainStats struct {
 	LiveBytes  int64 // bytes of record slots in use
 }
 
-// Stats returns the node's counters. It takes each shard lock briefly.
+// Stats returns the node's counters. It takes each partition lock briefly.
 func (n *Node) Stats() Stats {
 	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(),
 		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load()}
 	if n.dur != nil {
 		s.WAL = n.dur.log.Stats()
 	}
-	for _, name := range n.cfg.Rules.names {
-		st := n.domains[name].store.stats()
+	v := n.view.Load()
+	for _, name := range v.names {
+		st := n.store.Stats(v.domains[name].ref)
 		s.Domains = append(s.Domains, DomainStats{
 			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired,
 			IndexBytes: st.IndexBytes, SlabBytes: st.SlabBytes, LiveBytes: st.LiveBytes,
 		})
 	}
 	sort.Slice(s.Domains, func(i, j int) bool { return s.Domains[i].Name < s.Domains[j].Name })
+	s.Partitions = make([]int64, n.store.Partitions())
+	for p := range s.Partitions {
+		s.Partitions[p] = n.store.PartitionLen(p)
+	}
 	return s
 }
 
 // Sweep reclaims, in every domain, the records whose newest send is older
 // than the domain's longest window, and returns how many it reclaimed. It
-// locks one shard at a time for at most sweepBudget entries.
+// locks one partition at a time for at most sweepBudget entries.
 func (n *Node) Sweep(ctx context.Context) (int, error) {
 	total := 0
-	for _, name := range n.cfg.Rules.names {
-		ds := n.domains[name]
-		for i := range ds.store.shards {
+	v := n.view.Load()
+	for _, name := range v.names {
+		dv := v.domains[name]
+		for p := range n.store.Partitions() {
 			for pos := 0; pos >= 0; {
 				if err := ctx.Err(); err != nil {
 					return total, err
 				}
-				cutoff := n.cfg.Clock.Now()/int64(time.Millisecond) - ds.d.Longest()
+				cutoff := n.nowMs() - dv.d.Longest()
 				var got int
 				var err error
-				pos, got, err = ds.store.sweep(i, pos, cutoff, sweepBudget)
+				pos, got, err = n.store.Sweep(p, dv.ref, pos, cutoff, sweepBudget)
 				total += got
 				if err != nil {
 					return total, err
@@ -585,8 +349,8 @@ func (n *Node) Sweep(ctx context.Context) (int, error) {
 	return total, nil
 }
 
-// sweepBudget bounds the index entries one sweep step visits under a shard
-// lock: about 100 µs.
+// sweepBudget bounds the index entries one sweep step visits under a
+// partition lock: about 100 µs.
 const sweepBudget = 2048
 
 // Status answers the Status RPC.

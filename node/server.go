@@ -85,7 +85,7 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	srv, hs := n.NewGRPCServer()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
-	n.log.Info("listening", "addr", lis.Addr().String(), "rules", n.cfg.Rules.Source(), "domains", n.cfg.Rules.names, "shards", n.cfg.Shards, "data_dir", n.cfg.DataDir)
+	n.log.Info("listening", "addr", lis.Addr().String(), "rules", n.cfg.Rules.Source(), "domains", n.cfg.Rules.Names(), "partitions", n.store.Partitions(), "data_dir", n.cfg.DataDir)
 	if err := n.Open(ctx); err != nil {
 		srv.Stop()
 		<-errc
@@ -101,7 +101,7 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	n.log.Info("shutting down", "grace", ShutdownGrace)
 	leaveCtx, cancel := context.WithTimeout(context.Background(), ShutdownGrace/2)
-	n.leaveCluster(leaveCtx) // peers stop routing here before the server stops
+	n.Leave(leaveCtx) // peers stop routing here before the server stops
 	cancel()
 	hs.Shutdown()
 	stopped := make(chan struct{})

@@ -298,6 +298,22 @@ func (s *Store) mergeOne(pt *partition, sp *space, ref Ref, key uint64, rec []by
 	return sp.put(key, -1, rec, other)
 }
 
+// MergeRecord merges rec, a record of domain r for key hash key, into
+// partition p as MergeImage merges an image's record: a set union with the
+// record there, if any. A record whose newest send is at or before now minus
+// the domain's longest window is skipped (merged reports false).
+func (s *Store) MergeRecord(p int, r Ref, key uint64, rec []byte, now int64) (merged bool, err error) {
+	if _, err := window.RecordNewest(rec); err != nil {
+		return false, err
+	}
+	var ms MergeStats
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	err = s.mergeOne(pt, pt.space(r.id, true), r, storedKey(key), rec, now-r.rules.Longest(), false, &ms)
+	return ms.Records > 0, err
+}
+
 // mergeIDs remembers, in partition p, the request ids (16 bytes each) that
 // are still inside the horizon at now.
 func (s *Store) mergeIDs(p int, ref Ref, ids []byte, now int64, ms *MergeStats) {
@@ -317,15 +333,6 @@ func (s *Store) mergeIDs(p int, ref Ref, ids []byte, now int64, ms *MergeStats) 
 		}
 		ms.IDs++
 	}
-}
-
-// LoadLegacyIDs remembers request ids of domain ref whose mixed keys (id ^
-// key*φ) were saved without their partition, in partition p: the caller
-// knows they belong there.
-func (s *Store) LoadLegacyIDs(p int, ref Ref, ids []byte, now int64) (kept int64) {
-	var ms MergeStats
-	s.mergeIDs(p, ref, ids, now, &ms)
-	return ms.IDs
 }
 
 // Drop removes every record and request id of partition p and returns the

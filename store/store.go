@@ -386,6 +386,20 @@ func (s *Store) Stats(r Ref) Stats {
 	return st
 }
 
+// PartitionLen returns the number of records in partition p, all domains.
+func (s *Store) PartitionLen(p int) int64 {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	var n int64
+	for _, sp := range pt.spaces {
+		if sp != nil {
+			n += sp.records
+		}
+	}
+	return n
+}
+
 // PartitionStats returns domain r's counters in partition p.
 func (s *Store) PartitionStats(p int, r Ref) Stats {
 	var st Stats

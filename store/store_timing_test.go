@@ -12,23 +12,15 @@ import (
 )
 
 // steadyTemplates returns k distinct records of the seed's steady state as of
-// now (window.SteadyStateSends), built through window.Apply.
+// now (window.SteadyStateRecord).
 func steadyTemplates(tb testing.TB, d *window.Domain, k int, now int64) [][]byte {
 	tb.Helper()
 	rng := rand.New(rand.NewPCG(42, uint64(k)))
-	var s window.Scratch
-	var dec window.Decision
 	out := make([][]byte, k)
 	for i := range out {
-		var rec []byte
-		for _, snd := range window.SteadyStateSends(rng, now) {
-			r, err := d.Apply(&s, rec, 0, snd.At, window.Item{Content: snd.Content}, &dec)
-			if err != nil {
-				tb.Fatal(err)
-			}
-			if r != nil {
-				rec = append(rec[:0], r...)
-			}
+		rec, err := window.SteadyStateRecord(d, rng, now)
+		if err != nil {
+			tb.Fatal(err)
 		}
 		out[i] = rec
 	}

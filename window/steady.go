@@ -30,3 +30,21 @@ func SteadyStateSends(rng *rand.Rand, now int64) []Send {
 	slices.SortFunc(sends, func(a, b Send) int { return int(a.At - b.At) })
 	return sends
 }
+
+// SteadyStateRecord returns the record of d holding SteadyStateSends(rng,
+// now), with tag 0, built through Apply.
+func SteadyStateRecord(d *Domain, rng *rand.Rand, now int64) ([]byte, error) {
+	var s Scratch
+	var dec Decision
+	var rec []byte
+	for _, snd := range SteadyStateSends(rng, now) {
+		r, err := d.Apply(&s, rec, 0, snd.At, Item{Content: snd.Content}, &dec)
+		if err != nil {
+			return nil, err
+		}
+		if r != nil {
+			rec = append(rec[:0], r...)
+		}
+	}
+	return rec, nil
+}

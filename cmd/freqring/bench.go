@@ -13,7 +13,9 @@ import (
 
 	"github.com/freqring/freqring/bench"
 	"github.com/freqring/freqring/client"
-	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/node/nodetest"
+	"github.com/freqring/freqring/ring/gossip"
+	"github.com/freqring/freqring/rules"
 )
 
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -59,10 +61,10 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	default:
 		return usagef("--fail %q is not one of open, closed", *policy)
 	}
-	rs := node.DefaultRules()
+	rs := rules.Default()
 	if *rulesPath != "" {
 		var err error
-		if rs, err = node.LoadRules(*rulesPath); err != nil {
+		if rs, err = rules.Load(*rulesPath); err != nil {
 			return err
 		}
 	}
@@ -93,13 +95,18 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		case "freqring":
 			seeds := strings.Split(*addr, ",")
 			if *startCluster > 0 {
-				lc, err := bench.StartCluster(ctx, *startCluster, rs, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+				if *startCluster > 50 {
+					return usagef("--start-cluster %d out of range [1, 50]", *startCluster)
+				}
+				lc, err := nodetest.Start(ctx, nodetest.Config{Size: *startCluster, Rules: rs, NamePrefix: "bench-",
+					Gossip: &gossip.Config{BindAddr: "127.0.0.1"},
+					Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 				if err != nil {
 					return err
 				}
-				end = func() { lc.Stop() }
-				seeds = lc.Addrs
-				fmt.Fprintf(stdout, "started a local cluster of %d nodes: %s\n", *startCluster, strings.Join(lc.Addrs, ", "))
+				end = func() { lc.Close() }
+				seeds = lc.Addrs()
+				fmt.Fprintf(stdout, "started a local cluster of %d nodes: %s\n", *startCluster, strings.Join(seeds, ", "))
 			}
 			t, err = bench.NewFreqringTarget(ctx, seeds, *domain, *templates, client.Config{FailurePolicy: fp, MaxDelay: *maxDelay})
 		case "redis", "redis-per-rule":

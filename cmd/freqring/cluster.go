@@ -2,20 +2,16 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os/signal"
-	"path/filepath"
-	"sync"
 	"syscall"
-	"time"
 
-	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/ring/gossip"
+	"github.com/freqring/freqring/rules"
 )
 
 // cluster runs a local cluster of n nodes in this process, for trying
@@ -43,73 +39,26 @@ func cluster(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return usagef("log level %q is not one of debug, info, warn, error", *logLevel)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	rules := node.DefaultRules()
+	rs := rules.Default()
 	if *rulesPath != "" {
 		var err error
-		if rules, err = node.LoadRules(*rulesPath); err != nil {
+		if rs, err = rules.Load(*rulesPath); err != nil {
 			return err
 		}
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	var wg sync.WaitGroup
-	errs := make([]error, *size)
-	for i := range *size {
-		name := fmt.Sprintf("node-%d", i)
-		addr := fmt.Sprintf("127.0.0.1:%d", *port+i)
-		gc := &gossip.Config{BindAddr: "127.0.0.1", BindPort: *port + 100 + i}
-		if i > 0 {
-			gc.Join = []string{fmt.Sprintf("127.0.0.1:%d", *port+100)}
-		}
-		cfg := node.Config{Rules: rules, Name: name, AdvertiseAddr: addr, Cluster: gc, Logger: logger}
-		if *dataDir != "" {
-			cfg.DataDir = filepath.Join(*dataDir, name)
-		}
-		n, err := node.New(cfg)
-		if err != nil {
-			return err
-		}
-		lis, err := net.Listen("tcp", addr)
-		if err != nil {
-			cancel()
-			wg.Wait()
-			return err
-		}
-		wg.Go(func() {
-			if errs[i] = n.Serve(ctx, lis); errs[i] != nil {
-				cancel()
-			}
-		})
-		if i == 0 {
-			// Let node 0 bind its gossip port before the others join it.
-			if err := waitForRing(ctx, n, 1); err != nil {
-				cancel()
-				wg.Wait()
-				return errors.Join(append(errs, err)...)
-			}
-		}
-		fmt.Fprintf(stdout, "%s  grpc %s  gossip 127.0.0.1:%d\n", name, addr, *port+100+i)
+	lc, err := nodetest.Start(ctx, nodetest.Config{
+		Size: *size, Rules: rs, DataDir: *dataDir, Logger: logger, BasePort: *port,
+		Gossip: &gossip.Config{BindAddr: "127.0.0.1"},
+	})
+	if err != nil {
+		return err
+	}
+	for _, m := range lc.Members() {
+		fmt.Fprintf(stdout, "%s  grpc %s  gossip %s\n", m.Name, m.Addr, m.GossipAddr)
 	}
 	fmt.Fprintf(stdout, "\n%d nodes running; try:\n  freqring status --addr 127.0.0.1:%d\n  freqring check --addr 127.0.0.1:%d +8613800000000\nCtrl-C stops them.\n", *size, *port, *port)
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// waitForRing waits until n has a ring of at least want members.
-func waitForRing(ctx context.Context, n *node.Node, want int) error {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		if r := n.Ring(); r != nil && r.Len() >= want {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
+	<-ctx.Done()
+	return lc.Close()
 }

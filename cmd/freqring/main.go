@@ -52,7 +52,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "check":
 		err = check(ctx, args[1:], stdout, stderr)
 	case "rules":
-		err = rules(args[1:], stdout, stderr)
+		err = rulesCmd(args[1:], stdout, stderr)
 	case "status":
 		err = status(ctx, args[1:], stdout, stderr)
 	case "cluster":

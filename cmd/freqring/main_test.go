@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/rules"
 )
 
 func runCmd(ctx context.Context, args ...string) (code int, stdout, stderr string) {
@@ -25,7 +25,7 @@ func TestRulesCommands(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")
 	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(good, node.DefaultRulesYAML(), 0o644)
+	os.WriteFile(good, rules.DefaultYAML(), 0o644)
 	os.WriteFile(bad, []byte("domains:\n  - name: x\n    rules:\n      - {name: r, scope: recipient, limit: 0, window: 1s}\n"), 0o644)
 
 	if code, out, _ := runCmd(context.Background(), "rules", "validate", good); code != 0 || !strings.Contains(out, "content-59m") {
@@ -35,7 +35,7 @@ func TestRulesCommands(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, bad+`:4: domain "x" rule "r": limit 0 out of range`) {
 		t.Fatalf("validate bad: exit %d, %s", code, errOut)
 	}
-	if code, out, _ := runCmd(context.Background(), "rules", "default"); code != 0 || !bytes.Equal([]byte(out), node.DefaultRulesYAML()) {
+	if code, out, _ := runCmd(context.Background(), "rules", "default"); code != 0 || !bytes.Equal([]byte(out), rules.DefaultYAML()) {
 		t.Fatalf("default: exit %d", code)
 	}
 	// A bad rules file stops serve before it listens, with the file:line reason.

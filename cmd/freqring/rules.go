@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/rules"
 )
 
-func rules(args []string, stdout, stderr io.Writer) error {
+func rulesCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return usagef("want a subcommand: validate FILE, or default")
 	}
@@ -16,7 +16,7 @@ func rules(args []string, stdout, stderr io.Writer) error {
 		if len(args) != 2 {
 			return usagef("usage: freqring rules validate FILE")
 		}
-		rs, err := node.LoadRules(args[1])
+		rs, err := rules.Load(args[1])
 		if err != nil {
 			return err
 		}
@@ -29,7 +29,7 @@ func rules(args []string, stdout, stderr io.Writer) error {
 		}
 		return nil
 	case "default":
-		_, err := stdout.Write(node.DefaultRulesYAML())
+		_, err := stdout.Write(rules.DefaultYAML())
 		return err
 	}
 	return usagef("unknown subcommand %q: want validate FILE, or default", args[0])

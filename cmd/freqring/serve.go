@@ -20,6 +20,7 @@ import (
 
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/ring/gossip"
+	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/wal"
 )
 
@@ -28,7 +29,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	configPath := fs.String("config", "", "YAML config file with the flags' names as keys, dashes as underscores (listen, rules, data_dir, ...); flags override it")
 	listen := fs.String("listen", "127.0.0.1:7070", "gRPC listen address")
 	rulesPath := fs.String("rules", "", "rules file (default: the embedded default rules)")
-	shards := fs.Int("shards", 256, "lock shards per domain, a power of two")
+	shards := fs.Int("shards", 0, "deprecated and ignored: the store has one lock per ring partition")
 	sweep := fs.Duration("sweep-interval", time.Minute, "how often idle records are reclaimed (negative disables)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	dataDir := fs.String("data-dir", "", "directory of the write-ahead log and snapshots (default: memory only, a restart forgets every send)")
@@ -73,16 +74,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return usagef("log level %q is not one of debug, info, warn, error", *logLevel)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if *shards != 0 {
+		logger.Warn("--shards is deprecated and ignored: the store has one lock per ring partition (271 by default)", "shards", *shards)
+	}
 
-	rules := node.DefaultRules()
+	rs := rules.Default()
 	if *rulesPath != "" {
 		var err error
-		if rules, err = node.LoadRules(*rulesPath); err != nil {
+		if rs, err = rules.Load(*rulesPath); err != nil {
 			return err
 		}
 	}
 	nc := node.Config{
-		Rules: rules, Shards: *shards, SweepInterval: *sweep, Logger: logger,
+		Rules: rs, SweepInterval: *sweep, Logger: logger,
 		DataDir: *dataDir, Sync: policy, SyncInterval: *syncInterval,
 		SnapshotInterval: *snapInterval, SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt,
 		Name: *name, AdvertiseAddr: *advertise,

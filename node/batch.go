@@ -1,0 +1,348 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/window"
+)
+
+// This file is the single pass over a batch: each item is decoded,
+// validated and hashed once (decode), then routed (forward.go) or decided
+// here (decide), where it meets its partition's state in exactly one place.
+
+// item is one decoded item of a batch.
+type item struct {
+	dv   *domainView
+	it   window.Item
+	key  uint64 // xxhash64 of the recipient
+	tag  uint16 // CRC-32C of the recipient
+	part int    // ring partition of key
+	id   uint64 // request id, 0 for none
+	err  *itemError
+}
+
+// batch is a decoded request: its items in request order. Batches are
+// pooled; put returns one.
+type batch struct {
+	req   *pb.CheckRequest
+	items []item
+}
+
+var batches = sync.Pool{New: func() any { return new(batch) }}
+
+func (b *batch) put() {
+	b.req = nil
+	clear(b.items)
+	b.items = b.items[:0]
+	batches.Put(b)
+}
+
+// decode decodes, validates and hashes every item of req under v and r. An
+// item that fails validation carries its error; the others are ready to
+// route and decide.
+func decode(req *pb.CheckRequest, v *view, r *ring.Ring) *batch {
+	b := batches.Get().(*batch)
+	b.req = req
+	cnt := len(req.Recipients)
+	if cap(b.items) < cnt {
+		b.items = make([]item, cnt)
+	}
+	b.items = b.items[:cnt]
+	for i := range cnt {
+		x := &b.items[i]
+		x.dv, x.it, x.err = v.item(req, i)
+		if x.err == nil {
+			x.key, x.tag = KeyOf(req.Recipients[i])
+			x.part = r.PartitionHash(x.key)
+			x.id = column(req.RequestIds, i, 0)
+		}
+	}
+	return b
+}
+
+// column returns entry i of a per-item column of 0, 1 or n entries.
+func column[T any](c []T, i int, def T) T {
+	switch len(c) {
+	case 0:
+		return def
+	case 1:
+		return c[0]
+	}
+	return c[i]
+}
+
+// checkShape validates a request's columns: it fails whole if they are not
+// well formed.
+func checkShape(req *pb.CheckRequest) error {
+	n := len(req.Recipients)
+	if n == 0 || n > MaxBatch {
+		return status.Errorf(codes.InvalidArgument, "recipients: %d items, want 1 to %d", n, MaxBatch)
+	}
+	for _, c := range []struct {
+		name string
+		len  int
+	}{
+		{"domains", len(req.Domains)}, {"contents", len(req.Contents)},
+		{"content_hashes", len(req.ContentHashes)}, {"costs", len(req.Costs)},
+		{"modes", len(req.Modes)}, {"request_ids", len(req.RequestIds)},
+	} {
+		if c.len > 1 && c.len != n {
+			return status.Errorf(codes.InvalidArgument, "%s: %d entries, want 0, 1 or %d (one per recipient)", c.name, c.len, n)
+		}
+	}
+	if len(req.Contents) > 0 && len(req.ContentHashes) > 0 {
+		return status.Error(codes.InvalidArgument, "contents and content_hashes: set at most one of them")
+	}
+	return nil
+}
+
+// itemError is one failed item: a gRPC code and a message naming the field.
+type itemError struct {
+	code codes.Code
+	msg  string
+}
+
+func badItem(format string, args ...any) *itemError {
+	return &itemError{codes.InvalidArgument, fmt.Sprintf(format, args...)}
+}
+
+// quote shows a recipient in an error, cut to 40 bytes.
+func quote(s string) string {
+	if len(s) > 40 {
+		return fmt.Sprintf("%q... (%d bytes)", s[:40], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// item decodes and validates item i of req.
+func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *itemError) {
+	var it window.Item
+	rcp := req.Recipients[i]
+	if rcp == "" {
+		return nil, it, badItem("recipients[%d]: empty recipient", i)
+	}
+	if len(rcp) > MaxRecipientBytes {
+		return nil, it, badItem("recipients[%d]: %d bytes, more than %d", i, len(rcp), MaxRecipientBytes)
+	}
+	name := column(req.Domains, i, "")
+	if name == "" {
+		name = DefaultDomain
+	}
+	dv := v.domains[name]
+	if dv == nil {
+		return nil, it, badItem("domains[%d]: unknown domain %s (this node serves %v)", i, quote(name), v.names)
+	}
+	if len(req.Contents) > 0 {
+		c := column(req.Contents, i, nil)
+		if len(c) > MaxContentBytes {
+			return nil, it, badItem("contents[%d]: %d bytes, more than %d", i, len(c), MaxContentBytes)
+		}
+		it.Content = ContentHash(c)
+	} else {
+		it.Content = column(req.ContentHashes, i, 0)
+	}
+	cost := column(req.Costs, i, 1)
+	if cost < 1 || cost > window.MaxCost {
+		return nil, it, badItem("costs[%d]: cost %d out of range [1, %d]", i, cost, window.MaxCost)
+	}
+	it.Cost = int(cost)
+	mode := column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD)
+	switch mode {
+	case pb.Mode_MODE_CHECK_AND_RECORD:
+		it.Mode = window.CheckAndRecord
+	case pb.Mode_MODE_PEEK:
+		it.Mode = window.Peek
+	case pb.Mode_MODE_RECORD_ONLY:
+		it.Mode = window.RecordOnly
+	default:
+		return nil, it, badItem("modes[%d]: unknown mode %d", i, int32(mode))
+	}
+	return dv, it, nil
+}
+
+// Check answers Limiter.Check. The items this node owns are decided here,
+// the others are forwarded in one call per owner, and the answers come back
+// in request order. With a DataDir, the sends it records are in the WAL
+// before it returns.
+func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	t := n.announce()
+	defer t.cancel()
+	if err := n.admit(ctx, req); err != nil {
+		return nil, err
+	}
+	r := n.clus.Load().ring()
+	b := decode(req, n.view.Load(), r)
+	defer b.put()
+	if r.Len() > 1 {
+		if groups := n.route(b, r); groups != nil {
+			return n.checkRouted(ctx, b, r, groups, t)
+		}
+	}
+	return n.decide(ctx, b, nil, r, false, t)
+}
+
+// Forward answers Peer.Forward: it decides the items this node owns under
+// its own ring and fails the others as retryable.
+func (n *Node) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	t := n.announce()
+	defer t.cancel()
+	if err := n.admit(ctx, req); err != nil {
+		return nil, err
+	}
+	n.forwardedIn.Add(int64(len(req.Recipients)))
+	r := n.clus.Load().ring()
+	b := decode(req, n.view.Load(), r)
+	defer b.put()
+	return n.decide(ctx, b, nil, r, true, t)
+}
+
+// admit refuses calls the node cannot take: before Open, after Close, and
+// malformed batches.
+func (n *Node) admit(ctx context.Context, req *pb.CheckRequest) error {
+	if !n.ready.Load() {
+		return status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
+	}
+	if err := checkShape(req); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	return nil
+}
+
+// newResponse returns an empty response with room for n items.
+func newResponse(n int) *pb.CheckResponse {
+	return &pb.CheckResponse{
+		Admitted:         make([]bool, n),
+		Recorded:         make([]bool, n),
+		DeniedBy:         make([]int32, n),
+		RetryAfterMs:     make([]int64, n),
+		DecidedAtMs:      make([]int64, n),
+		Used:             make([]uint32, 0, n*4),
+		Remaining:        make([]uint32, 0, n*4),
+		RuleRetryAfterMs: make([]int64, 0, n*4),
+		RuleCounts:       make([]uint32, n),
+		Domains:          make(map[string]*pb.Domain, 1),
+	}
+}
+
+// decide decides the items idx of b here (all of them when idx is nil), in
+// that order, at one clock reading; answer j is item idx[j]. With mustOwn,
+// an item this node does not own under r fails with UNAVAILABLE: the caller
+// routed by a stale ring. This loop is the one place an item meets its
+// partition's state.
+func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mustOwn bool, t *walTicket) (*pb.CheckResponse, error) {
+	cnt := len(b.items)
+	if idx != nil {
+		cnt = len(idx)
+	}
+	resp := newResponse(cnt)
+	resp.RingEpoch = r.Epoch()
+	now := n.nowMs()
+	var dec window.Decision
+	var admitted, denied, failed int64
+	var enc *walEncoder
+	if t != nil {
+		enc, _ = n.encoders.Get().(*walEncoder)
+		if enc == nil {
+			enc = new(walEncoder)
+		}
+		enc.reset()
+		defer n.encoders.Put(enc)
+	}
+	for j := range cnt {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		x := &b.items[i]
+		resp.DeniedBy[j] = -1
+		ierr := x.err
+		if ierr == nil {
+			if owner := r.PartitionOwner(x.part); mustOwn && owner.Name != n.cfg.Name {
+				ierr = &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
+					quote(b.req.Recipients[i]), n.cfg.Name, r.Epoch(), owner.Name)}
+			} else if seq, dup, err := n.store.Apply(x.part, x.dv.ref, x.key, x.tag, now, x.it, x.id, &dec); err != nil {
+				ierr = n.applyError(b.req.Recipients[i], err)
+			} else if dup {
+				resp.Duplicates = append(resp.Duplicates, uint32(j))
+			} else if dec.Recorded && enc != nil {
+				enc.add(walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, seq: seq, at: dec.At, content: x.it.Content, cost: x.it.Cost, id: x.id})
+			}
+		}
+		if ierr != nil {
+			failed++
+			resp.DecidedAtMs[j] = now
+			resp.Errors = append(resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(ierr.code), Message: ierr.msg})
+			continue
+		}
+		resp.Domains[x.dv.d.Name()] = x.dv.proto
+		if dec.Admitted {
+			admitted++
+		} else {
+			denied++
+		}
+		resp.Admitted[j] = dec.Admitted
+		resp.Recorded[j] = dec.Recorded
+		resp.DeniedBy[j] = int32(dec.DeniedBy)
+		resp.RetryAfterMs[j] = dec.RetryAfter
+		resp.DecidedAtMs[j] = dec.At
+		resp.RuleCounts[j] = uint32(dec.NumRules)
+		for _, r := range dec.Rules[:dec.NumRules] {
+			resp.Used = append(resp.Used, uint32(r.Used))
+			resp.Remaining = append(resp.Remaining, uint32(r.Remaining))
+			resp.RuleRetryAfterMs = append(resp.RuleRetryAfterMs, r.RetryAfter)
+		}
+	}
+	n.checks.Add(int64(cnt))
+	n.admitted.Add(admitted)
+	n.denied.Add(denied)
+	n.failed.Add(failed)
+	if enc != nil {
+		if err := n.appendWAL(ctx, enc, t); err != nil {
+			n.log.Error("WAL append failed: the batch was decided in memory but is not durable", "err", err)
+			return nil, status.Errorf(codes.Unavailable, "write-ahead log: %v", err)
+		}
+	}
+	return resp, nil
+}
+
+// sortErrors orders item errors by index.
+func sortErrors(es []*pb.ItemError) {
+	sort.Slice(es, func(a, b int) bool { return es[a].Index < es[b].Index })
+}
+
+// applyError turns a store error into an item error. Its message names the
+// recipient, not the item's index: a forwarded item's index is its place in
+// the forwarded batch, not in the caller's.
+func (n *Node) applyError(rcp string, err error) *itemError {
+	switch {
+	case errors.Is(err, window.ErrInvalid):
+		return badItem("recipient %s: %s", quote(rcp), trimPrefix(err))
+	case errors.Is(err, window.ErrFull):
+		return &itemError{codes.ResourceExhausted, fmt.Sprintf("recipient %s: %s", quote(rcp), trimPrefix(err))}
+	}
+	n.log.Error("check failed", "recipient", quote(rcp), "err", err)
+	return &itemError{codes.Internal, fmt.Sprintf("recipient %s: %v", quote(rcp), err)}
+}
+
+// trimPrefix drops the "window: invalid item: " style prefix of a window error.
+func trimPrefix(err error) string {
+	s := err.Error()
+	for _, p := range []string{window.ErrInvalid.Error() + ": ", window.ErrFull.Error() + ": "} {
+		if len(s) > len(p) && s[:len(p)] == p {
+			return s[len(p):]
+		}
+	}
+	return s
+}

@@ -1,0 +1,466 @@
+// Package nodetest runs N-node freqring clusters in one process, for tests,
+// `freqring cluster` and `freqring bench --start-cluster`, as
+// net/http/httptest does for HTTP servers.
+//
+// By default each node serves gRPC on 127.0.0.1 (node.Serve) and gossips on
+// 127.0.0.1, so that clients reach it as they would a real one. With
+// InMemory, nodes reach each other through a node.LocalNetwork and serve no
+// gRPC: tests call their methods directly, and a stopped node is simply
+// unreachable.
+//
+// Every start waits until the node reports SERVING, and WaitConverged waits
+// on ring changes (never on a timer), so tests do not race their own setup.
+package nodetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/ring/gossip"
+	"github.com/freqring/freqring/rules"
+)
+
+// Config configures a Cluster. A zero field takes the default named in its
+// comment.
+type Config struct {
+	Size    int          // nodes Start starts, [1, 50]; 0 means 3
+	Rules   *rules.Set   // nil means the embedded defaults
+	Clock   node.Clock   // nil means the system clock
+	DataDir string       // "" means memory-only nodes; else node NAME keeps its WAL and snapshots in DataDir/NAME
+	Logger  *slog.Logger // nil means discard
+	// Gossip is the template of every node's gossip config (BindPort and
+	// Join are set per node); nil means FastGossip().
+	Gossip *gossip.Config
+	// BasePort, if set, puts node i's gRPC on 127.0.0.1:BasePort+i and its
+	// gossip on 127.0.0.1:BasePort+100+i; 0 means free ports.
+	BasePort int
+	// NamePrefix names node i NamePrefix+i; "" means "node-".
+	NamePrefix string
+	// InMemory connects the nodes through a node.LocalNetwork instead of
+	// gRPC; they serve no gRPC and Addr is a name, not an address.
+	InMemory bool
+	// Node, if set, adjusts each node's config last.
+	Node func(cfg *node.Config)
+	// StartTimeout bounds the wait for a node to serve and for rings to
+	// converge; 0 means 30 seconds.
+	StartTimeout time.Duration
+}
+
+// FastGossip is the gossip of test clusters: on 127.0.0.1, detecting a
+// crashed member in about a second, with no rejoin loop.
+func FastGossip() gossip.Config {
+	return gossip.Config{
+		BindAddr: "127.0.0.1", DeadNodeReclaimTime: 200 * time.Millisecond, RejoinInterval: -1,
+		ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond, SuspicionMult: 2,
+		GossipInterval: 50 * time.Millisecond,
+	}
+}
+
+// Member is one node of a Cluster.
+type Member struct {
+	Name       string
+	Node       *node.Node
+	Addr       string // gRPC address (InMemory: the node's name on the LocalNetwork)
+	GossipAddr string // host:port of its gossip
+
+	lis    *killListener      // nil InMemory
+	cancel context.CancelFunc // stops Serve
+	served chan error         // Serve's result
+	down   bool
+}
+
+// Cluster is a running in-process cluster. Its methods are not safe for
+// concurrent use: one test goroutine drives it.
+type Cluster struct {
+	cfg     Config
+	net     *node.LocalNetwork // InMemory
+	members []*Member
+	next    int // number of the next node Add starts
+}
+
+// Start starts cfg.Size nodes, each joining the ones before, and waits
+// until every node serves and all agree on a ring of all of them.
+func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	if cfg.Size == 0 {
+		cfg.Size = 3
+	}
+	if cfg.Size < 1 || cfg.Size > 50 {
+		return nil, fmt.Errorf("nodetest: Size %d out of range [1, 50]", cfg.Size)
+	}
+	if cfg.Rules == nil {
+		cfg.Rules = rules.Default()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Gossip == nil {
+		g := FastGossip()
+		cfg.Gossip = &g
+	}
+	if cfg.NamePrefix == "" {
+		cfg.NamePrefix = "node-"
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 30 * time.Second
+	}
+	c := &Cluster{cfg: cfg}
+	if cfg.InMemory {
+		c.net = node.NewLocalNetwork()
+	}
+	for range cfg.Size {
+		if _, err := c.Add(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	if err := c.WaitConverged(ctx, cfg.Size); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Add starts one more node, which joins the running ones, and waits until it
+// serves (not until rings converge: see WaitConverged).
+func (c *Cluster) Add(ctx context.Context) (*Member, error) {
+	i := c.next
+	c.next++
+	m := &Member{Name: fmt.Sprintf("%s%d", c.cfg.NamePrefix, i)}
+	return m, c.start(ctx, m, i)
+}
+
+// start starts m as node number i.
+func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
+	gc := *c.cfg.Gossip
+	gc.Join = nil
+	for _, o := range c.Up() {
+		if o != m {
+			gc.Join = append(gc.Join, o.GossipAddr)
+		}
+	}
+	var lis net.Listener
+	switch {
+	case m.GossipAddr != "": // a restart keeps its ports
+		_, port, _ := net.SplitHostPort(m.GossipAddr)
+		fmt.Sscan(port, &gc.BindPort)
+	case c.cfg.BasePort != 0:
+		gc.BindPort = c.cfg.BasePort + 100 + i
+	default:
+		p, err := freePort()
+		if err != nil {
+			return err
+		}
+		gc.BindPort = p
+	}
+	m.GossipAddr = fmt.Sprintf("127.0.0.1:%d", gc.BindPort)
+	if !c.cfg.InMemory {
+		addr := m.Addr
+		if addr == "" {
+			addr = "127.0.0.1:0"
+			if c.cfg.BasePort != 0 {
+				addr = fmt.Sprintf("127.0.0.1:%d", c.cfg.BasePort+i)
+			}
+		}
+		var err error
+		if lis, err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("nodetest: %s: %w", m.Name, err)
+		}
+		m.Addr = lis.Addr().String()
+	} else {
+		m.Addr = "mem/" + m.Name
+	}
+	ncfg := node.Config{Rules: c.cfg.Rules, Clock: c.cfg.Clock, Name: m.Name, AdvertiseAddr: m.Addr,
+		Cluster: &gc, Logger: c.cfg.Logger}
+	if c.cfg.DataDir != "" {
+		ncfg.DataDir = filepath.Join(c.cfg.DataDir, m.Name)
+	}
+	if c.cfg.InMemory {
+		ncfg.Peers = c.net.Peers()
+	}
+	if c.cfg.Node != nil {
+		c.cfg.Node(&ncfg)
+	}
+	n, err := node.New(ncfg)
+	if err != nil {
+		if lis != nil {
+			lis.Close()
+		}
+		return err
+	}
+	m.Node, m.down = n, false
+	if c.members == nil || !c.has(m) {
+		c.members = append(c.members, m)
+	}
+	sctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
+	defer cancel()
+	if c.cfg.InMemory {
+		c.net.Register(m.Addr, n) // before Open: peers may forward as soon as it announces serving
+		if err := n.Open(sctx); err != nil {
+			c.net.Unregister(m.Addr)
+			m.down = true
+			return fmt.Errorf("nodetest: %s: %w", m.Name, err)
+		}
+		m.cancel = func() {}
+		return nil
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	m.lis = &killListener{Listener: lis}
+	m.cancel = stop
+	m.served = make(chan error, 1)
+	go func() { m.served <- n.Serve(runCtx, m.lis) }()
+	if err := waitServing(sctx, m.Addr, m.served); err != nil {
+		stop()
+		m.down = true
+		return fmt.Errorf("nodetest: %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+func (c *Cluster) has(m *Member) bool {
+	for _, o := range c.members {
+		if o == m {
+			return true
+		}
+	}
+	return false
+}
+
+// Members returns every node started, running or not, in start order.
+func (c *Cluster) Members() []*Member { return append([]*Member(nil), c.members...) }
+
+// Up returns the running nodes.
+func (c *Cluster) Up() []*Member {
+	var out []*Member
+	for _, m := range c.members {
+		if !m.down {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Addrs returns the gRPC addresses of the running nodes.
+func (c *Cluster) Addrs() []string {
+	var out []string
+	for _, m := range c.Up() {
+		out = append(out, m.Addr)
+	}
+	return out
+}
+
+// Down reports whether m is stopped.
+func (m *Member) Down() bool { return m.down }
+
+// Stop stops m gracefully: it leaves the ring, finishes in-flight calls and
+// closes (with a DataDir, a final snapshot).
+func (c *Cluster) Stop(m *Member) error {
+	if m.down {
+		return nil
+	}
+	m.down = true
+	if c.cfg.InMemory {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
+		defer cancel()
+		m.Node.Leave(ctx)
+		c.net.Unregister(m.Addr)
+		return m.Node.Close()
+	}
+	m.cancel()
+	return <-m.served
+}
+
+// Kill stops m as a crash would: its connections reset and its gossip stops
+// without a word (the node is still closed, so goroutines end).
+func (c *Cluster) Kill(m *Member) error {
+	if m.down {
+		return nil
+	}
+	m.down = true
+	if c.cfg.InMemory {
+		c.net.Unregister(m.Addr)
+		return m.Node.Close()
+	}
+	m.lis.kill()
+	err := <-m.served // Serve returns when its listener fails, after closing the node
+	m.cancel()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// Restart starts a stopped m again under its name, addresses and data
+// directory, and waits until it serves.
+func (c *Cluster) Restart(ctx context.Context, m *Member) error {
+	if !m.down {
+		return fmt.Errorf("nodetest: %s is running", m.Name)
+	}
+	i := 0
+	for j, o := range c.members {
+		if o == m {
+			i = j
+		}
+	}
+	return c.start(ctx, m, i)
+}
+
+// Close stops every running node, one after the other (a node leaves
+// fastest while its peers are there to hear it), and returns their errors.
+func (c *Cluster) Close() error {
+	var errs []error
+	for _, m := range c.Up() {
+		if err := c.Stop(m); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", m.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WaitConverged waits until every running node's ring has want members and
+// the same epoch, watching ring changes (Node.WatchRing).
+func (c *Cluster) WaitConverged(ctx context.Context, want int) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
+	defer cancel()
+	up := c.Up()
+	type update struct {
+		i       int
+		epoch   uint64
+		members int
+	}
+	updates := make(chan update)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i, m := range up {
+		wg.Go(func() {
+			m.Node.WatchRing(ctx, func(r *pb.RingResponse) error {
+				select {
+				case updates <- update{i, r.Epoch, len(r.Members)}:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			})
+		})
+	}
+	latest := make([]update, len(up))
+	for {
+		select {
+		case u := <-updates:
+			latest[u.i] = u
+		case <-ctx.Done():
+			return fmt.Errorf("nodetest: rings did not converge on %d members: %+v", want, latest)
+		}
+		ok := true
+		for _, u := range latest {
+			ok = ok && u.members == want && u.epoch == latest[0].epoch
+		}
+		if ok {
+			return nil
+		}
+	}
+}
+
+// freePort returns a port that is free on 127.0.0.1 for TCP and UDP (gossip
+// uses both).
+func freePort() (int, error) {
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port, nil
+		}
+	}
+	return 0, errors.New("nodetest: no port free for both TCP and UDP")
+}
+
+// waitServing waits until the node at addr reports SERVING through gRPC
+// health, or Serve returns.
+func waitServing(ctx context.Context, addr string, served <-chan error) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return err
+	}
+	got := make(chan error, 1)
+	go func() {
+		for {
+			r, err := w.Recv()
+			if err != nil {
+				got <- err
+				return
+			}
+			if r.Status == healthpb.HealthCheckResponse_SERVING {
+				got <- nil
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-got:
+		return err
+	case err := <-served:
+		return fmt.Errorf("stopped before serving: %v", err)
+	}
+}
+
+// killListener is a listener whose kill closes it and every connection it
+// accepted, as the death of the process would: peers see resets, new
+// connections are refused.
+type killListener struct {
+	net.Listener
+	mu    sync.Mutex // guards conns, dead
+	conns []net.Conn
+	dead  bool
+}
+
+func (l *killListener) Accept() (net.Conn, error) {
+	conn, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dead {
+		conn.Close()
+		return nil, net.ErrClosed
+	}
+	l.conns = append(l.conns, conn)
+	return conn, nil
+}
+
+func (l *killListener) kill() {
+	l.mu.Lock()
+	l.dead = true
+	conns := l.conns
+	l.conns = nil
+	l.mu.Unlock()
+	l.Listener.Close()
+	for _, c := range conns {
+		c.Close()
+	}
+}
