@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/rules"
 )
 
 // TestSourcesDecodeStrictly decodes every resource file of the kustomization
@@ -513,11 +514,11 @@ func TestRules(t *testing.T) {
 		t.Fatalf("--rules=%s is under no volumeMount of container %s", rulesPath, d.ctr.Name)
 	}
 
-	rs, err := node.ParseRules(rulesPath, []byte(data))
+	rs, err := rules.Parse(rulesPath, []byte(data))
 	if err != nil {
 		t.Fatalf("freqring would refuse to start: %v", err)
 	}
-	def := node.DefaultRules()
+	def := rules.Default()
 	if !reflect.DeepEqual(rs.Names(), def.Names()) {
 		t.Fatalf("domains %v, want the embedded defaults' %v (node/default_rules.yaml)", rs.Names(), def.Names())
 	}
