@@ -1,182 +1,103 @@
-package node
+package node_test
 
 import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"reflect"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/ring"
-	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/rules"
 )
 
-// testNode is one node of an in-process cluster on 127.0.0.1.
-type testNode struct {
-	*Node
-	srv  *grpc.Server
-	addr string
-	cli  pb.LimiterClient
-	conn *grpc.ClientConn
-	down bool
-}
+// clusterRules are two domains, one with the default rules and one with
+// windows of seconds.
+const clusterRules = `domains:
+  - name: default
+    rules:
+      - {name: recipient-1m, scope: recipient, limit: 15, window: 1m}
+      - {name: recipient-24h, scope: recipient, limit: 50, window: 24h}
+      - {name: content-59s, scope: recipient+content, limit: 2, window: 59s}
+      - {name: content-59m, scope: recipient+content, limit: 5, window: 59m}
+  - name: fast
+    rules:
+      - {name: r-3-2s, scope: recipient, limit: 3, window: 2s}
+      - {name: c-1-1s, scope: recipient+content, limit: 1, window: 1s}
+`
 
-// testCluster runs nodes in this process, each with its own gRPC server and
-// gossip port on 127.0.0.1, sharing one clock.
-type testCluster struct {
-	t     *testing.T
-	clk   *testClock
-	nodes []*testNode
-}
+// clusterClock is a settable clock shared by a cluster's nodes, unix ns.
+type clusterClock struct{ ns atomic.Int64 }
 
-func newTestCluster(t *testing.T, size int) *testCluster {
-	t.Helper()
-	clk := &testClock{}
-	clk.set(t0)
-	c := &testCluster{t: t, clk: clk}
-	for i := range size {
-		c.add(fmt.Sprintf("node-%d", i))
+func (c *clusterClock) Now() int64              { return c.ns.Load() }
+func (c *clusterClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+var clusterRecipients = func() []string {
+	var r []string
+	for i := range 40 {
+		r = append(r, fmt.Sprintf("+86138%08d", i))
 	}
-	c.waitConverged(size, 20*time.Second)
+	return r
+}()
+
+// clusterBatch is a random batch over clusterRecipients in one domain.
+func clusterBatch(rng *rand.Rand) *pb.CheckRequest {
+	req := &pb.CheckRequest{Domains: []string{[]string{"default", "fast"}[rng.IntN(2)]}}
+	for range 1 + rng.IntN(20) {
+		req.Recipients = append(req.Recipients, clusterRecipients[rng.IntN(len(clusterRecipients))])
+		req.ContentHashes = append(req.ContentHashes, uint64(rng.IntN(3)))
+		cost := uint32(1)
+		if rng.IntN(10) == 0 {
+			cost = 2
+		}
+		req.Costs = append(req.Costs, cost)
+	}
+	if rng.IntN(10) == 0 {
+		req.Modes = []pb.Mode{pb.Mode_MODE_RECORD_ONLY}
+	}
+	return req
+}
+
+// startCluster starts size nodes on clusterRules and a shared clock, over
+// loopback gRPC or (inMemory) a node.LocalNetwork, stopped at the end of the
+// test.
+func startCluster(t *testing.T, size int, inMemory bool) (*nodetest.Cluster, *clusterClock) {
+	t.Helper()
+	rs, err := rules.Parse("test", []byte(clusterRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clusterClock{}
+	clk.ns.Store(1_790_000_000_000 * 1e6)
+	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: size, Rules: rs, Clock: clk, InMemory: inMemory,
+		Node: func(cfg *node.Config) { cfg.SweepInterval = -1 }})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		for _, n := range c.nodes {
-			c.stop(n, false)
+		if err := c.Close(); err != nil {
+			t.Error(err)
 		}
 	})
-	return c
-}
-
-// add starts a node that joins the first one.
-func (c *testCluster) add(name string) *testNode {
-	t := c.t
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gc := &gossip.Config{BindAddr: "127.0.0.1", DeadNodeReclaimTime: 200 * time.Millisecond}
-	if len(c.nodes) > 0 {
-		gc.Join = []string{c.nodes[0].clus.Load().ms.GossipAddr()}
-	}
-	rs, _ := rules.Parse("test", []byte(durableRules))
-	n, err := New(Config{Rules: rs, Clock: c.clk, Name: name, AdvertiseAddr: lis.Addr().String(), Cluster: gc, SweepInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, hs := n.NewGRPCServer()
-	go srv.Serve(lis)
-	if err := n.Open(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	setHealth(hs, healthpb.HealthCheckResponse_SERVING)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tn := &testNode{Node: n, srv: srv, addr: lis.Addr().String(), cli: pb.NewLimiterClient(conn), conn: conn}
-	c.nodes = append(c.nodes, tn)
-	return tn
-}
-
-// stop takes a node down: gracefully (leave, then stop) or as a crash
-// (its server and gossip stop without a word).
-func (c *testCluster) stop(n *testNode, graceful bool) {
-	if n.down {
-		return
-	}
-	n.down = true
-	if graceful {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		n.Leave(ctx)
-		cancel()
-		n.srv.GracefulStop()
-	} else {
-		n.srv.Stop()
-	}
-	n.Close()
-	n.conn.Close()
-}
-
-// up returns the nodes that are running.
-func (c *testCluster) up() []*testNode {
-	var out []*testNode
-	for _, n := range c.nodes {
-		if !n.down {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-// waitConverged waits, through each node's ring watch, until every running
-// node sees the same ring of want members, and returns how long it took.
-func (c *testCluster) waitConverged(want int, timeout time.Duration) time.Duration {
-	t := c.t
-	t.Helper()
-	start := time.Now()
-	deadline := time.After(timeout)
-	for {
-		// Subscribe before looking, so that no change slips between the two.
-		changed := make(chan struct{}, len(c.nodes))
-		var cancels []func()
-		for _, n := range c.up() {
-			ch, cancel := n.clus.Load().ms.Watch()
-			cancels = append(cancels, cancel)
-			<-ch // the ring as of now
-			go func() {
-				if _, ok := <-ch; ok {
-					changed <- struct{}{}
-				}
-			}()
-		}
-		var epoch uint64
-		ok := true
-		for _, n := range c.up() {
-			r := n.Ring()
-			if r.Len() != want || (epoch != 0 && r.Epoch() != epoch) {
-				ok = false
-				break
-			}
-			epoch = r.Epoch()
-		}
-		if ok {
-			for _, cancel := range cancels {
-				cancel()
-			}
-			return time.Since(start)
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			for _, n := range c.up() {
-				t.Logf("%s sees %v", n.cfg.Name, n.Ring().Members())
-			}
-			t.Fatalf("rings did not converge on %d members in %v", want, timeout)
-		}
-		for _, cancel := range cancels {
-			cancel()
-		}
-	}
+	return c, clk
 }
 
 func TestClusterAgreesOnOwners(t *testing.T) {
 	for _, size := range []int{3, 5} {
 		t.Run(strconv.Itoa(size), func(t *testing.T) {
-			c := newTestCluster(t, size)
+			c, _ := startCluster(t, size, false)
 			rings := make([]*ring.Ring, size)
-			for i, n := range c.nodes {
-				rings[i] = n.Ring()
+			for i, m := range c.Members() {
+				rings[i] = m.Node.Ring()
 			}
 			for k := range 100_000 {
 				key := fmt.Sprintf("+86%011d", k)
@@ -201,9 +122,17 @@ func TestClusterAgreesOnOwners(t *testing.T) {
 // must be identical, and each recipient's record must live on exactly one
 // node, its owner.
 func TestClusterDecidesAsOneNode(t *testing.T) {
-	c := newTestCluster(t, 3)
-	rs, _ := rules.Parse("test", []byte(durableRules))
-	ref, err := New(Config{Rules: rs, Clock: c.clk, Name: "reference", SweepInterval: -1})
+	for _, inMemory := range []bool{false, true} {
+		t.Run(map[bool]string{false: "grpc", true: "in-memory"}[inMemory], func(t *testing.T) {
+			testClusterDecidesAsOneNode(t, inMemory)
+		})
+	}
+}
+
+func testClusterDecidesAsOneNode(t *testing.T, inMemory bool) {
+	c, clk := startCluster(t, 3, inMemory)
+	rs, _ := rules.Parse("test", []byte(clusterRules))
+	ref, err := node.New(node.Config{Rules: rs, Clock: clk, Name: "reference", SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,10 +142,10 @@ func TestClusterDecidesAsOneNode(t *testing.T) {
 	defer ref.Close()
 	rng := rand.New(rand.NewPCG(8, 8))
 	for b := range 300 {
-		c.clk.advance(time.Duration(rng.IntN(300)) * time.Millisecond)
-		req := randomBatch(rng)
-		entry := c.nodes[rng.IntN(3)]
-		got, err := entry.cli.Check(context.Background(), req)
+		clk.advance(time.Duration(rng.IntN(300)) * time.Millisecond)
+		req := clusterBatch(rng)
+		entry := c.Members()[rng.IntN(3)]
+		got, err := entry.Node.Check(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -235,13 +164,13 @@ func TestClusterDecidesAsOneNode(t *testing.T) {
 			{"errors", fmt.Sprint(got.Errors), fmt.Sprint(want.Errors)},
 		} {
 			if !reflect.DeepEqual(f.got, f.want) {
-				t.Fatalf("batch %d via %s: %s differs\ncluster %v\n single %v", b, entry.cfg.Name, f.name, f.got, f.want)
+				t.Fatalf("batch %d via %s: %s differs\ncluster %v\n single %v", b, entry.Name, f.name, f.got, f.want)
 			}
 		}
 	}
 	var out, in int64
-	for _, n := range c.nodes {
-		s := n.Stats()
+	for _, m := range c.Members() {
+		s := m.Node.Stats()
 		out, in = out+s.ForwardedOut, in+s.ForwardedIn
 	}
 	if out == 0 || in != out {
@@ -250,19 +179,19 @@ func TestClusterDecidesAsOneNode(t *testing.T) {
 	// Each recipient's record lives on its owner only: every partition's
 	// records are on the node that owns it, and no recipient has more than
 	// one per domain.
-	r := c.nodes[0].Ring()
+	r := c.Members()[0].Node.Ring()
 	var records int64
-	for _, n := range c.nodes {
-		s := n.Stats()
+	for _, m := range c.Members() {
+		s := m.Node.Stats()
 		for p, cnt := range s.Partitions {
-			if owner := r.PartitionOwner(p); cnt > 0 && owner.Name != n.cfg.Name {
-				t.Fatalf("partition %d has %d records on %s, its owner is %s", p, cnt, n.cfg.Name, owner.Name)
+			if owner := r.PartitionOwner(p); cnt > 0 && owner.Name != m.Name {
+				t.Fatalf("partition %d has %d records on %s, its owner is %s", p, cnt, m.Name, owner.Name)
 			}
 			records += cnt
 		}
 	}
-	if most := int64(2 * len(testRecipients)); records == 0 || records > most { // two domains
-		t.Fatalf("%d records for %d recipients in 2 domains", records, len(testRecipients))
+	if most := int64(2 * len(clusterRecipients)); records == 0 || records > most { // two domains
+		t.Fatalf("%d records for %d recipients in 2 domains", records, len(clusterRecipients))
 	}
 }
 
@@ -271,8 +200,8 @@ func TestClusterDecidesAsOneNode(t *testing.T) {
 // only with a retryable code, only until the ring converges; no item is ever
 // forwarded twice.
 func TestClusterLeaveAndKill(t *testing.T) {
-	c := newTestCluster(t, 4)
-	entry := c.nodes[0]
+	c, _ := startCluster(t, 4, false)
+	entry := c.Members()[0].Node
 	var mu sync.Mutex
 	codesSeen := map[codes.Code]int{}
 	var calls, items int
@@ -284,9 +213,9 @@ func TestClusterLeaveAndKill(t *testing.T) {
 				return
 			default:
 			}
-			req := randomBatch(rng)
+			req := clusterBatch(rng)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			resp, err := entry.cli.Check(ctx, req)
+			resp, err := entry.Check(ctx, req)
 			cancel()
 			mu.Lock()
 			calls++
@@ -312,16 +241,27 @@ func TestClusterLeaveAndKill(t *testing.T) {
 			wg.Go(func() { load(stop, uint64(w)) })
 		}
 		start := time.Now()
-		c.stop(c.nodes[step.victim], step.graceful)
-		c.waitConverged(len(c.up()), 20*time.Second)
+		victim := c.Members()[step.victim]
+		var err error
+		if step.graceful {
+			err = c.Stop(victim)
+		} else {
+			err = c.Kill(victim)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.WaitConverged(context.Background(), len(c.Up())); err != nil {
+			t.Fatal(err)
+		}
 		took := time.Since(start)
 		close(stop)
 		wg.Wait()
-		t.Logf("%s: ring converged on %d members in %v", step.name, len(c.up()), took)
+		t.Logf("%s: ring converged on %d members in %v", step.name, len(c.Up()), took)
 
 		// After convergence: everything is answered, without errors.
 		for range 50 {
-			resp, err := entry.cli.Check(context.Background(), randomBatch(rand.New(rand.NewPCG(1, 2))))
+			resp, err := entry.Check(context.Background(), clusterBatch(rand.New(rand.NewPCG(1, 2))))
 			if err != nil || len(resp.Errors) > 0 {
 				t.Fatalf("%s: after convergence: %v %v", step.name, err, resp.GetErrors())
 			}
@@ -335,11 +275,50 @@ func TestClusterLeaveAndKill(t *testing.T) {
 		}
 	}
 	var out, in int64
-	for _, n := range c.nodes {
-		s := n.Stats()
+	for _, m := range c.Members() {
+		s := m.Node.Stats()
 		out, in = out+s.ForwardedOut, in+s.ForwardedIn
 	}
 	if in > out {
 		t.Fatalf("forwarded in %d > out %d: something forwarded twice", in, out)
+	}
+}
+
+func TestRetryIsRecordedOnceThroughAForwardingNode(t *testing.T) {
+	c, _ := startCluster(t, 3, false)
+	ms := c.Members()
+	// A recipient that node-0 does not own.
+	var rcp string
+	for i := 0; ; i++ {
+		rcp = "+86" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		if ms[0].Node.Ring().OwnerString(rcp).Name != ms[0].Name {
+			break
+		}
+	}
+	req := &pb.CheckRequest{Recipients: []string{rcp}, RequestIds: []uint64{777}}
+	check := func(n *node.Node) *pb.CheckResponse {
+		t.Helper()
+		resp, err := n.Check(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	check(ms[0].Node)
+	if again := check(ms[0].Node); !reflect.DeepEqual(again.Duplicates, []uint32{0}) {
+		t.Fatalf("retry through %s: duplicates %v", ms[0].Name, again.Duplicates)
+	}
+	// And sent once more to the owner directly.
+	owner := ms[0].Node.Ring().OwnerString(rcp).Name
+	for _, m := range ms {
+		if m.Name == owner {
+			if resp := check(m.Node); !reflect.DeepEqual(resp.Duplicates, []uint32{0}) {
+				t.Fatalf("retry at the owner: duplicates %v", resp.GetDuplicates())
+			}
+		}
+	}
+	peek, err := ms[1].Node.Check(context.Background(), &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+	if err != nil || peek.Used[0] != 1 {
+		t.Fatalf("three sends of one item counted %v times (%v)", peek.GetUsed(), err)
 	}
 }

@@ -7,14 +7,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/bench"
 	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/window"
 )
@@ -60,9 +61,10 @@ func startServer(t *testing.T, n *node.Node) pb.LimiterClient {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
-	if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("health: %v %v", h, err)
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := nodetest.WaitServing(wctx, lis.Addr().String()); err != nil {
+		t.Fatalf("health: %v", err)
 	}
 	return pb.NewLimiterClient(conn)
 }

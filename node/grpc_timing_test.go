@@ -12,10 +12,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/wal"
 )
 
@@ -129,24 +129,9 @@ func benchGRPC(b *testing.B, cfg node.Config) {
 
 // waitServingNode waits until the node at addr reports SERVING.
 func waitServingNode(tb testing.TB, addr string) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
-	if err != nil {
+	if err := nodetest.WaitServing(ctx, addr); err != nil {
 		tb.Fatal(err)
-	}
-	for {
-		r, err := w.Recv()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if r.Status == healthpb.HealthCheckResponse_SERVING {
-			return
-		}
 	}
 }

@@ -53,40 +53,6 @@ func TestRetriedItemIsRecordedOnce(t *testing.T) {
 	}
 }
 
-func TestRetryIsRecordedOnceThroughAForwardingNode(t *testing.T) {
-	c := newTestCluster(t, 3)
-	// A recipient that node-0 does not own.
-	var rcp string
-	for i := 0; ; i++ {
-		rcp = "+86" + string(rune('a'+i%26)) + string(rune('a'+i/26))
-		if c.nodes[0].Ring().OwnerString(rcp).Name != "node-0" {
-			break
-		}
-	}
-	req := &pb.CheckRequest{Recipients: []string{rcp}, RequestIds: []uint64{777}}
-	viaNode0 := func(ctx context.Context, r *pb.CheckRequest) (*pb.CheckResponse, error) {
-		return c.nodes[0].cli.Check(ctx, r)
-	}
-	_, again := retryOnce(t, viaNode0, req)
-	if !reflect.DeepEqual(again.Duplicates, []uint32{0}) {
-		t.Fatalf("retry through node-0: duplicates %v", again.Duplicates)
-	}
-	// And sent once more to the owner directly.
-	owner := c.nodes[0].Ring().OwnerString(rcp).Name
-	for _, n := range c.nodes {
-		if n.cfg.Name == owner {
-			resp, err := n.cli.Check(context.Background(), req)
-			if err != nil || !reflect.DeepEqual(resp.Duplicates, []uint32{0}) {
-				t.Fatalf("retry at the owner: %v %v", err, resp.GetDuplicates())
-			}
-		}
-	}
-	peek, _ := c.nodes[1].cli.Check(context.Background(), &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
-	if peek.Used[0] != 1 {
-		t.Fatalf("three sends of one item counted %d times", peek.Used[0])
-	}
-}
-
 func TestRequestIDsSurviveRestarts(t *testing.T) {
 	for _, graceful := range []bool{false, true} {
 		dir := t.TempDir()

@@ -179,7 +179,7 @@ func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
 		}
 		m.Addr = lis.Addr().String()
 	} else {
-		m.Addr = "mem/" + m.Name
+		m.Addr = m.Name + ".in-memory:1" // host:port, as gossip metadata wants
 	}
 	ncfg := node.Config{Rules: c.cfg.Rules, Clock: c.cfg.Clock, Name: m.Name, AdvertiseAddr: m.Addr,
 		Cluster: &gc, Logger: c.cfg.Logger}
@@ -392,8 +392,13 @@ func freePort() (int, error) {
 	return 0, errors.New("nodetest: no port free for both TCP and UDP")
 }
 
+// WaitServing waits until the node at addr reports SERVING through gRPC
+// health, or ctx ends. A test that starts Serve itself calls it before the
+// first check: Serve answers NOT_SERVING while the node recovers.
+func WaitServing(ctx context.Context, addr string) error { return waitServing(ctx, addr, nil) }
+
 // waitServing waits until the node at addr reports SERVING through gRPC
-// health, or Serve returns.
+// health, or Serve returns (served; nil never does).
 func waitServing(ctx context.Context, addr string, served <-chan error) error {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
