@@ -1,39 +1,55 @@
-// Package node is a freqring node: it wires the rule engine (window) to
-// sharded in-memory records and serves them over gRPC.
+// Package node is one freqring node: it decodes each batch once, routes its
+// items to their owners, decides the ones it owns against the rules over the
+// in-memory store, makes what it recorded durable, and serves the
+// freqring.v1 gRPC services. The parts it wires live in packages of their
+// own: window (the rule engine), rules (rules files), store (records by ring
+// partition), wal (the log on disk), ring and ring/gossip (who owns what).
 //
 // # Data flow
 //
 // A Check request is a batch of items in columns (see api/freqring/v1). The
-// node validates its shape, reads its clock once, and decides each item in
-// order: the recipient's key is xxhash64 of its bytes, which picks a shard of
-// the item's domain; under that shard's lock the record is looked up,
-// window.Apply decides, and a changed record is written back. Nothing else
-// takes a lock on the check path.
+// node validates its shape and decodes every item once (batch.go): domain,
+// content hash, cost and mode are checked, and the recipient is hashed to its
+// 64-bit key (xxhash64, which places it on the ring), its 16-bit tag
+// (CRC-32C, which tells apart recipients whose keys collide) and its ring
+// partition. Items another member owns are forwarded in one Peer.Forward per
+// owner, in parallel (forward.go); the rest are decided in decide, at one
+// clock reading, which is the one place an item meets its partition's state:
+// store.Apply takes that partition's lock, decides with window.Apply and
+// writes the record back. The sends it recorded go to the WAL in one append
+// before the reply (durable.go, walrec.go).
 //
-// # Memory layout
+// # Rules
 //
-// Each domain has its own store of Shards shards (default 256). A shard holds
-//   - an open-addressing index (linear probing, backward-shift deletion) of
-//     12-byte entries, a 64-bit key hash and a 32-bit slot reference, grown by
-//     half when 85% full;
-//   - one slab per size class (8-byte steps to 256 bytes, then ~1/8 steps to
-//     window.MaxRecordBytes), of pointer-free chunks that double from 1 KiB
-//     to 256 KiB; a record moves to another class when its size does.
+// The rule set in force and its bindings to the store (one store.Ref per
+// domain) sit behind one atomic pointer (view), so that a reload can swap
+// rules without moving records: records belong to a domain's name.
 //
-// Nothing per recipient holds a pointer, so a garbage collection costs the
-// same at 10 million recipients as at ten.
+// # Peers
 //
-// # Collisions
+// A node reaches others through the Peers interface (peer.go): gRPC by
+// default, or a LocalNetwork that calls nodes of the same process directly,
+// for in-process clusters (package nodetest).
 //
-// Two recipients whose 64-bit key hashes collide are told apart by a 16-bit
-// tag (CRC-32C of the recipient) in the record header: the second gets its
-// own index entry with the same key, and the store counts the collision
-// (DomainStats.Collisions). Only recipients equal in all 80 bits share a
-// record; sharing can deny early, never admit beyond a limit.
+// # Files
 //
-// # Idle records
+//	node.go       Node, Config, New, the rules view, Stats, Sweep, Status
+//	lifecycle.go  Open, Close, the sweep loop
+//	batch.go      the single pass: decode, Check, Forward, decide
+//	forward.go    grouping by owner, forwarding, merging answers
+//	peer.go       Peer, Peers, GRPCPeers, LocalNetwork
+//	cluster.go    membership (gossip), Leave, the Ring and WatchRing RPCs
+//	durable.go    recovery, WAL appends, snapshots' schedule, retention
+//	snapshot.go   the snapshot file: partition images, older formats read
+//	walrec.go     the WAL payload of one Check
+//	server.go     the gRPC services, health, reflection, Serve
 //
-// A record whose newest send is older than its domain's longest window holds
-// nothing any rule counts. Serve sweeps them every SweepInterval, one shard
-// at a time and at most sweepBudget index entries per lock hold.
+// # Memory
+//
+// See package store: pointer-free slabs and a flat index per partition and
+// domain, so that a garbage collection costs the same at 10 million
+// recipients as at ten. A record whose newest send is older than its
+// domain's longest window holds nothing any rule counts; Serve sweeps them
+// every SweepInterval, one partition at a time and at most sweepBudget index
+// entries per lock hold.
 package node

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -39,76 +38,6 @@ type RecoveryStats struct {
 	ReplayTime      time.Duration // time to replay them
 	Records         int64         // records after recovery, all domains
 	Total           time.Duration
-}
-
-// Open makes the node ready to decide: with a DataDir it loads the newest
-// snapshot and replays the WAL after it, then starts the background loops
-// (sweep, snapshots, WAL retention) that Close stops. Check answers
-// UNAVAILABLE until Open returns. Open may be called once.
-func (n *Node) Open(ctx context.Context) error {
-	if n.opened {
-		return errors.New("node: Open called twice")
-	}
-	n.opened = true
-	if n.cfg.DataDir != "" {
-		rs, err := n.recover(ctx)
-		if err != nil {
-			return err
-		}
-		n.recovery = rs
-		n.log.Info("recovered", "snapshot", rs.Snapshot, "snapshot_records", rs.SnapshotRecords,
-			"snapshot_bytes", rs.SnapshotBytes, "snapshot_load", rs.SnapshotTime, "wal_sends", rs.Replayed,
-			"wal_bytes", rs.ReplayBytes, "wal_replay", rs.ReplayTime, "covered_by_snapshot", rs.Covered,
-			"expired", rs.Expired, "unknown_domain", rs.UnknownDomain, "records", rs.Records, "took", rs.Total)
-	}
-	if err := n.startCluster(ctx); err != nil {
-		if n.dur != nil {
-			n.dur.log.Close()
-		}
-		return err
-	}
-	loopCtx, cancel := context.WithCancel(context.Background())
-	n.stopLoops = cancel
-	if n.cfg.SweepInterval > 0 {
-		n.loops.Go(func() { n.sweepLoop(loopCtx) })
-	}
-	if n.dur != nil {
-		n.loops.Go(func() { n.durableLoop(loopCtx) })
-	}
-	n.ready.Store(true)
-	if err := n.announceServing(ctx); err != nil {
-		n.Close()
-		return err
-	}
-	return nil
-}
-
-// Recovery returns what Open rebuilt the node from.
-func (n *Node) Recovery() RecoveryStats { return n.recovery }
-
-// Close stops the background loops and, with a DataDir, writes a final
-// snapshot (so that the next start replays no WAL) and closes the WAL. Call
-// it after the last Check has returned.
-func (n *Node) Close() error {
-	n.ready.Store(false)
-	if n.stopLoops != nil {
-		n.stopLoops()
-	}
-	if c := n.clus.Load(); c != nil {
-		if c.ms != nil {
-			c.ms.Close() // closes Watch channels: the ring loop ends
-		}
-	}
-	n.peers.Close()
-	n.loops.Wait()
-	if n.dur == nil {
-		return nil
-	}
-	err := n.snapshot()
-	if cerr := n.dur.log.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 func (n *Node) nowMs() int64 { return n.cfg.Clock.Now() / int64(time.Millisecond) }

@@ -125,24 +125,3 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	n.log.Info("stopped")
 	return nil
 }
-
-// sweepLoop runs Sweep every SweepInterval until ctx is done.
-func (n *Node) sweepLoop(ctx context.Context) {
-	t := time.NewTicker(n.cfg.SweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		start := time.Now()
-		got, err := n.Sweep(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			n.log.Error("sweep failed", "err", err)
-		case got > 0:
-			n.log.Debug("swept idle records", "reclaimed", got, "took", time.Since(start))
-		}
-	}
-}
