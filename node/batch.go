@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/window"
 )
 
@@ -248,6 +250,14 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	}
 	resp := newResponse(cnt)
 	resp.RingEpoch = r.Epoch()
+	clustered := n.clus.Load().ms != nil
+	if clustered {
+		n.waitMoving(ctx, b, idx, r)
+	}
+	var rs *replicaSet
+	if clustered && n.cfg.Replication == ReplicationSync && r.Len() > 1 {
+		rs = &replicaSet{}
+	}
 	now := n.nowMs()
 	var dec window.Decision
 	var admitted, denied, failed int64
@@ -273,11 +283,17 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 				ierr = &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
 					quote(b.req.Recipients[i]), n.cfg.Name, r.Epoch(), owner.Name)}
 			} else if seq, dup, err := n.store.Apply(x.part, x.dv.ref, x.key, x.tag, now, x.it, x.id, &dec); err != nil {
-				ierr = n.applyError(b.req.Recipients[i], err)
+				ierr = n.applyError(b.req.Recipients[i], x.part, r, err)
 			} else if dup {
 				resp.Duplicates = append(resp.Duplicates, uint32(j))
-			} else if dec.Recorded && enc != nil {
-				enc.add(walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, seq: seq, at: dec.At, content: x.it.Content, cost: x.it.Cost, id: x.id})
+			} else if dec.Recorded {
+				s := walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, seq: seq, at: dec.At, content: x.it.Content, cost: x.it.Cost, id: x.id}
+				if enc != nil {
+					enc.add(s)
+				}
+				if rs != nil {
+					rs.add(r, x.part, j, s)
+				}
 			}
 		}
 		if ierr != nil {
@@ -308,13 +324,64 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	n.admitted.Add(admitted)
 	n.denied.Add(denied)
 	n.failed.Add(failed)
+	var replicated chan struct{}
+	if rs != nil && len(rs.backups) > 0 {
+		replicated = make(chan struct{})
+		go func() { defer close(replicated); n.replicate(ctx, r, rs) }()
+	}
+	var walErr error
 	if enc != nil {
-		if err := n.appendWAL(ctx, enc, t); err != nil {
-			n.log.Error("WAL append failed: the batch was decided in memory but is not durable", "err", err)
-			return nil, status.Errorf(codes.Unavailable, "write-ahead log: %v", err)
-		}
+		walErr = n.appendWAL(ctx, enc, t)
+	}
+	if replicated != nil {
+		<-replicated
+		n.failUnreplicated(resp, rs)
+	}
+	if walErr != nil {
+		n.log.Error("WAL append failed: the batch was decided in memory but is not durable", "err", walErr)
+		return nil, status.Errorf(codes.Unavailable, "write-ahead log: %v", walErr)
 	}
 	return resp, nil
+}
+
+// waitMoving waits, at most MoveWait and until ctx is done, for the
+// partitions of the items to decide that this node owns under r but has not
+// acquired yet.
+func (n *Node) waitMoving(ctx context.Context, b *batch, idx []int, r *ring.Ring) {
+	var waits []<-chan struct{}
+	seen := map[int]bool{}
+	cnt := len(b.items)
+	if idx != nil {
+		cnt = len(idx)
+	}
+	for j := range cnt {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		x := &b.items[i]
+		if x.err != nil || seen[x.part] || n.ho.isOpen(x.part) {
+			continue
+		}
+		seen[x.part] = true
+		if r.PartitionOwner(x.part).Name == n.cfg.Name {
+			waits = append(waits, n.ho.openCh(x.part))
+		}
+	}
+	if len(waits) == 0 {
+		return
+	}
+	timer := time.NewTimer(MoveWait)
+	defer timer.Stop()
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+			return
+		}
+	}
 }
 
 // sortErrors orders item errors by index.
@@ -325,8 +392,11 @@ func sortErrors(es []*pb.ItemError) {
 // applyError turns a store error into an item error. Its message names the
 // recipient, not the item's index: a forwarded item's index is its place in
 // the forwarded batch, not in the caller's.
-func (n *Node) applyError(rcp string, err error) *itemError {
+func (n *Node) applyError(rcp string, p int, r *ring.Ring, err error) *itemError {
 	switch {
+	case errors.Is(err, store.ErrClosed):
+		return &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: partition %d is not open on %s under ring epoch %d (owner %s): it is moving; retry",
+			quote(rcp), p, n.cfg.Name, r.Epoch(), r.PartitionOwner(p).Name)}
 	case errors.Is(err, window.ErrInvalid):
 		return badItem("recipient %s: %s", quote(rcp), trimPrefix(err))
 	case errors.Is(err, window.ErrFull):

@@ -60,15 +60,32 @@ func (n *Node) startCluster(ctx context.Context) error {
 		return fmt.Errorf("node: joining the cluster: %w", err)
 	}
 	c.ms = ms
+	// Every partition is closed until this node acquires it under a ring
+	// that makes it the owner (handoff.go).
+	for p := range n.store.Partitions() {
+		n.closePartition(p)
+	}
 	n.clus.Store(c)
 	ch, cancel := ms.Watch()
+	rings := make(chan *ring.Ring, 1)
 	n.loops.Go(func() {
 		defer cancel()
+		defer close(rings)
 		for r := range ch {
 			n.peers.Prune(r)
 			n.log.Info("ring changed", "epoch", r.Epoch(), "members", len(r.Members()))
+			select { // the mover wants the latest ring only
+			case rings <- r:
+			default:
+				select {
+				case <-rings:
+				default:
+				}
+				rings <- r
+			}
 		}
 	})
+	n.loops.Go(func() { n.moverLoop(n.moverCtx, rings) })
 	return nil
 }
 
@@ -86,14 +103,17 @@ func (n *Node) announceServing(ctx context.Context) error {
 	return nil
 }
 
-// Leave announces that this node is leaving, so that peers stop routing to
-// it, and waits (at most until ctx is done) for gossip to spread it. Serve
+// Leave hands this node's partitions over to their next owners (it
+// announces "leaving" and waits until they have acquired them), then leaves
+// the membership, so that peers stop routing to it, and waits for gossip to
+// spread it; all at most until ctx is done. Serve
 // calls it on shutdown; a node without a cluster does nothing.
 func (n *Node) Leave(ctx context.Context) {
 	c := n.clus.Load()
 	if c == nil || c.ms == nil {
 		return
 	}
+	n.drain(ctx)
 	if err := c.ms.Leave(ctx); err != nil && !errors.Is(err, gossip.ErrLeft) && !errors.Is(err, gossip.ErrClosed) {
 		n.log.Warn("leaving the cluster", "err", err)
 	}

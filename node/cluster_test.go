@@ -176,18 +176,21 @@ func testClusterDecidesAsOneNode(t *testing.T, inMemory bool) {
 	if out == 0 || in != out {
 		t.Fatalf("forwarded out %d, in %d: want some, and every forward received once", out, in)
 	}
-	// Each recipient's record lives on its owner only: every partition's
-	// records are on the node that owns it, and no recipient has more than
-	// one per domain.
+	// Each recipient's record lives on its owner and its backup only, and no
+	// recipient has more than one per domain on its owner.
 	r := c.Members()[0].Node.Ring()
 	var records int64
 	for _, m := range c.Members() {
 		s := m.Node.Stats()
 		for p, cnt := range s.Partitions {
-			if owner := r.PartitionOwner(p); cnt > 0 && owner.Name != m.Name {
-				t.Fatalf("partition %d has %d records on %s, its owner is %s", p, cnt, m.Name, owner.Name)
+			owner := r.PartitionOwner(p)
+			backup, _ := r.PartitionReplica(p)
+			if cnt > 0 && owner.Name != m.Name && backup.Name != m.Name {
+				t.Fatalf("partition %d has %d records on %s, its owner is %s and its backup %s", p, cnt, m.Name, owner.Name, backup.Name)
 			}
-			records += cnt
+			if owner.Name == m.Name {
+				records += cnt
+			}
 		}
 	}
 	if most := int64(2 * len(clusterRecipients)); records == 0 || records > most { // two domains

@@ -34,6 +34,7 @@ type RecoveryStats struct {
 	Covered         int64         // WAL sends already in the snapshot
 	Expired         int64         // WAL sends older than their domain's longest window
 	UnknownDomain   int64         // WAL sends of a domain the rules no longer have
+	Merged          int64         // records merged again from partition images in the WAL
 	ReplayBytes     int64         // WAL payload bytes read
 	ReplayTime      time.Duration // time to replay them
 	Records         int64         // records after recovery, all domains
@@ -94,6 +95,13 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 			return err
 		}
 		rs.ReplayBytes += int64(len(p))
+		if len(p) > 0 && p[0] == walImages {
+			return decodeImages(p, func(img []byte) error {
+				_, ms, err := n.store.MergeImage(img, now, v.bindName)
+				rs.Merged += ms.Records
+				return err
+			})
+		}
 		return decodeWAL(p, func(s walSend) error {
 			dv := v.domains[s.domain]
 			part := n.store.PartitionOf(s.key)

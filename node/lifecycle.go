@@ -62,6 +62,7 @@ func (n *Node) Close() error {
 	if n.stopLoops != nil {
 		n.stopLoops()
 	}
+	n.stopMover()
 	if c := n.clus.Load(); c != nil {
 		if c.ms != nil {
 			c.ms.Close() // closes Watch channels: the ring loop ends

@@ -95,6 +95,9 @@ type Config struct {
 	// Peers reaches other nodes; nil means gRPC (GRPCPeers). In-process
 	// clusters pass a LocalNetwork's peers.
 	Peers Peers
+	// Replication says whether an admitted send is on its partition's
+	// backup before the reply; the zero value is ReplicationSync.
+	Replication Replication
 
 	// IdempotencyWindow is how long the request id of a recorded item is
 	// remembered, so that a retry is not recorded twice; 0 means 1 minute.
@@ -151,6 +154,9 @@ func (c *Config) validate() error {
 	if c.IdempotencyWindow < 0 {
 		return fmt.Errorf("node: IdempotencyWindow %v is negative", c.IdempotencyWindow)
 	}
+	if c.Replication > ReplicationOff {
+		return fmt.Errorf("node: Replication %d is not one of sync (0), off (1)", c.Replication)
+	}
 	if c.IdempotencyCapacity < 0 {
 		return fmt.Errorf("node: IdempotencyCapacity %d is negative", c.IdempotencyCapacity)
 	}
@@ -173,9 +179,15 @@ type Node struct {
 	loops     sync.WaitGroup // background loops started by Open
 	encoders  sync.Pool      // *walEncoder
 
-	clus    atomic.Pointer[cluster] // set by Open; RPCs may read it before
-	peers   Peers
-	started time.Time
+	clus  atomic.Pointer[cluster] // set by Open; RPCs may read it before
+	peers Peers
+	ho    *handoff
+	// moverCtx is cancelled by Close: it ends partition moves in progress.
+	moverCtx  context.Context
+	stopMover context.CancelFunc
+
+	replicated, replicationFailures atomic.Int64
+	started                         time.Time
 
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
@@ -213,6 +225,8 @@ func New(cfg Config) (*Node, error) {
 	if n.peers == nil {
 		n.peers = GRPCPeers()
 	}
+	n.ho = newHandoff(st.Partitions())
+	n.moverCtx, n.stopMover = context.WithCancel(context.Background())
 	n.view.Store(n.bind(cfg.Rules))
 	return n, nil
 }
@@ -363,7 +377,21 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 	}
 	if r := n.Ring(); r != nil {
 		resp.RingEpoch = r.Epoch()
+		for p := range n.store.Partitions() {
+			if r.PartitionOwner(p).Name == n.cfg.Name {
+				resp.PartitionsOwned++
+				if !n.ho.isOpen(p) {
+					resp.PartitionsMoving++
+				}
+			}
+			if b, ok := r.PartitionReplica(p); ok && b.Name == n.cfg.Name {
+				resp.PartitionsBacked++
+			}
+		}
 	}
+	resp.Replication = n.cfg.Replication.String()
+	resp.ReplicatedSends, resp.ReplicationFailures = n.replicated.Load(), n.replicationFailures.Load()
+	resp.AcquiredPartitions, resp.AcquiredRecords = n.ho.moves.Load(), n.ho.movedRecords.Load()
 	for _, d := range s.Domains {
 		resp.Domains = append(resp.Domains, &pb.DomainStatus{Name: d.Name, Records: d.Records, Collisions: d.Collisions, HeapBytes: d.IndexBytes + d.SlabBytes})
 	}

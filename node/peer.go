@@ -19,7 +19,19 @@ import (
 type Peer interface {
 	// Forward asks the peer to decide items it owns (Node.Forward).
 	Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error)
+	// Acquire takes partitions over from the peer (Node.Acquire).
+	Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error)
+	// Release lets the peer drop partitions taken over (Node.Release).
+	Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error)
+	// Replicate puts admitted sends on the peer, their backup (Node.Replicate).
+	Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error)
+	// Fill puts partition images on the peer, their backup (Node.Fill).
+	Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error)
 }
+
+// MaxPeerResponseBytes bounds a peer's answer (an Acquire carries partition
+// images).
+const MaxPeerResponseBytes = 1 << 30
 
 // Peers reaches the members of a ring. Implementations are safe for
 // concurrent use.
@@ -38,7 +50,7 @@ func GRPCPeers(opts ...grpc.DialOption) Peers {
 	if len(opts) == 0 {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRequestBytes)))
+	opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPeerResponseBytes), grpc.MaxCallSendMsgSize(MaxRequestBytes)))
 	return &grpcPeers{opts: opts, conns: map[string]*grpc.ClientConn{}}
 }
 
@@ -67,6 +79,22 @@ type grpcPeer struct{ c pb.PeerClient }
 
 func (p grpcPeer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
 	return p.c.Forward(ctx, req)
+}
+
+func (p grpcPeer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+	return p.c.Acquire(ctx, req)
+}
+
+func (p grpcPeer) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	return p.c.Release(ctx, req)
+}
+
+func (p grpcPeer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
+	return p.c.Replicate(ctx, req)
+}
+
+func (p grpcPeer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
+	return p.c.Fill(ctx, req)
 }
 
 func (g *grpcPeers) Prune(r *ring.Ring) {
@@ -146,13 +174,36 @@ func (p localPeer) node() (*Node, error) {
 }
 
 func (p localPeer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return localCall(p, ctx, req, (*Node).Forward)
+}
+
+func (p localPeer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+	return localCall(p, ctx, req, (*Node).Acquire)
+}
+
+func (p localPeer) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	return localCall(p, ctx, req, (*Node).Release)
+}
+
+func (p localPeer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
+	return localCall(p, ctx, req, (*Node).Replicate)
+}
+
+func (p localPeer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
+	return localCall(p, ctx, req, (*Node).Fill)
+}
+
+// localCall calls method on the node registered at p's address, cloning the
+// request and the answer as a wire would.
+func localCall[Req, Resp proto.Message](p localPeer, ctx context.Context, req Req, method func(*Node, context.Context, Req) (Resp, error)) (Resp, error) {
+	var zero Resp
 	n, err := p.node()
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	resp, err := n.Forward(ctx, proto.Clone(req).(*pb.CheckRequest))
+	resp, err := method(n, ctx, proto.Clone(req).(Req))
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	return proto.Clone(resp).(*pb.CheckResponse), nil
+	return proto.Clone(resp).(Resp), nil
 }

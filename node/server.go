@@ -54,6 +54,22 @@ func (s peerServer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.Chec
 	return s.n.Forward(ctx, req)
 }
 
+func (s peerServer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+	return s.n.Acquire(ctx, req)
+}
+
+func (s peerServer) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	return s.n.Release(ctx, req)
+}
+
+func (s peerServer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
+	return s.n.Replicate(ctx, req)
+}
+
+func (s peerServer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
+	return s.n.Fill(ctx, req)
+}
+
 // NewGRPCServer returns a gRPC server with the node's Limiter service, gRPC
 // health (NOT_SERVING until the caller sets it) and reflection registered,
 // and the health server.
@@ -101,7 +117,7 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	n.log.Info("shutting down", "grace", ShutdownGrace)
 	leaveCtx, cancel := context.WithTimeout(context.Background(), ShutdownGrace/2)
-	n.Leave(leaveCtx) // peers stop routing here before the server stops
+	n.Leave(leaveCtx) // partitions handed over, peers stop routing here before the server stops
 	cancel()
 	hs.Shutdown()
 	stopped := make(chan struct{})

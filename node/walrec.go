@@ -28,7 +28,46 @@ var ErrBadPayload = errors.New("node: bad wal payload")
 //
 // Fields may only be added under a new version; the decoder reads every
 // version up to its own.
-const walVersion = 2
+//
+// A payload whose first byte is walImages instead holds partition images
+// this node merged (taken over from a peer, or filled as a backup):
+//
+//	kind      byte 0x80
+//	images    count, then each: length, a store image
+//
+// Replaying one merges the images again, which changes nothing that is
+// already there (a merge is a set union).
+const (
+	walVersion = 2
+	walImages  = 0x80
+)
+
+// decodeImages calls fn for each image of an image payload.
+func decodeImages(p []byte, fn func(img []byte) error) error {
+	r := walReader{b: p}
+	if k := r.byte(); k != walImages {
+		return fmt.Errorf("%w: kind %#x, not an image payload", ErrBadPayload, k)
+	}
+	cnt := r.uvarint()
+	if cnt > uint64(len(p)) {
+		return fmt.Errorf("%w: %d images in %d bytes", ErrBadPayload, cnt, len(p))
+	}
+	for i := range cnt {
+		img := r.take(r.uvarint())
+		if r.err != nil {
+			return fmt.Errorf("%w: image %d: %v", ErrBadPayload, i, r.err)
+		}
+		if err := fn(img); err != nil {
+			return err
+		}
+	}
+	if len(r.b) != 0 {
+		return fmt.Errorf("%w: %d bytes after the last image", ErrBadPayload, len(r.b))
+	}
+	return nil
+}
+
+func appendUvarint(dst []byte, v uint64) []byte { return binary.AppendUvarint(dst, v) }
 
 // walSend is one recorded send as the WAL keeps it.
 type walSend struct {

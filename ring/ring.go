@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/buraksezer/consistent"
 	"github.com/cespare/xxhash/v2"
@@ -293,6 +294,12 @@ func (r *Ring) PartitionReplica(p int) (m Member, ok bool) {
 
 // Members returns a copy of the members, sorted by name.
 func (r *Ring) Members() []Member { return slices.Clone(r.members) }
+
+// Has reports whether the ring has a member of that name.
+func (r *Ring) Has(name string) bool {
+	_, ok := slices.BinarySearchFunc(r.members, name, func(m Member, n string) int { return strings.Compare(m.Name, n) })
+	return ok
+}
 
 // Len returns the number of members.
 func (r *Ring) Len() int { return len(r.members) }

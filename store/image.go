@@ -31,9 +31,23 @@ const imageVersion = 1
 // AppendImage appends partition p's image to dst and returns it with the
 // number of records it holds. It holds p's lock while it copies.
 func (s *Store) AppendImage(dst []byte, p int) ([]byte, int64) {
+	return s.appendImage(dst, p, false)
+}
+
+// CloseAndAppendImage closes partition p (see Close) and appends its image
+// to dst, under one hold of its lock: no check is decided between the two,
+// so the image holds every send the partition admitted.
+func (s *Store) CloseAndAppendImage(dst []byte, p int) ([]byte, int64) {
+	return s.appendImage(dst, p, true)
+}
+
+func (s *Store) appendImage(dst []byte, p int, close bool) ([]byte, int64) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	if close {
+		pt.closed = true
+	}
 	dst = append(dst, imageVersion)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(p))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.parts)))
@@ -113,7 +127,7 @@ type MergeStats struct {
 // there, with the records before it merged.
 func (s *Store) MergeImage(img []byte, now int64, bind func(name string) (Ref, bool)) (ImageHeader, MergeStats, error) {
 	var ms MergeStats
-	h, err := s.checkImage(img)
+	h, err := CheckImage(img)
 	if err != nil {
 		return h, ms, err
 	}
@@ -163,9 +177,10 @@ func (s *Store) MergeImage(img []byte, now int64, bind func(name string) (Ref, b
 
 const imageHeaderLen = 1 + 4 + 4 + 8
 
-// checkImage checks the structure of img without changing anything and
-// returns its header.
-func (s *Store) checkImage(img []byte) (ImageHeader, error) {
+// CheckImage checks the structure of img (every length, count and record
+// header) and returns its header. A nil error means MergeImage will not
+// refuse it as malformed.
+func CheckImage(img []byte) (ImageHeader, error) {
 	var h ImageHeader
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrBadImage, fmt.Sprintf(format, args...))

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -72,6 +73,7 @@ type partition struct {
 	spaces  []*space       // by domain id; nil until the domain has a record here
 	scratch window.Scratch // working memory of window.Apply
 	seq     uint64         // sends recorded in this partition, ever; numbers each one for the WAL
+	closed  bool           // Apply refuses: another node may hold newer history (see Close)
 	_       [64]byte       // keep neighbouring partitions' locks off one cache line
 }
 
@@ -113,6 +115,36 @@ func (s *Store) Partitions() int { return len(s.parts) }
 // PartitionOf returns the partition of key hash key: key % Partitions, the
 // ring's rule.
 func (s *Store) PartitionOf(key uint64) int { return int(key % uint64(len(s.parts))) }
+
+// ErrClosed reports a check on a closed partition (see Store.Close).
+var ErrClosed = errors.New("store: partition closed")
+
+// Close closes partition p to Apply: checks fail with ErrClosed until Open.
+// Replay, merges and Insert still work. A node closes a partition it does
+// not own, or whose history may be on another node, so that it never decides
+// from a record that may be missing sends. Partitions start open.
+func (s *Store) Close(p int) {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	pt.closed = true
+	pt.mu.Unlock()
+}
+
+// Open opens partition p to Apply.
+func (s *Store) Open(p int) {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	pt.closed = false
+	pt.mu.Unlock()
+}
+
+// IsOpen reports whether partition p is open.
+func (s *Store) IsOpen(p int) bool {
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return !pt.closed
+}
 
 // Ref is a rule domain bound to its records in a store. Records belong to the
 // domain's name, not to its rules: binding new rules of the same name (a
@@ -180,6 +212,9 @@ func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	if pt.closed {
+		return 0, false, fmt.Errorf("%w: partition %d", ErrClosed, p)
+	}
 	sp := pt.space(r.id, false)
 	var pos int = -1
 	var rec []byte
@@ -239,6 +274,33 @@ func (s *Store) Insert(p int, r Ref, key uint64, tag uint16, at int64, it window
 		return err
 	}
 	return sp.put(key, pos, out, other)
+}
+
+// Record records it as sent at time at (unix ms) without deciding, as
+// Insert does, in partition p whether open or closed, and numbers the send
+// with the partition's next sequence number, which it returns: a backup
+// records the sends its owner admitted this way.
+func (s *Store) Record(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, id uint64, now int64) (uint64, error) {
+	key = storedKey(key)
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	sp := pt.space(r.id, true)
+	if id != 0 && now-at < s.idHorizon {
+		sp.ids.put(idKey(id, key), at, now, s.idHorizon, s.idCap)
+	}
+	pos, rec, other := sp.lookup(key, tag)
+	out, err := r.rules.Insert(&pt.scratch, rec, tag, at, it)
+	if err != nil {
+		return 0, err
+	}
+	if out != nil {
+		if err := sp.put(key, pos, out, other); err != nil {
+			return 0, err
+		}
+	}
+	pt.seq++
+	return pt.seq, nil
 }
 
 // Seq returns partition p's sequence number: the number of the last send it

@@ -860,21 +860,29 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type StatusResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
-	RingEpoch     uint64                 `protobuf:"varint,3,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
-	Serving       bool                   `protobuf:"varint,4,opt,name=serving,proto3" json:"serving,omitempty"`
-	Checks        int64                  `protobuf:"varint,5,opt,name=checks,proto3" json:"checks,omitempty"` // items decided here since start
-	Admitted      int64                  `protobuf:"varint,6,opt,name=admitted,proto3" json:"admitted,omitempty"`
-	Denied        int64                  `protobuf:"varint,7,opt,name=denied,proto3" json:"denied,omitempty"`
-	Failed        int64                  `protobuf:"varint,8,opt,name=failed,proto3" json:"failed,omitempty"`
-	ForwardedOut  int64                  `protobuf:"varint,9,opt,name=forwarded_out,json=forwardedOut,proto3" json:"forwarded_out,omitempty"` // items this node sent to their owners
-	ForwardedIn   int64                  `protobuf:"varint,10,opt,name=forwarded_in,json=forwardedIn,proto3" json:"forwarded_in,omitempty"`   // items peers sent here
-	Domains       []*DomainStatus        `protobuf:"bytes,11,rep,name=domains,proto3" json:"domains,omitempty"`
-	StartedUnixMs int64                  `protobuf:"varint,12,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Node                string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Addr                string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	RingEpoch           uint64                 `protobuf:"varint,3,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	Serving             bool                   `protobuf:"varint,4,opt,name=serving,proto3" json:"serving,omitempty"`
+	Checks              int64                  `protobuf:"varint,5,opt,name=checks,proto3" json:"checks,omitempty"` // items decided here since start
+	Admitted            int64                  `protobuf:"varint,6,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	Denied              int64                  `protobuf:"varint,7,opt,name=denied,proto3" json:"denied,omitempty"`
+	Failed              int64                  `protobuf:"varint,8,opt,name=failed,proto3" json:"failed,omitempty"`
+	ForwardedOut        int64                  `protobuf:"varint,9,opt,name=forwarded_out,json=forwardedOut,proto3" json:"forwarded_out,omitempty"` // items this node sent to their owners
+	ForwardedIn         int64                  `protobuf:"varint,10,opt,name=forwarded_in,json=forwardedIn,proto3" json:"forwarded_in,omitempty"`   // items peers sent here
+	Domains             []*DomainStatus        `protobuf:"bytes,11,rep,name=domains,proto3" json:"domains,omitempty"`
+	StartedUnixMs       int64                  `protobuf:"varint,12,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	PartitionsOwned     uint32                 `protobuf:"varint,13,opt,name=partitions_owned,json=partitionsOwned,proto3" json:"partitions_owned,omitempty"`             // partitions this node owns under its ring and decides for
+	PartitionsBacked    uint32                 `protobuf:"varint,14,opt,name=partitions_backed,json=partitionsBacked,proto3" json:"partitions_backed,omitempty"`          // partitions this node is the backup of under its ring
+	PartitionsMoving    uint32                 `protobuf:"varint,15,opt,name=partitions_moving,json=partitionsMoving,proto3" json:"partitions_moving,omitempty"`          // partitions it owns but has not acquired yet (checks wait or fail retryable)
+	Replication         string                 `protobuf:"bytes,16,opt,name=replication,proto3" json:"replication,omitempty"`                                             // "sync" or "off"
+	ReplicatedSends     int64                  `protobuf:"varint,17,opt,name=replicated_sends,json=replicatedSends,proto3" json:"replicated_sends,omitempty"`             // sends sent to backups since start
+	ReplicationFailures int64                  `protobuf:"varint,18,opt,name=replication_failures,json=replicationFailures,proto3" json:"replication_failures,omitempty"` // items failed because their backup did not confirm
+	AcquiredPartitions  int64                  `protobuf:"varint,19,opt,name=acquired_partitions,json=acquiredPartitions,proto3" json:"acquired_partitions,omitempty"`    // partition acquisitions completed since start
+	AcquiredRecords     int64                  `protobuf:"varint,20,opt,name=acquired_records,json=acquiredRecords,proto3" json:"acquired_records,omitempty"`             // records merged by them
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -991,6 +999,62 @@ func (x *StatusResponse) GetStartedUnixMs() int64 {
 	return 0
 }
 
+func (x *StatusResponse) GetPartitionsOwned() uint32 {
+	if x != nil {
+		return x.PartitionsOwned
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetPartitionsBacked() uint32 {
+	if x != nil {
+		return x.PartitionsBacked
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetPartitionsMoving() uint32 {
+	if x != nil {
+		return x.PartitionsMoving
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetReplication() string {
+	if x != nil {
+		return x.Replication
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetReplicatedSends() int64 {
+	if x != nil {
+		return x.ReplicatedSends
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetReplicationFailures() int64 {
+	if x != nil {
+		return x.ReplicationFailures
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetAcquiredPartitions() int64 {
+	if x != nil {
+		return x.AcquiredPartitions
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetAcquiredRecords() int64 {
+	if x != nil {
+		return x.AcquiredRecords
+	}
+	return 0
+}
+
 type DomainStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1103,6 +1167,414 @@ func (x *RulesResponse) GetDomains() []*Domain {
 	return nil
 }
 
+type AcquireRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                             // the caller's name
+	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"` // the ring under which the caller owns the partitions
+	Partitions    []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireRequest) Reset() {
+	*x = AcquireRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireRequest) ProtoMessage() {}
+
+func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
+func (*AcquireRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *AcquireRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type AcquireResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Images        [][]byte               `protobuf:"bytes,2,rep,name=images,proto3" json:"images,omitempty"` // a store image per requested partition that holds anything
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireResponse) Reset() {
+	*x = AcquireResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireResponse) ProtoMessage() {}
+
+func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
+func (*AcquireResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *AcquireResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *AcquireResponse) GetImages() [][]byte {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+type ReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	Partitions    []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReleaseRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ReleaseRequest) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *ReleaseRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type ReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dropped       []uint32               `protobuf:"varint,1,rep,packed,name=dropped,proto3" json:"dropped,omitempty"` // partitions whose copy this node dropped
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReleaseResponse) GetDropped() []uint32 {
+	if x != nil {
+		return x.Dropped
+	}
+	return nil
+}
+
+type ReplicateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	Sends         []byte                 `protobuf:"bytes,3,opt,name=sends,proto3" json:"sends,omitempty"` // a WAL payload: the sends of one batch that this node backs
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateRequest) ProtoMessage() {}
+
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReplicateRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetSends() []byte {
+	if x != nil {
+		return x.Sends
+	}
+	return nil
+}
+
+type ReplicateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateResponse) Reset() {
+	*x = ReplicateResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateResponse) ProtoMessage() {}
+
+func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicateResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{19}
+}
+
+type FillRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	Images        [][]byte               `protobuf:"bytes,3,rep,name=images,proto3" json:"images,omitempty"` // store images of partitions this node backs
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FillRequest) Reset() {
+	*x = FillRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FillRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FillRequest) ProtoMessage() {}
+
+func (x *FillRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FillRequest.ProtoReflect.Descriptor instead.
+func (*FillRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *FillRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FillRequest) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *FillRequest) GetImages() [][]byte {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+type FillResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FillResponse) Reset() {
+	*x = FillResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FillResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FillResponse) ProtoMessage() {}
+
+func (x *FillResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FillResponse.ProtoReflect.Descriptor instead.
+func (*FillResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{21}
+}
+
 var File_freqring_v1_freqring_proto protoreflect.FileDescriptor
 
 const file_freqring_v1_freqring_proto_rawDesc = "" +
@@ -1172,7 +1644,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
 	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
-	"\rStatusRequest\"\xfa\x02\n" +
+	"\rStatusRequest\"\xdb\x05\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
@@ -1187,7 +1659,15 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\fforwarded_in\x18\n" +
 	" \x01(\x03R\vforwardedIn\x123\n" +
 	"\adomains\x18\v \x03(\v2\x19.freqring.v1.DomainStatusR\adomains\x12&\n" +
-	"\x0fstarted_unix_ms\x18\f \x01(\x03R\rstartedUnixMs\"{\n" +
+	"\x0fstarted_unix_ms\x18\f \x01(\x03R\rstartedUnixMs\x12)\n" +
+	"\x10partitions_owned\x18\r \x01(\rR\x0fpartitionsOwned\x12+\n" +
+	"\x11partitions_backed\x18\x0e \x01(\rR\x10partitionsBacked\x12+\n" +
+	"\x11partitions_moving\x18\x0f \x01(\rR\x10partitionsMoving\x12 \n" +
+	"\vreplication\x18\x10 \x01(\tR\vreplication\x12)\n" +
+	"\x10replicated_sends\x18\x11 \x01(\x03R\x0freplicatedSends\x121\n" +
+	"\x14replication_failures\x18\x12 \x01(\x03R\x13replicationFailures\x12/\n" +
+	"\x13acquired_partitions\x18\x13 \x01(\x03R\x12acquiredPartitions\x12)\n" +
+	"\x10acquired_records\x18\x14 \x01(\x03R\x0facquiredRecords\"{\n" +
 	"\fDomainStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +
@@ -1197,7 +1677,38 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
 	"heap_bytes\x18\x04 \x01(\x03R\theapBytes\">\n" +
 	"\rRulesResponse\x12-\n" +
-	"\adomains\x18\x01 \x03(\v2\x13.freqring.v1.DomainR\adomains*F\n" +
+	"\adomains\x18\x01 \x03(\v2\x13.freqring.v1.DomainR\adomains\"c\n" +
+	"\x0eAcquireRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\rR\n" +
+	"partitions\"=\n" +
+	"\x0fAcquireResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06images\x18\x02 \x03(\fR\x06images\"c\n" +
+	"\x0eReleaseRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\rR\n" +
+	"partitions\"+\n" +
+	"\x0fReleaseResponse\x12\x18\n" +
+	"\adropped\x18\x01 \x03(\rR\adropped\"[\n" +
+	"\x10ReplicateRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x14\n" +
+	"\x05sends\x18\x03 \x01(\fR\x05sends\"\x13\n" +
+	"\x11ReplicateResponse\"X\n" +
+	"\vFillRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x16\n" +
+	"\x06images\x18\x03 \x03(\fR\x06images\"\x0e\n" +
+	"\fFillResponse*F\n" +
 	"\x04Mode\x12\x19\n" +
 	"\x15MODE_CHECK_AND_RECORD\x10\x00\x12\r\n" +
 	"\tMODE_PEEK\x10\x01\x12\x14\n" +
@@ -1207,9 +1718,13 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x05Rules\x12\x19.freqring.v1.RulesRequest\x1a\x1a.freqring.v1.RulesResponse\x12;\n" +
 	"\x04Ring\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse\x12B\n" +
 	"\tWatchRing\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse0\x01\x12A\n" +
-	"\x06Status\x12\x1a.freqring.v1.StatusRequest\x1a\x1b.freqring.v1.StatusResponse2H\n" +
+	"\x06Status\x12\x1a.freqring.v1.StatusRequest\x1a\x1b.freqring.v1.StatusResponse2\xdd\x02\n" +
 	"\x04Peer\x12@\n" +
-	"\aForward\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
+	"\aForward\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12D\n" +
+	"\aAcquire\x12\x1b.freqring.v1.AcquireRequest\x1a\x1c.freqring.v1.AcquireResponse\x12D\n" +
+	"\aRelease\x12\x1b.freqring.v1.ReleaseRequest\x1a\x1c.freqring.v1.ReleaseResponse\x12J\n" +
+	"\tReplicate\x12\x1d.freqring.v1.ReplicateRequest\x1a\x1e.freqring.v1.ReplicateResponse\x12;\n" +
+	"\x04Fill\x12\x18.freqring.v1.FillRequest\x1a\x19.freqring.v1.FillResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
 
 var (
 	file_freqring_v1_freqring_proto_rawDescOnce sync.Once
@@ -1224,29 +1739,37 @@ func file_freqring_v1_freqring_proto_rawDescGZIP() []byte {
 }
 
 var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_freqring_v1_freqring_proto_goTypes = []any{
-	(Mode)(0),              // 0: freqring.v1.Mode
-	(*CheckRequest)(nil),   // 1: freqring.v1.CheckRequest
-	(*CheckResponse)(nil),  // 2: freqring.v1.CheckResponse
-	(*ItemError)(nil),      // 3: freqring.v1.ItemError
-	(*Domain)(nil),         // 4: freqring.v1.Domain
-	(*Rule)(nil),           // 5: freqring.v1.Rule
-	(*RulesRequest)(nil),   // 6: freqring.v1.RulesRequest
-	(*RingRequest)(nil),    // 7: freqring.v1.RingRequest
-	(*RingResponse)(nil),   // 8: freqring.v1.RingResponse
-	(*Member)(nil),         // 9: freqring.v1.Member
-	(*Placement)(nil),      // 10: freqring.v1.Placement
-	(*StatusRequest)(nil),  // 11: freqring.v1.StatusRequest
-	(*StatusResponse)(nil), // 12: freqring.v1.StatusResponse
-	(*DomainStatus)(nil),   // 13: freqring.v1.DomainStatus
-	(*RulesResponse)(nil),  // 14: freqring.v1.RulesResponse
-	nil,                    // 15: freqring.v1.CheckResponse.DomainsEntry
+	(Mode)(0),                 // 0: freqring.v1.Mode
+	(*CheckRequest)(nil),      // 1: freqring.v1.CheckRequest
+	(*CheckResponse)(nil),     // 2: freqring.v1.CheckResponse
+	(*ItemError)(nil),         // 3: freqring.v1.ItemError
+	(*Domain)(nil),            // 4: freqring.v1.Domain
+	(*Rule)(nil),              // 5: freqring.v1.Rule
+	(*RulesRequest)(nil),      // 6: freqring.v1.RulesRequest
+	(*RingRequest)(nil),       // 7: freqring.v1.RingRequest
+	(*RingResponse)(nil),      // 8: freqring.v1.RingResponse
+	(*Member)(nil),            // 9: freqring.v1.Member
+	(*Placement)(nil),         // 10: freqring.v1.Placement
+	(*StatusRequest)(nil),     // 11: freqring.v1.StatusRequest
+	(*StatusResponse)(nil),    // 12: freqring.v1.StatusResponse
+	(*DomainStatus)(nil),      // 13: freqring.v1.DomainStatus
+	(*RulesResponse)(nil),     // 14: freqring.v1.RulesResponse
+	(*AcquireRequest)(nil),    // 15: freqring.v1.AcquireRequest
+	(*AcquireResponse)(nil),   // 16: freqring.v1.AcquireResponse
+	(*ReleaseRequest)(nil),    // 17: freqring.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),   // 18: freqring.v1.ReleaseResponse
+	(*ReplicateRequest)(nil),  // 19: freqring.v1.ReplicateRequest
+	(*ReplicateResponse)(nil), // 20: freqring.v1.ReplicateResponse
+	(*FillRequest)(nil),       // 21: freqring.v1.FillRequest
+	(*FillResponse)(nil),      // 22: freqring.v1.FillResponse
+	nil,                       // 23: freqring.v1.CheckResponse.DomainsEntry
 }
 var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	0,  // 0: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
 	3,  // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	15, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	23, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
 	5,  // 3: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
 	9,  // 4: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
 	10, // 5: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
@@ -1260,14 +1783,22 @@ var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	7,  // 13: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
 	11, // 14: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
 	1,  // 15: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
-	2,  // 16: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	14, // 17: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	8,  // 18: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
-	8,  // 19: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
-	12, // 20: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
-	2,  // 21: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
+	15, // 16: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
+	17, // 17: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
+	19, // 18: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
+	21, // 19: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
+	2,  // 20: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	14, // 21: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	8,  // 22: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	8,  // 23: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	12, // 24: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	2,  // 25: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	16, // 26: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
+	18, // 27: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
+	20, // 28: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
+	22, // 29: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
+	20, // [20:30] is the sub-list for method output_type
+	10, // [10:20] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -1284,7 +1815,7 @@ func file_freqring_v1_freqring_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_freqring_v1_freqring_proto_rawDesc), len(file_freqring_v1_freqring_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

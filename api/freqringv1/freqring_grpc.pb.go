@@ -306,7 +306,11 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Peer_Forward_FullMethodName = "/freqring.v1.Peer/Forward"
+	Peer_Forward_FullMethodName   = "/freqring.v1.Peer/Forward"
+	Peer_Acquire_FullMethodName   = "/freqring.v1.Peer/Acquire"
+	Peer_Release_FullMethodName   = "/freqring.v1.Peer/Release"
+	Peer_Replicate_FullMethodName = "/freqring.v1.Peer/Replicate"
+	Peer_Fill_FullMethodName      = "/freqring.v1.Peer/Fill"
 )
 
 // PeerClient is the client API for Peer service.
@@ -319,6 +323,26 @@ type PeerClient interface {
 	// forwards again: an item this node does not own under its own ring fails
 	// with UNAVAILABLE (retryable) and the response carries this node's epoch.
 	Forward(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// Acquire hands the caller, which owns the given partitions under
+	// ring_epoch, this node's copy of each: the node closes each partition to
+	// checks (it decides for it again only once it acquires it itself) and
+	// returns their images. Refused (FAILED_PRECONDITION, with this node's
+	// epoch in the message) unless this node's ring has the same epoch and
+	// the caller owns every partition named in it.
+	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
+	// Release tells the nodes an acquirer took partitions from that it now
+	// holds them durably: each drops its copy of those it neither owns nor
+	// backs under its ring.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Replicate records on this node, the backup of their partitions, sends
+	// their owner admitted (a WAL payload of node's format), durably, before
+	// the owner replies. Refused unless this node's ring has the same epoch,
+	// the caller owns every send's partition and this node backs it.
+	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// Fill merges partition images from their owner into this node, their
+	// backup, durably: a new backup is filled before it counts as one. The
+	// same checks as Replicate.
+	Fill(ctx context.Context, in *FillRequest, opts ...grpc.CallOption) (*FillResponse, error)
 }
 
 type peerClient struct {
@@ -339,6 +363,46 @@ func (c *peerClient) Forward(ctx context.Context, in *CheckRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *peerClient) Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AcquireResponse)
+	err := c.cc.Invoke(ctx, Peer_Acquire_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, Peer_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicateResponse)
+	err := c.cc.Invoke(ctx, Peer_Replicate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Fill(ctx context.Context, in *FillRequest, opts ...grpc.CallOption) (*FillResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FillResponse)
+	err := c.cc.Invoke(ctx, Peer_Fill_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -349,6 +413,26 @@ type PeerServer interface {
 	// forwards again: an item this node does not own under its own ring fails
 	// with UNAVAILABLE (retryable) and the response carries this node's epoch.
 	Forward(context.Context, *CheckRequest) (*CheckResponse, error)
+	// Acquire hands the caller, which owns the given partitions under
+	// ring_epoch, this node's copy of each: the node closes each partition to
+	// checks (it decides for it again only once it acquires it itself) and
+	// returns their images. Refused (FAILED_PRECONDITION, with this node's
+	// epoch in the message) unless this node's ring has the same epoch and
+	// the caller owns every partition named in it.
+	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
+	// Release tells the nodes an acquirer took partitions from that it now
+	// holds them durably: each drops its copy of those it neither owns nor
+	// backs under its ring.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Replicate records on this node, the backup of their partitions, sends
+	// their owner admitted (a WAL payload of node's format), durably, before
+	// the owner replies. Refused unless this node's ring has the same epoch,
+	// the caller owns every send's partition and this node backs it.
+	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// Fill merges partition images from their owner into this node, their
+	// backup, durably: a new backup is filled before it counts as one. The
+	// same checks as Replicate.
+	Fill(context.Context, *FillRequest) (*FillResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -361,6 +445,18 @@ type UnimplementedPeerServer struct{}
 
 func (UnimplementedPeerServer) Forward(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forward not implemented")
+}
+func (UnimplementedPeerServer) Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Acquire not implemented")
+}
+func (UnimplementedPeerServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedPeerServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedPeerServer) Fill(context.Context, *FillRequest) (*FillResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Fill not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -401,6 +497,78 @@ func _Peer_Forward_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Acquire_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcquireRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Acquire(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Acquire_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Acquire(ctx, req.(*AcquireRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Replicate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Replicate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Replicate(ctx, req.(*ReplicateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Fill_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FillRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Fill(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Fill_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Fill(ctx, req.(*FillRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -411,6 +579,22 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Forward",
 			Handler:    _Peer_Forward_Handler,
+		},
+		{
+			MethodName: "Acquire",
+			Handler:    _Peer_Acquire_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _Peer_Release_Handler,
+		},
+		{
+			MethodName: "Replicate",
+			Handler:    _Peer_Replicate_Handler,
+		},
+		{
+			MethodName: "Fill",
+			Handler:    _Peer_Fill_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,638 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/ring/gossip"
+	"github.com/freqring/freqring/store"
+)
+
+// This file moves history with ownership. The rules, in the words of the
+// code below:
+//
+//  1. A node decides for partition p only while p is open in its store, and
+//     it opens p only once it owns p under its current ring and has
+//     acquired p under that ring.
+//  2. To acquire p, the owner asks the other members (Acquire), all of
+//     them when p is new to it or was closed, only the members that
+//     appeared when p stayed open. Each member closes p (in the same hold of
+//     the partition's lock) and returns its copy; the owner merges every copy
+//     (a set union of sends), logs the merge to its WAL, fills p's backup
+//     (Fill) and opens p. A member answers only a caller that owns p under a
+//     ring of the same epoch as its own, so the old owner has closed p before
+//     the new one opens it, and nobody decides from a record that may be
+//     missing sends.
+//  3. With replication, every send the owner admits is on p's backup, in its
+//     store and WAL, before the reply (replica.go); a backup takes sends only
+//     from p's owner under a ring of the same epoch. So when the owner dies,
+//     the backup, which becomes the owner, already holds every admitted send,
+//     and an old owner that has not heard of a new ring cannot admit once the
+//     backup has.
+//  4. A leaving node announces "leaving" (out of every ring, still reachable)
+//     and waits until the new owners of its partitions have acquired them.
+
+// MoveWait bounds how long a check waits for its partition to be acquired
+// by this node, its new owner, before it fails as retryable.
+const MoveWait = 2 * time.Second
+
+// acquireRetry is the pause before an acquisition that failed is tried again
+// under the same ring.
+const acquireRetry = 100 * time.Millisecond
+
+// acquireBatch bounds the partitions one Acquire or Fill call carries.
+const acquireBatch = 16
+
+// handoff is a node's partition-move state. Its methods are safe for
+// concurrent use.
+type handoff struct {
+	mu      sync.Mutex
+	opened  []chan struct{}   // per partition: closed when it opens; replaced when it closes
+	prev    *ring.Ring        // the ring of the last reconcile
+	boots   map[string]uint64 // member -> boot id, as of the last reconcile
+	pullAll []bool            // per partition: pull from every member (else from appeared ones)
+	from    []map[string]bool // per partition: members to pull from, when !pullAll
+	fill    []bool            // per partition: fill the backup before opening
+	handed  []bool            // per partition: an Acquire closed it here (drain watches this)
+	open    []atomic.Bool     // per partition: open in the store (a hint for waitMoving)
+	kick    chan struct{}     // wakes the mover
+	leaving atomic.Bool       // set by drain
+
+	moves, movedRecords, movedBytes, releases atomic.Int64
+}
+
+func newHandoff(parts int) *handoff {
+	h := &handoff{
+		opened: make([]chan struct{}, parts), pullAll: make([]bool, parts), from: make([]map[string]bool, parts),
+		fill: make([]bool, parts), handed: make([]bool, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
+	}
+	for p := range h.opened {
+		h.opened[p] = make(chan struct{})
+		h.open[p].Store(true) // stores start open
+	}
+	return h
+}
+
+// isOpen reports whether p was open when last opened or closed here.
+func (h *handoff) isOpen(p int) bool { return h.open[p].Load() }
+
+// wake asks the mover to reconcile.
+func (h *handoff) wake() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// openCh returns the channel closed when partition p next opens.
+func (h *handoff) openCh(p int) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.opened[p]
+}
+
+// open opens p in st and wakes its waiters.
+func (n *Node) openPartition(p int) {
+	n.store.Open(p)
+	h := n.ho
+	h.open[p].Store(true)
+	h.mu.Lock()
+	select {
+	case <-h.opened[p]:
+	default:
+		close(h.opened[p])
+	}
+	h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
+	h.mu.Unlock()
+}
+
+// closePartition closes p in the store; checks on it wait for its next open.
+func (n *Node) closePartition(p int) {
+	n.store.Close(p)
+	h := n.ho
+	h.open[p].Store(false)
+	h.mu.Lock()
+	select {
+	case <-h.opened[p]:
+		h.opened[p] = make(chan struct{})
+	default:
+	}
+	h.mu.Unlock()
+}
+
+// moverLoop reconciles the node's partitions with each new ring, and again
+// after a failed acquisition, until ctx is done.
+func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
+	var cur *ring.Ring
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r, ok := <-rings:
+			if !ok {
+				return
+			}
+			cur = r
+		case <-n.ho.kick:
+		case <-retry:
+		}
+		retry = nil
+		if cur == nil {
+			continue
+		}
+		if err := n.reconcile(ctx, cur); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			n.log.Warn("partition moves incomplete; retrying", "epoch", cur.Epoch(), "err", err)
+			retry = time.After(acquireRetry)
+		}
+	}
+}
+
+// reconcile brings the node's partitions in line with ring r: it closes what
+// it does not own, and acquires (rule 2) what it owns and has not acquired
+// under r. It returns an error if some partition is left closed.
+func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
+	c := n.clus.Load()
+	self := c.self.Name
+	h := n.ho
+	members := c.ms.Members()
+	boots := map[string]uint64{}
+	for _, m := range members {
+		boots[m.Name] = m.Boot
+	}
+	// Members that appeared since the last reconcile: new in the ring, or
+	// restarted (a new boot id) under a name already there.
+	appeared := map[string]bool{}
+	h.mu.Lock()
+	prev := h.prev
+	for _, m := range r.Members() {
+		if m.Name == self {
+			continue
+		}
+		if b, ok := h.boots[m.Name]; !ok || b != boots[m.Name] || prev == nil || !prev.Has(m.Name) {
+			appeared[m.Name] = true
+		}
+	}
+	h.prev, h.boots = r, boots
+	h.mu.Unlock()
+
+	var work []int
+	for p := range n.store.Partitions() {
+		owner := r.PartitionOwner(p).Name == self
+		if !owner {
+			if n.store.IsOpen(p) {
+				n.closePartition(p)
+			}
+			continue
+		}
+		backup, hasBackup := r.PartitionReplica(p)
+		var prevBackup ring.Member
+		prevHas := false
+		if prev != nil {
+			prevBackup, prevHas = prev.PartitionReplica(p)
+		}
+		h.mu.Lock()
+		switch {
+		case !n.store.IsOpen(p):
+			h.pullAll[p] = true
+		case len(appeared) > 0:
+			if h.from[p] == nil {
+				h.from[p] = map[string]bool{}
+			}
+			for m := range appeared {
+				h.from[p][m] = true
+			}
+		}
+		if hasBackup && (!prevHas || prevBackup.Name != backup.Name || appeared[backup.Name] || !n.store.IsOpen(p)) {
+			h.fill[p] = true
+		}
+		needs := h.pullAll[p] || len(h.from[p]) > 0 || h.fill[p]
+		h.mu.Unlock()
+		if needs {
+			if n.store.IsOpen(p) {
+				n.closePartition(p)
+			}
+			work = append(work, p)
+		}
+	}
+	if len(work) == 0 {
+		return nil
+	}
+	return n.acquire(ctx, r, work, members)
+}
+
+// acquire carries out rule 2 for partitions ps under ring r.
+func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []gossip.MemberState) error {
+	start := time.Now()
+	self := n.clus.Load().self.Name
+	h := n.ho
+	// Who to ask for what: every other member of the ring, and members
+	// leaving (out of the ring, still handing over).
+	targets := map[string]ring.Member{}
+	for _, m := range r.Members() {
+		if m.Name != self {
+			targets[m.Name] = m
+		}
+	}
+	for _, m := range members {
+		if m.State == gossip.StateLeaving && m.Name != self {
+			targets[m.Name] = ring.Member{Name: m.Name, Addr: m.GRPCAddr}
+		}
+	}
+	ask := map[string][]int{}
+	h.mu.Lock()
+	for _, p := range ps {
+		for name := range targets {
+			if h.pullAll[p] || h.from[p][name] {
+				ask[name] = append(ask[name], p)
+			}
+		}
+	}
+	h.mu.Unlock()
+
+	// Pull in parallel, one goroutine per member; merge as images arrive.
+	type pulled struct {
+		member string
+		parts  []int
+		err    error
+	}
+	results := make(chan pulled, len(ask))
+	var wg sync.WaitGroup
+	var records, bytes atomic.Int64
+	for name, parts := range ask {
+		m := targets[name]
+		wg.Go(func() {
+			var err error
+			for chunk := range slices.Chunk(parts, acquireBatch) {
+				var got, nb int64
+				if got, nb, err = n.pullFrom(ctx, r, m, chunk); err != nil {
+					break
+				}
+				records.Add(got)
+				bytes.Add(nb)
+			}
+			results <- pulled{member: name, parts: parts, err: err}
+		})
+	}
+	wg.Wait()
+	close(results)
+	failed := map[int]error{}
+	var released []pulled
+	for res := range results {
+		if res.err != nil {
+			for _, p := range res.parts {
+				failed[p] = fmt.Errorf("acquiring from %s: %w", res.member, res.err)
+			}
+			continue
+		}
+		released = append(released, res)
+	}
+
+	// Fill backups, then open what is complete, if the ring is still r.
+	fillTo := map[string][]int{}
+	var ready []int
+	for _, p := range ps {
+		if failed[p] != nil {
+			continue
+		}
+		h.mu.Lock()
+		fill := h.fill[p]
+		h.mu.Unlock()
+		if b, ok := r.PartitionReplica(p); ok && fill && n.cfg.Replication != ReplicationOff {
+			fillTo[b.Name] = append(fillTo[b.Name], p)
+		}
+		ready = append(ready, p)
+	}
+	var fillMu sync.Mutex
+	for name, parts := range fillTo {
+		m, _ := targets[name]
+		wg.Go(func() {
+			for chunk := range slices.Chunk(parts, acquireBatch) {
+				if err := n.fillBackup(ctx, r, m, chunk); err != nil {
+					fillMu.Lock()
+					for _, p := range chunk {
+						failed[p] = fmt.Errorf("filling backup %s: %w", name, err)
+					}
+					fillMu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	cur := n.clus.Load().ring()
+	opened := 0
+	for _, p := range ready {
+		if failed[p] != nil {
+			continue
+		}
+		if cur.Epoch() != r.Epoch() {
+			failed[p] = fmt.Errorf("the ring changed to epoch %d", cur.Epoch())
+			continue
+		}
+		n.openPartition(p)
+		opened++
+	}
+	if opened > 0 {
+		h.moves.Add(int64(opened))
+		h.movedRecords.Add(records.Load())
+		h.movedBytes.Add(bytes.Load())
+		n.log.Info("partitions acquired", "epoch", r.Epoch(), "partitions", opened, "records", records.Load(),
+			"bytes", bytes.Load(), "took", time.Since(start), "from", len(ask))
+	}
+	// Tell the members we pulled from that we hold it now (best effort).
+	for _, res := range released {
+		m := targets[res.member]
+		wg.Go(func() {
+			cli, err := n.peers.Peer(m)
+			if err != nil {
+				return
+			}
+			rctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
+			defer cancel()
+			parts := make([]uint32, 0, len(res.parts))
+			for _, p := range res.parts {
+				if failed[p] == nil {
+					parts = append(parts, uint32(p))
+				}
+			}
+			if len(parts) > 0 {
+				cli.Release(rctx, &pb.ReleaseRequest{Node: self, RingEpoch: r.Epoch(), Partitions: parts})
+			}
+		})
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		var errs []error
+		for p, err := range failed {
+			errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
+			if len(errs) == 3 {
+				errs = append(errs, fmt.Errorf("and %d more", len(failed)-3))
+				break
+			}
+		}
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+// pullFrom asks m for partitions ps (Acquire) and merges the images, logging
+// them to the WAL. It returns the records merged and the image bytes.
+func (n *Node) pullFrom(ctx context.Context, r *ring.Ring, m ring.Member, ps []int) (int64, int64, error) {
+	cli, err := n.peers.Peer(m)
+	if err != nil {
+		return 0, 0, err
+	}
+	req := &pb.AcquireRequest{Node: n.cfg.Name, RingEpoch: r.Epoch()}
+	for _, p := range ps {
+		req.Partitions = append(req.Partitions, uint32(p))
+	}
+	actx, cancel := context.WithTimeout(ctx, ForwardTimeout)
+	defer cancel()
+	resp, err := cli.Acquire(actx, req)
+	if err != nil {
+		return 0, 0, err
+	}
+	want := map[int]bool{}
+	for _, p := range ps {
+		want[p] = true
+	}
+	records, nb, err := n.mergeImages(ctx, resp.Images, func(h store.ImageHeader) error {
+		if !want[h.Partition] || h.Partitions != n.store.Partitions() {
+			return fmt.Errorf("%s sent an image of partition %d of %d, not one asked for", m.Name, h.Partition, h.Partitions)
+		}
+		return nil
+	})
+	return records, nb, err
+}
+
+// fillBackup sends the images of partitions ps to m, their backup (Fill).
+func (n *Node) fillBackup(ctx context.Context, r *ring.Ring, m ring.Member, ps []int) error {
+	cli, err := n.peers.Peer(m)
+	if err != nil {
+		return err
+	}
+	req := &pb.FillRequest{Node: n.cfg.Name, RingEpoch: r.Epoch()}
+	for _, p := range ps {
+		img, _ := n.store.AppendImage(nil, p)
+		req.Images = append(req.Images, img)
+	}
+	fctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
+	defer cancel()
+	_, err = cli.Fill(fctx, req)
+	return err
+}
+
+// mergeImages checks every image (check decides whether its partition is
+// acceptable), then merges them into the store and logs them to the WAL
+// before returning. Nothing changes if any image is refused.
+func (n *Node) mergeImages(ctx context.Context, imgs [][]byte, check func(store.ImageHeader) error) (records, nb int64, err error) {
+	for i, img := range imgs {
+		h, err := store.CheckImage(img)
+		if err != nil {
+			return 0, 0, fmt.Errorf("image %d: %w", i, err)
+		}
+		if err := check(h); err != nil {
+			return 0, 0, fmt.Errorf("image %d: %w", i, err)
+		}
+	}
+	v := n.view.Load()
+	now := n.nowMs()
+	for _, img := range imgs {
+		_, ms, err := n.store.MergeImage(img, now, v.bindName)
+		if err != nil {
+			return records, nb, err
+		}
+		records += ms.Records
+		nb += int64(len(img))
+	}
+	if n.dur != nil && len(imgs) > 0 {
+		if _, err := n.dur.log.Append(ctx, encodeImages(nil, imgs)); err != nil {
+			return records, nb, fmt.Errorf("write-ahead log: %w", err)
+		}
+	}
+	return records, nb, nil
+}
+
+// refuse returns the error for a peer message this node does not take.
+func (n *Node) refuse(format string, args ...any) error {
+	return status.Errorf(codes.FailedPrecondition, "node %s: %s", n.cfg.Name, fmt.Sprintf(format, args...))
+}
+
+// peerRing checks a peer message: the node serves, and its ring has the
+// caller's epoch. It returns that ring.
+func (n *Node) peerRing(caller string, epoch uint64) (*ring.Ring, error) {
+	if !n.ready.Load() {
+		return nil, status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
+	}
+	c := n.clus.Load()
+	if c == nil || c.ms == nil {
+		return nil, n.refuse("not a cluster member")
+	}
+	if caller == "" {
+		return nil, status.Error(codes.InvalidArgument, "node: the caller's name is empty")
+	}
+	r := c.ring()
+	if r.Epoch() != epoch {
+		return nil, n.refuse("ring epoch %d, the caller %s has %d; retry once rings agree", r.Epoch(), caller, epoch)
+	}
+	if !r.Has(caller) {
+		return nil, n.refuse("the caller %s is not in the ring of epoch %d", caller, epoch)
+	}
+	return r, nil
+}
+
+// Acquire answers Peer.Acquire (rule 2): it closes each partition and
+// returns its image.
+func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+	r, err := n.peerRing(req.Node, req.RingEpoch)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range req.Partitions {
+		if int(p) >= n.store.Partitions() {
+			return nil, status.Errorf(codes.InvalidArgument, "partitions: %d out of range [0, %d)", p, n.store.Partitions())
+		}
+		if o := r.PartitionOwner(int(p)); o.Name != req.Node {
+			return nil, n.refuse("partition %d is owned by %s under epoch %d, not by %s", p, o.Name, r.Epoch(), req.Node)
+		}
+	}
+	resp := &pb.AcquireResponse{Node: n.cfg.Name}
+	for _, p := range req.Partitions {
+		n.closePartition(int(p)) // wakes nobody; makes waiters wait for a next open
+		img, _ := n.store.CloseAndAppendImage(nil, int(p))
+		resp.Images = append(resp.Images, img)
+		n.ho.mu.Lock()
+		n.ho.handed[p] = true
+		n.ho.mu.Unlock()
+	}
+	return resp, nil
+}
+
+// Release answers Peer.Release: it drops its copy of each partition it
+// neither owns nor backs under its ring.
+func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	r, err := n.peerRing(req.Node, req.RingEpoch)
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ReleaseResponse{}
+	for _, p := range req.Partitions {
+		if int(p) >= n.store.Partitions() {
+			return nil, status.Errorf(codes.InvalidArgument, "partitions: %d out of range [0, %d)", p, n.store.Partitions())
+		}
+		if r.PartitionOwner(int(p)).Name == n.cfg.Name || n.store.IsOpen(int(p)) {
+			continue
+		}
+		if b, ok := r.PartitionReplica(int(p)); ok && b.Name == n.cfg.Name {
+			continue
+		}
+		if dropped := n.store.Drop(int(p)); dropped > 0 {
+			n.ho.releases.Add(1)
+			n.log.Debug("partition released", "partition", p, "records", dropped, "to", req.Node)
+		}
+		resp.Dropped = append(resp.Dropped, p)
+	}
+	return resp, nil
+}
+
+// Fill answers Peer.Fill: it merges images of partitions this node backs.
+func (n *Node) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
+	r, err := n.peerRing(req.Node, req.RingEpoch)
+	if err != nil {
+		return nil, err
+	}
+	_, _, err = n.mergeImages(ctx, req.Images, func(h store.ImageHeader) error {
+		if h.Partitions != n.store.Partitions() {
+			return fmt.Errorf("an image of %d partitions, this node has %d", h.Partitions, n.store.Partitions())
+		}
+		if o := r.PartitionOwner(h.Partition); o.Name != req.Node {
+			return fmt.Errorf("partition %d is owned by %s, not by %s", h.Partition, o.Name, req.Node)
+		}
+		if b, ok := r.PartitionReplica(h.Partition); !ok || b.Name != n.cfg.Name {
+			return fmt.Errorf("partition %d is not backed by %s", h.Partition, n.cfg.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, store.ErrBadImage) {
+			return nil, status.Errorf(codes.InvalidArgument, "node %s: %v", n.cfg.Name, err)
+		}
+		return nil, n.refuse("%v", err)
+	}
+	return &pb.FillResponse{}, nil
+}
+
+// drain hands this node's partitions over before it leaves (rule 4): it
+// announces leaving, then waits until every partition it owned has been
+// acquired by its new owner, or ctx is done.
+func (n *Node) drain(ctx context.Context) {
+	c := n.clus.Load()
+	if c == nil || c.ms == nil {
+		return
+	}
+	r := c.ring()
+	if r.Len() == 0 || (r.Len() == 1 && r.Has(n.cfg.Name)) {
+		return // nobody to hand over to
+	}
+	var owned []int
+	n.ho.mu.Lock()
+	for p := range n.store.Partitions() {
+		if r.PartitionOwner(p).Name == n.cfg.Name {
+			owned = append(owned, p)
+			n.ho.handed[p] = false
+		}
+	}
+	n.ho.mu.Unlock()
+	n.ho.leaving.Store(true)
+	if err := c.ms.SetState(ctx, gossip.StateLeaving); err != nil {
+		n.log.Warn("announcing leaving", "err", err)
+		return
+	}
+	start := time.Now()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		left := 0
+		n.ho.mu.Lock()
+		for _, p := range owned {
+			if !n.ho.handed[p] {
+				left++
+			}
+		}
+		n.ho.mu.Unlock()
+		if left == 0 {
+			n.log.Info("partitions handed over", "partitions", len(owned), "took", time.Since(start))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			n.log.Warn("leaving before every partition was handed over", "left", left, "of", len(owned))
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// encodeImages returns a WAL payload holding partition images merged here.
+func encodeImages(dst []byte, imgs [][]byte) []byte {
+	dst = append(dst, walImages)
+	dst = appendUvarint(dst, uint64(len(imgs)))
+	for _, img := range imgs {
+		dst = appendUvarint(dst, uint64(len(img)))
+		dst = append(dst, img...)
+	}
+	return dst
+}
