@@ -67,6 +67,26 @@
 // (4.1s under -race on a busy 2-core machine); after Leave 0.2–0.4s; a
 // restarted member rejoins in about 0.2s.
 //
+// # Transport
+//
+// Config.Transport replaces memberlist's UDP and TCP sockets. The tests run
+// clusters inside one process on the transports of one memberlist.MockNetwork
+// (TestMockNetworkCluster), whose limits they work around:
+//
+//   - NewTransport is not safe for concurrent use, nor while the network
+//     carries traffic: make every transport before the first Start.
+//   - A packet or stream is handed over with no buffer, so a send waits until
+//     the receiver reads it. memberlist answers a ping from the goroutine
+//     that reads packets, so two members pinging each other at once can
+//     deadlock. Shutdown does nothing, so a send or dial to a closed member
+//     blocks its sender for ever (the dial timeout is not used).
+//   - Addresses are labels, "127.0.0.1:1", "127.0.0.1:2", ... in the order
+//     the transports were made: seeds are given as those labels, and a seed
+//     that is a DNS name (a Kubernetes headless service) cannot be tried.
+//
+// The tests wrap each mock transport to buffer what arrives and drop it once
+// shut down, as a socket would.
+//
 // # Logging
 //
 // Membership logs joins, leaves, state changes and ring changes at Info.

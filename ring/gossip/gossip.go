@@ -51,10 +51,10 @@ var (
 // comment.
 type Config struct {
 	NodeName      string // unique and stable across restarts (the pod name); "" means os.Hostname(); at most 128 bytes
-	BindAddr      string // gossip UDP and TCP listen address; "" means 0.0.0.0
-	BindPort      int    // gossip port; 0 means a free port chosen by the OS (the usual fixed port is 7946)
+	BindAddr      string // gossip UDP and TCP listen address; "" means 0.0.0.0; not used with a Transport
+	BindPort      int    // gossip port; 0 means a free port chosen by the OS (the usual fixed port is 7946); see Transport
 	AdvertiseAddr string // address peers reach this node at; "" means BindAddr, or the first private IP when BindAddr is 0.0.0.0
-	AdvertisePort int    // port peers reach this node at; 0 means the bound port
+	AdvertisePort int    // port peers reach this node at; 0 means the bound port (with a Transport, see there)
 	GRPCAddr      string // gRPC host:port published to peers and clients; required; at most 255 bytes
 	State         State  // state announced at start; 0 means StateJoining
 
@@ -65,8 +65,27 @@ type Config struct {
 	// form a cluster of one and wait for others to join.
 	Join []string
 	// RejoinInterval is how often the seeds are joined again, to heal a
-	// partition or a split start; 0 means 30s, negative disables.
+	// partition or a split start; 0 means 10s, negative disables.
 	RejoinInterval time.Duration
+
+	// Transport carries the gossip packets and streams; nil means
+	// memberlist's own UDP and TCP transport, bound to BindAddr:BindPort.
+	// With a Transport, BindAddr is not used and BindPort only gives the port
+	// of a seed named without one; the node's address (GossipAddr, what
+	// peers and seeds name) is what the Transport's FinalAdvertiseAddr
+	// returns when given AdvertiseAddr and AdvertisePort as they are (0 is
+	// the Transport's to interpret). A memberlist.NodeAwareTransport is also
+	// told the name of the member it sends to. Start takes the Transport
+	// over: Close shuts it down, and so does a Start that fails. One
+	// Transport serves one Membership.
+	//
+	// For a cluster inside one process, such as a test, give each member a
+	// transport of one memberlist.MockNetwork, made by NewTransport(NodeName)
+	// (the mock routes by member name first), and name seeds by those
+	// transports' addresses ("127.0.0.1:1", "127.0.0.1:2", ...): they are
+	// labels that no socket listens on and no DNS name resolves to. The
+	// package comment lists the mock's limits.
+	Transport memberlist.Transport
 
 	Placement ring.Config  // placement parameters of the rings built; must match the whole cluster and its clients
 	Logger    *slog.Logger // nil means discard; memberlist's own lines go to it at Debug ([ERR] and [WARN] at Warn)
@@ -230,10 +249,13 @@ type nodeInfo struct {
 // Ring.
 func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	cfg, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
+	if err == nil {
+		err = cfg.validate()
 	}
-	if err := cfg.validate(); err != nil {
+	if err != nil {
+		if cfg.Transport != nil {
+			_ = cfg.Transport.Shutdown() // Start owns it; memberlist shuts it down on the failures below
+		}
 		return nil, err
 	}
 	m := &Membership{
@@ -247,7 +269,11 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	}
 	m.ml, err = memberlist.Create(m.memberlistConfig())
 	if err != nil {
-		return nil, fmt.Errorf("gossip: start memberlist on %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.BindPort)), err)
+		on := net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.BindPort))
+		if cfg.Transport != nil {
+			on = fmt.Sprintf("a %T", cfg.Transport)
+		}
+		return nil, fmt.Errorf("gossip: start memberlist on %s: %w", on, err)
 	}
 	m.gossipAddr = m.ml.LocalNode().Address()
 	if len(cfg.Join) > 0 {
@@ -274,6 +300,9 @@ func (m *Membership) memberlistConfig() *memberlist.Config {
 	mc.BindPort = c.BindPort
 	mc.AdvertiseAddr = c.AdvertiseAddr
 	mc.AdvertisePort = cmp.Or(c.AdvertisePort, c.BindPort) // memberlist replaces it when BindPort is 0
+	if c.Transport != nil {
+		mc.AdvertisePort = c.AdvertisePort // the Transport decides what 0 means
+	}
 	mc.ProbeInterval = c.ProbeInterval
 	mc.ProbeTimeout = c.ProbeTimeout
 	mc.SuspicionMult = c.SuspicionMult
@@ -281,6 +310,7 @@ func (m *Membership) memberlistConfig() *memberlist.Config {
 	mc.PushPullInterval = c.PushPullInterval
 	mc.TCPTimeout = c.TCPTimeout
 	mc.DeadNodeReclaimTime = max(c.DeadNodeReclaimTime, 0) // memberlist: 0 means never
+	mc.Transport = c.Transport                             // nil: memberlist binds BindAddr:BindPort
 	d := delegate{m}
 	mc.Delegate = d
 	mc.Events = d
