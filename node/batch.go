@@ -286,6 +286,12 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 				ierr = n.applyError(b.req.Recipients[i], x.part, r, err)
 			} else if dup {
 				resp.Duplicates = append(resp.Duplicates, uint32(j))
+				if rs != nil {
+					// The first answer may have failed because the backup did
+					// not confirm: make sure it has the send now (a backup
+					// skips a request id it has recorded).
+					rs.add(r, x.part, j, walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, at: dec.At, content: x.it.Content, cost: x.it.Cost, id: x.id})
+				}
 			} else if dec.Recorded {
 				s := walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, seq: seq, at: dec.At, content: x.it.Content, cost: x.it.Cost, id: x.id}
 				if enc != nil {

@@ -12,9 +12,11 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/bench"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/rules"
+	"github.com/freqring/freqring/window"
 )
 
 // tenPerHour is one domain with one rule: 10 sends per recipient per hour.
@@ -132,5 +134,195 @@ func TestRollingRestartKeepsCounts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// loadRecord is what the load saw: every admitted send, for the oracle.
+type loadRecord struct {
+	mu      sync.Mutex // guards sends
+	sends   []bench.Send
+	decided atomic.Int64
+}
+
+// runLoad sends single checks from workers goroutines over population
+// recipients (contents 0 to 3) until stop is closed, retrying retryable
+// failures with the same request id.
+func runLoad(t *testing.T, s *sender, workers, population int, stop <-chan struct{}, rec *loadRecord) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 99))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rcp := fmt.Sprintf("+86137%08d", rng.IntN(population))
+				content := uint64(rng.IntN(4))
+				admitted, at := s.sendContent(t, rcp, content)
+				rec.decided.Add(1)
+				if admitted {
+					rec.mu.Lock()
+					rec.sends = append(rec.sends, bench.Send{Domain: "default", Recipient: rcp, Content: content, Cost: 1, At: at, Checked: true})
+					rec.mu.Unlock()
+				}
+			}
+		})
+	}
+	return &wg
+}
+
+// waitDecided waits until the load has decided k more items.
+func waitDecided(t *testing.T, rec *loadRecord, k int64) {
+	t.Helper()
+	target := rec.decided.Load() + k
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for rec.decided.Load() < target {
+		if time.Now().After(deadline) {
+			t.Fatalf("the load decided %d items, want %d", rec.decided.Load(), target)
+		}
+		<-tick.C
+	}
+}
+
+// sendContent is send with a content hash; it returns the decision time.
+func (s *sender) sendContent(t testing.TB, rcp string, content uint64) (bool, int64) {
+	id := s.nextID.Add(1)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		up := s.c.Up()
+		s.mu.Lock()
+		m := up[s.rng.IntN(len(up))]
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := m.Node.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, ContentHashes: []uint64{content}, RequestIds: []uint64{id}})
+		cancel()
+		if err == nil && len(resp.Errors) == 0 {
+			return resp.Admitted[0], resp.DecidedAtMs[0]
+		}
+		if err == nil && codes.Code(resp.Errors[0].Code) != codes.Unavailable && codes.Code(resp.Errors[0].Code) != codes.DeadlineExceeded {
+			t.Errorf("%s via %s: %v", rcp, m.Name, resp.Errors[0])
+			return false, 0
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s: no decision in 20 s: %v %v", rcp, err, resp.GetErrors())
+			return false, 0
+		}
+	}
+}
+
+// TestMembershipChangesUnderLoad runs 64 concurrent senders against a
+// cluster while a node joins, one leaves, one is killed and comes back.
+// The oracle must find no over-admission, and a final peek of every
+// recipient must count every send the cluster admitted.
+func TestMembershipChangesUnderLoad(t *testing.T) {
+	for _, inMemory := range []bool{true, false} {
+		t.Run(map[bool]string{false: "grpc", true: "in-memory"}[inMemory], func(t *testing.T) {
+			testMembershipChangesUnderLoad(t, inMemory)
+		})
+	}
+}
+
+// churnRules keep denying and admitting through a run of seconds; the last
+// rule only counts.
+const churnRules = `domains:
+  - name: default
+    rules:
+      - {name: r-5-1s, scope: recipient, limit: 5, window: 1s}
+      - {name: c-2-500ms, scope: recipient+content, limit: 2, window: 500ms}
+      - {name: count-1h, scope: recipient, limit: 1000, window: 1h}
+`
+
+func testMembershipChangesUnderLoad(t *testing.T, inMemory bool) {
+	rs, err := rules.Parse("churn", []byte(churnRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := moveCluster(t, 3, churnRules, inMemory, "")
+	s := newSender(c, 2)
+	const population = 400
+	rec := &loadRecord{}
+	stop := make(chan struct{})
+	wg := runLoad(t, s, 64, population, stop, rec)
+	waitDecided(t, rec, 2000)
+	steps := []struct {
+		name string
+		do   func() error
+		size int
+	}{
+		{"join", func() error { _, err := c.Add(context.Background()); return err }, 4},
+		{"leave", func() error { return c.Stop(c.Up()[1]) }, 3},
+		{"kill", func() error { return c.Kill(c.Up()[0]) }, 2},
+		{"restart", func() error {
+			for _, m := range c.Members() {
+				if m.Down() && m.Name == "node-0" {
+					return c.Restart(context.Background(), m)
+				}
+			}
+			return fmt.Errorf("node-0 is not down")
+		}, 3},
+	}
+	for _, st := range steps {
+		start := time.Now()
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if err := c.WaitConverged(context.Background(), st.size); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		t.Logf("%s: rings converged on %d members in %v", st.name, st.size, time.Since(start))
+		waitDecided(t, rec, 2000)
+	}
+	close(stop)
+	wg.Wait()
+
+	rules := map[string][]window.Rule{"default": rs.Domain("default").Rules()}
+	v, err := bench.Audit(rules, rec.sends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every admitted send is counted: count-1h's used count is the number of
+	// sends admitted to the recipient.
+	admitted := map[string]uint32{}
+	for _, snd := range rec.sends {
+		admitted[snd.Recipient]++
+	}
+	forgotten, extra := 0, 0
+	for i := range population {
+		rcp := fmt.Sprintf("+86137%08d", i)
+		_, used := s.sendRule(t, rcp, 2)
+		switch {
+		case used < admitted[rcp]:
+			forgotten += int(admitted[rcp] - used)
+		case used > admitted[rcp]:
+			extra += int(used - admitted[rcp])
+		}
+	}
+	t.Logf("%d decided, %d admitted, %d over-admitted, %d forgotten, %d counted beyond the admitted (recorded, then failed)",
+		rec.decided.Load(), len(rec.sends), len(v), forgotten, extra)
+	if len(v) > 0 {
+		t.Errorf("%d over-admissions, first: %v", len(v), v[0])
+	}
+	if forgotten > 0 {
+		t.Errorf("%d admitted sends forgotten", forgotten)
+	}
+}
+
+// sendRule peeks at rcp and returns whether it would be admitted and rule
+// i's used count.
+func (s *sender) sendRule(t testing.TB, rcp string, i int) (bool, uint32) {
+	for {
+		up := s.c.Up()
+		m := up[0]
+		resp, err := m.Node.Check(context.Background(), &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+		if err == nil && len(resp.Errors) == 0 {
+			return resp.Admitted[0], resp.Used[i]
+		}
+		if err == nil && codes.Code(resp.Errors[0].Code) != codes.Unavailable {
+			t.Fatalf("peek %s: %v", rcp, resp.Errors[0])
+		}
 	}
 }

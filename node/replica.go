@@ -155,9 +155,12 @@ func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.Rep
 	var enc walEncoder
 	for _, s := range sends {
 		p := n.store.PartitionOf(s.key)
-		seq, err := n.store.Record(p, v.domains[s.domain].ref, s.key, s.tag, s.at, windowItem(s), s.id, now)
+		seq, dup, err := n.store.Record(p, v.domains[s.domain].ref, s.key, s.tag, s.at, windowItem(s), s.id, now)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "node %s: recording a replicated send: %v", n.cfg.Name, err)
+		}
+		if dup {
+			continue // sent again with its request id: recorded already
 		}
 		s.seq = seq
 		enc.add(s)

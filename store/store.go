@@ -279,28 +279,35 @@ func (s *Store) Insert(p int, r Ref, key uint64, tag uint16, at int64, it window
 // Record records it as sent at time at (unix ms) without deciding, as
 // Insert does, in partition p whether open or closed, and numbers the send
 // with the partition's next sequence number, which it returns: a backup
-// records the sends its owner admitted this way.
-func (s *Store) Record(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, id uint64, now int64) (uint64, error) {
+// records the sends its owner admitted this way. A send whose nonzero id is
+// remembered for this recipient is a send recorded already: Record skips it
+// and returns dup.
+func (s *Store) Record(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, id uint64, now int64) (seq uint64, dup bool, err error) {
 	key = storedKey(key)
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
 	sp := pt.space(r.id, true)
-	if id != 0 && now-at < s.idHorizon {
-		sp.ids.put(idKey(id, key), at, now, s.idHorizon, s.idCap)
+	if id != 0 {
+		if _, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok {
+			return 0, true, nil
+		}
+		if now-at < s.idHorizon {
+			sp.ids.put(idKey(id, key), at, now, s.idHorizon, s.idCap)
+		}
 	}
 	pos, rec, other := sp.lookup(key, tag)
 	out, err := r.rules.Insert(&pt.scratch, rec, tag, at, it)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if out != nil {
 		if err := sp.put(key, pos, out, other); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 	}
 	pt.seq++
-	return pt.seq, nil
+	return pt.seq, false, nil
 }
 
 // Seq returns partition p's sequence number: the number of the last send it
