@@ -326,3 +326,109 @@ func (s *sender) sendRule(t testing.TB, rcp string, i int) (bool, uint32) {
 		}
 	}
 }
+
+// waitSettled waits until every partition is open on exactly one running
+// node, its owner under the (converged) ring.
+func waitSettled(t *testing.T, c *nodetest.Cluster) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		up := c.Up()
+		r := up[0].Node.Ring()
+		bad := ""
+		opens := make([]int, len(up[0].Node.Stats().Open))
+		for _, m := range up {
+			s := m.Node.Stats()
+			for p, open := range s.Open {
+				if open {
+					opens[p]++
+					if o := r.PartitionOwner(p); o.Name != m.Name && bad == "" {
+						bad = fmt.Sprintf("partition %d is open on %s, owner %s", p, m.Name, o.Name)
+					}
+				}
+			}
+		}
+		for p, k := range opens {
+			if k != 1 && bad == "" {
+				bad = fmt.Sprintf("partition %d is open on %d nodes", p, k)
+			}
+		}
+		if bad == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions did not settle: %s", bad)
+		}
+		<-tick.C
+	}
+}
+
+// TestInterruptedMoves kills, under load, the side of a move that is
+// taking partitions over (a node that just joined) and the side that is
+// handing them over (an old member, right after a join): afterwards each
+// partition is open on exactly one node, its owner, the oracle finds no
+// over-admission and nothing admitted is forgotten.
+func TestInterruptedMoves(t *testing.T) {
+	rs, err := rules.Parse("churn", []byte(churnRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := moveCluster(t, 3, churnRules, true, "")
+	s := newSender(c, 3)
+	const population = 400
+	rec := &loadRecord{}
+	stop := make(chan struct{})
+	wg := runLoad(t, s, 32, population, stop, rec)
+	waitDecided(t, rec, 1000)
+
+	// The new owner dies while it acquires.
+	j, err := c.Add(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Kill(j); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(context.Background(), 3); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	waitDecided(t, rec, 1000)
+
+	// The old owner dies while a new node acquires from it.
+	if _, err := c.Add(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Kill(c.Up()[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(context.Background(), 3); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	waitDecided(t, rec, 1000)
+	close(stop)
+	wg.Wait()
+
+	v, err := bench.Audit(map[string][]window.Rule{"default": rs.Domain("default").Rules()}, rec.sends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := map[string]uint32{}
+	for _, snd := range rec.sends {
+		admitted[snd.Recipient]++
+	}
+	forgotten := 0
+	for i := range population {
+		rcp := fmt.Sprintf("+86137%08d", i)
+		if _, used := s.sendRule(t, rcp, 2); used < admitted[rcp] {
+			forgotten += int(admitted[rcp] - used)
+		}
+	}
+	t.Logf("%d decided, %d admitted, %d over-admitted, %d forgotten", rec.decided.Load(), len(rec.sends), len(v), forgotten)
+	if len(v) > 0 || forgotten > 0 {
+		t.Fatalf("%d over-admissions (first %v), %d forgotten", len(v), v, forgotten)
+	}
+}

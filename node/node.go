@@ -300,6 +300,7 @@ type Stats struct {
 	WAL                              wal.Stats
 	Domains                          []DomainStats
 	Partitions                       []int64 // records per ring partition, all domains
+	Open                             []bool  // per ring partition: open here (this node decides for it)
 }
 
 // DomainStats describes one domain's store.
@@ -330,8 +331,10 @@ func (n *Node) Stats() Stats {
 	}
 	sort.Slice(s.Domains, func(i, j int) bool { return s.Domains[i].Name < s.Domains[j].Name })
 	s.Partitions = make([]int64, n.store.Partitions())
+	s.Open = make([]bool, n.store.Partitions())
 	for p := range s.Partitions {
 		s.Partitions[p] = n.store.PartitionLen(p)
+		s.Open[p] = n.store.IsOpen(p)
 	}
 	return s
 }
