@@ -466,6 +466,10 @@ func (n *Node) mergeImages(ctx context.Context, imgs [][]byte, check func(store.
 	return records, nb, nil
 }
 
+// Image returns partition p's image (see package store) and its record
+// count, for tools and tests; it changes nothing.
+func (n *Node) Image(p int) ([]byte, int64) { return n.store.AppendImage(nil, p) }
+
 // refuse returns the error for a peer message this node does not take.
 func (n *Node) refuse(format string, args ...any) error {
 	return status.Errorf(codes.FailedPrecondition, "node %s: %s", n.cfg.Name, fmt.Sprintf(format, args...))

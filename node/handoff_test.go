@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/bench"
@@ -93,9 +96,17 @@ func (s *sender) send(t testing.TB, rcp string, mode pb.Mode) (admitted bool, us
 // every node in turn (a graceful stop, then a start with an empty memory),
 // and then gets exactly 6 more per recipient: history moved with ownership.
 func TestRollingRestartKeepsCounts(t *testing.T) {
-	for _, inMemory := range []bool{true, false} {
-		t.Run(map[bool]string{false: "grpc", true: "in-memory"}[inMemory], func(t *testing.T) {
-			c := moveCluster(t, 3, tenPerHour, inMemory, "")
+	for _, tc := range []struct {
+		name     string
+		inMemory bool
+		durable  bool
+	}{{"in-memory", true, false}, {"grpc", false, false}, {"grpc-wal", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := ""
+			if tc.durable {
+				dir = t.TempDir()
+			}
+			c := moveCluster(t, 3, tenPerHour, tc.inMemory, dir)
 			s := newSender(c, 1)
 			var rcps []string
 			for i := range 300 {
@@ -430,5 +441,76 @@ func TestInterruptedMoves(t *testing.T) {
 	t.Logf("%d decided, %d admitted, %d over-admitted, %d forgotten", rec.decided.Load(), len(rec.sends), len(v), forgotten)
 	if len(v) > 0 || forgotten > 0 {
 		t.Fatalf("%d over-admissions (first %v), %d forgotten", len(v), v, forgotten)
+	}
+}
+
+// TestPeersAreChecked sends a node peer messages it must refuse: from a
+// node outside the ring, for another epoch, for partitions the caller does
+// not own or the node does not back, and malformed. Each is refused with a
+// clear error and changes nothing.
+func TestPeersAreChecked(t *testing.T) {
+	c := moveCluster(t, 3, tenPerHour, true, "")
+	waitSettled(t, c)
+	ms := c.Members()
+	a, b := ms[0], ms[1]
+	r := a.Node.Ring()
+	s := newSender(c, 4)
+	for i := range 50 {
+		s.send(t, fmt.Sprintf("r%d", i), pb.Mode_MODE_CHECK_AND_RECORD)
+	}
+	// A partition b owns and a backs, and one b owns that a does not back.
+	backed, notBacked := -1, -1
+	for p := range 271 {
+		if r.PartitionOwner(p).Name != b.Name {
+			continue
+		}
+		if rep, _ := r.PartitionReplica(p); rep.Name == a.Name && backed < 0 {
+			backed = p
+		} else if rep.Name != a.Name && notBacked < 0 {
+			notBacked = p
+		}
+	}
+	owned := -1
+	for p := range 271 {
+		if r.PartitionOwner(p).Name == a.Name {
+			owned = p
+			break
+		}
+	}
+	if backed < 0 || notBacked < 0 || owned < 0 {
+		t.Fatalf("placement: backed %d, not backed %d, owned %d", backed, notBacked, owned)
+	}
+	before := a.Node.Stats()
+	ctx := context.Background()
+	f := func(name string, err error, want codes.Code, substr string) {
+		t.Helper()
+		if status.Code(err) != want || !strings.Contains(err.Error(), substr) {
+			t.Fatalf("%s: %v, want %v with %q", name, err, want, substr)
+		}
+	}
+	_, err := a.Node.Acquire(ctx, &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch() + 1, Partitions: []uint32{uint32(backed)}})
+	f("acquire, other epoch", err, codes.FailedPrecondition, "ring epoch")
+	_, err = a.Node.Acquire(ctx, &pb.AcquireRequest{Node: "stranger", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(owned)}})
+	f("acquire, stranger", err, codes.FailedPrecondition, "not in the ring")
+	_, err = a.Node.Acquire(ctx, &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch(), Partitions: []uint32{uint32(owned)}})
+	f("acquire, not the owner", err, codes.FailedPrecondition, "is owned by "+a.Name)
+	_, err = a.Node.Acquire(ctx, &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch(), Partitions: []uint32{9999}})
+	f("acquire, no such partition", err, codes.InvalidArgument, "9999 out of range")
+	_, err = a.Node.Replicate(ctx, &pb.ReplicateRequest{Node: b.Name, RingEpoch: r.Epoch(), Sends: []byte{2, 1, 2, 3}})
+	f("replicate, malformed", err, codes.InvalidArgument, "bad wal payload")
+	_, err = a.Node.Fill(ctx, &pb.FillRequest{Node: b.Name, RingEpoch: r.Epoch(), Images: [][]byte{{1, 2, 3}}})
+	f("fill, malformed", err, codes.InvalidArgument, "bad partition image")
+	// A real image of a partition a does not back, and one from a node
+	// that does not own it.
+	img, _ := b.Node.Image(notBacked)
+	_, err = a.Node.Fill(ctx, &pb.FillRequest{Node: b.Name, RingEpoch: r.Epoch(), Images: [][]byte{img}})
+	f("fill, not the backup", err, codes.FailedPrecondition, "is not backed by "+a.Name)
+	img, _ = b.Node.Image(backed)
+	_, err = a.Node.Fill(ctx, &pb.FillRequest{Node: ms[2].Name, RingEpoch: r.Epoch(), Images: [][]byte{img}})
+	f("fill, not the owner", err, codes.FailedPrecondition, "is owned by "+b.Name)
+
+	after := a.Node.Stats()
+	if !reflect.DeepEqual(before.Open, after.Open) || !reflect.DeepEqual(before.Partitions, after.Partitions) {
+		t.Fatal("a refused message changed partitions")
 	}
 }

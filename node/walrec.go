@@ -49,6 +49,9 @@ func decodeImages(p []byte, fn func(img []byte) error) error {
 		return fmt.Errorf("%w: kind %#x, not an image payload", ErrBadPayload, k)
 	}
 	cnt := r.uvarint()
+	if r.err != nil {
+		return fmt.Errorf("%w: %v", ErrBadPayload, r.err)
+	}
 	if cnt > uint64(len(p)) {
 		return fmt.Errorf("%w: %d images in %d bytes", ErrBadPayload, cnt, len(p))
 	}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"errors"
 	"math/rand/v2"
 	"reflect"
@@ -100,6 +101,39 @@ func FuzzDecodeWAL(f *testing.F) {
 		again, err := decodeAll(encodeSends(got))
 		if err != nil || !reflect.DeepEqual(again, got) {
 			t.Fatalf("re-encode: %v\n got %+v\nwant %+v", err, again, got)
+		}
+	})
+}
+
+// FuzzDecodeImages: an image payload decodes or fails with ErrBadPayload,
+// and what decodes encodes to a payload that decodes to the same images
+// (varints may be written longer than needed).
+func FuzzDecodeImages(f *testing.F) {
+	f.Add(encodeImages(nil, [][]byte{{1, 2, 3}, {}}))
+	f.Add([]byte{walImages, 5})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		var imgs [][]byte
+		err := decodeImages(p, func(img []byte) error {
+			imgs = append(imgs, img)
+			return nil
+		})
+		if err != nil {
+			if !errors.Is(err, ErrBadPayload) {
+				t.Fatalf("error %v does not wrap ErrBadPayload", err)
+			}
+			return
+		}
+		var again [][]byte
+		if err := decodeImages(encodeImages(nil, imgs), func(img []byte) error {
+			again = append(again, img)
+			return nil
+		}); err != nil || len(again) != len(imgs) {
+			t.Fatalf("re-encoded %d images: %v, %d back", len(imgs), err, len(again))
+		}
+		for i := range imgs {
+			if !bytes.Equal(imgs[i], again[i]) {
+				t.Fatalf("image %d differs after a round trip", i)
+			}
 		}
 	})
 }
