@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -135,6 +136,7 @@ func (n *Node) closePartition(p int) {
 func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
 	var cur *ring.Ring
 	var retry <-chan time.Time
+	var failingSince time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -155,8 +157,18 @@ func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
 			if ctx.Err() != nil {
 				return
 			}
-			n.log.Warn("partition moves incomplete; retrying", "epoch", cur.Epoch(), "err", err)
+			// Until rings agree, acquisitions are refused: expected for a
+			// moment after every change, worth a warning after seconds.
+			level := slog.LevelDebug
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			} else if time.Since(failingSince) > 5*time.Second {
+				level = slog.LevelWarn
+			}
+			n.log.Log(ctx, level, "partition moves incomplete; retrying", "epoch", cur.Epoch(), "failing_for", time.Since(failingSince), "err", err)
 			retry = time.After(acquireRetry)
+		} else {
+			failingSince = time.Time{}
 		}
 	}
 }

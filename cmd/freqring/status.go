@@ -47,7 +47,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if r.Epoch() != rr.Epoch {
 		fmt.Fprintf(stdout, "warning: this build places keys differently from %s (epoch %016x here, %016x there)\n", rr.Node, r.Epoch(), rr.Epoch)
 	}
-	fmt.Fprintf(stdout, "ring epoch %016x as seen by %s: %d members, %d partitions (replication %d, load %.2f)\n\n",
+	fmt.Fprintf(stdout, "ring epoch %016x as seen by %s: %d members, %d partitions (virtual nodes %d, load %.2f)\n\n",
 		rr.Epoch, rr.Node, len(rr.Members), p.GetPartitionCount(), p.GetReplicationFactor(), p.GetLoad())
 	counts := r.Counts()
 	inRing := map[string]bool{}
@@ -55,7 +55,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		inRing[m.Name] = true
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tRECORDS\tCHECKS\tFWD OUT\tFWD IN\tEPOCH")
+	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tOPEN\tBACKED\tMOVING\tRECORDS\tCHECKS\tFWD OUT\tFWD IN\tREPLICATION\tEPOCH")
 	for _, m := range rr.Known {
 		row := fmt.Sprintf("%s\t%s\t%s\t%v\t%d", m.Name, m.Addr, m.State, inRing[m.Name], counts[m.Name])
 		st, err := withLimiter(ctx, m.Addr, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.StatusResponse, error) {
@@ -73,7 +73,9 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if st.RingEpoch != rr.Epoch {
 			epoch = fmt.Sprintf("%016x", st.RingEpoch)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", row, records, st.Checks, st.ForwardedOut, st.ForwardedIn, epoch)
+		repl := fmt.Sprintf("%s %d sent %d failed", st.Replication, st.ReplicatedSends, st.ReplicationFailures)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", row, st.PartitionsOwned-st.PartitionsMoving, st.PartitionsBacked,
+			st.PartitionsMoving, records, st.Checks, st.ForwardedOut, st.ForwardedIn, repl, epoch)
 	}
 	return tw.Flush()
 }
