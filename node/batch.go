@@ -251,7 +251,8 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	resp := newResponse(cnt)
 	resp.RingEpoch = r.Epoch()
 	clustered := n.clus.Load().ms != nil
-	if clustered {
+	noMajority := clustered && !n.ho.majority.Load()
+	if clustered && !noMajority {
 		n.waitMoving(ctx, b, idx, r)
 	}
 	var rs *replicaSet
@@ -278,6 +279,9 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		x := &b.items[i]
 		resp.DeniedBy[j] = -1
 		ierr := x.err
+		if ierr == nil && noMajority {
+			ierr = &itemError{codes.Unavailable, fmt.Sprintf("node %s sees %d members, not a majority of the cluster: it decides nothing until the cluster heals; retry", n.cfg.Name, r.Len())}
+		}
 		if ierr == nil {
 			if owner := r.PartitionOwner(x.part); mustOwn && owner.Name != n.cfg.Name {
 				ierr = &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",

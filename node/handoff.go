@@ -42,6 +42,13 @@ import (
 //     backup has.
 //  4. A leaving node announces "leaving" (out of every ring, still reachable)
 //     and waits until the new owners of its partitions have acquired them.
+//  5. A node decides only while its ring holds a majority of the members it
+//     has seen serving (members that left gracefully no longer count, nor do
+//     members gone for Config.ForgetDeadAfter): a node cut off from the
+//     majority closes every partition, so the two sides of a network
+//     partition shorter than ForgetDeadAfter never both decide for one; when
+//     it heals, the minority's partitions are acquired again (rule 2), which
+//     merges what both sides hold.
 
 // MoveWait bounds how long a check waits for its partition to be acquired
 // by this node, its new owner, before it fails as retryable.
@@ -69,6 +76,13 @@ type handoff struct {
 	kick    chan struct{}     // wakes the mover
 	leaving atomic.Bool       // set by drain
 
+	// Majority (rule 5): counted holds the members seen serving that have
+	// not announced leaving since, with when each was last present; seen is
+	// its size.
+	counted  map[string]time.Time
+	seen     int
+	majority atomic.Bool // the ring holds more than half of seen
+
 	moves, movedRecords, movedBytes, releases atomic.Int64
 }
 
@@ -76,7 +90,9 @@ func newHandoff(parts int) *handoff {
 	h := &handoff{
 		opened: make([]chan struct{}, parts), pullAll: make([]bool, parts), from: make([]map[string]bool, parts),
 		fill: make([]bool, parts), handed: make([]bool, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
+		counted: map[string]time.Time{},
 	}
+	h.majority.Store(true)
 	for p := range h.opened {
 		h.opened[p] = make(chan struct{})
 		h.open[p].Store(true) // stores start open
@@ -137,10 +153,18 @@ func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
 	var cur *ring.Ring
 	var retry <-chan time.Time
 	var failingSince time.Time
+	// Rule 5 forgets members gone for ForgetDeadAfter: look again now and
+	// then, not only on ring changes.
+	tick := time.NewTicker(max(n.cfg.ForgetDeadAfter/4, 10*time.Millisecond))
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-tick.C:
+			if n.ho.majority.Load() {
+				continue
+			}
 		case r, ok := <-rings:
 			if !ok {
 				return
@@ -199,7 +223,48 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 		}
 	}
 	h.prev, h.boots = r, boots
+	// Rule 5: a member counts once seen serving, until it announces that
+	// it is leaving; one that vanished without leaving still counts.
+	// A member gone for ForgetDeadAfter no longer counts either.
+	nowT := time.Now()
+	for _, m := range members {
+		switch m.State {
+		case gossip.StateServing:
+			h.counted[m.Name] = nowT
+		case gossip.StateLeaving:
+			delete(h.counted, m.Name)
+		default:
+			if _, ok := h.counted[m.Name]; ok {
+				h.counted[m.Name] = nowT // present, restarting
+			}
+		}
+	}
+	for _, m := range r.Members() {
+		h.counted[m.Name] = nowT
+	}
+	for name, at := range h.counted {
+		if nowT.Sub(at) > n.cfg.ForgetDeadAfter {
+			delete(h.counted, name)
+		}
+	}
+	h.seen = len(h.counted)
+	majority := r.Len()*2 > h.seen
 	h.mu.Unlock()
+	if h.majority.Swap(majority) != majority {
+		if majority {
+			n.log.Info("majority regained: acquiring partitions again", "ring", r.Len(), "seen", h.seen)
+		} else {
+			n.log.Warn("majority lost: deciding nothing until the cluster heals", "ring", r.Len(), "seen", h.seen)
+		}
+	}
+	if !majority {
+		for p := range n.store.Partitions() {
+			if n.store.IsOpen(p) {
+				n.closePartition(p)
+			}
+		}
+		return nil
+	}
 
 	var work []int
 	for p := range n.store.Partitions() {

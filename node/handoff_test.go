@@ -37,7 +37,7 @@ func moveCluster(t *testing.T, size int, rulesYAML string, inMemory bool, dataDi
 		t.Fatal(err)
 	}
 	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: size, Rules: rs, InMemory: inMemory, DataDir: dataDir,
-		Node: func(cfg *node.Config) { cfg.SweepInterval = -1 }})
+		Node: func(cfg *node.Config) { cfg.SweepInterval = -1; cfg.ForgetDeadAfter = time.Second }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,6 +98,12 @@ type Config struct {
 	// Replication says whether an admitted send is on its partition's
 	// backup before the reply; the zero value is ReplicationSync.
 	Replication Replication
+	// ForgetDeadAfter is how long a member that vanished without leaving
+	// still counts toward the cluster's size, of which a node needs a
+	// majority in its ring to decide; 0 means 1 minute. A network partition
+	// longer than this lets both sides decide (each then admits up to the
+	// limits on its own until the partition heals and they merge).
+	ForgetDeadAfter time.Duration
 
 	// IdempotencyWindow is how long the request id of a recorded item is
 	// remembered, so that a retry is not recorded twice; 0 means 1 minute.
@@ -138,6 +144,9 @@ func (c *Config) fill() {
 	}
 	if c.Name == "" {
 		c.Name, _ = os.Hostname()
+	}
+	if c.ForgetDeadAfter == 0 {
+		c.ForgetDeadAfter = time.Minute
 	}
 	if c.IdempotencyWindow == 0 {
 		c.IdempotencyWindow = time.Minute
