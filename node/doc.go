@@ -25,6 +25,16 @@
 // domain) sit behind one atomic pointer (view), so that a reload can swap
 // rules without moving records: records belong to a domain's name.
 //
+// # Exact through ring changes
+//
+// History moves with ownership and every admitted send is on two nodes
+// before its reply: handoff.go states the five rules (a node decides only
+// for partitions it has acquired under its current ring; acquiring closes
+// the partition on every other member and merges their copies; a backup
+// holds every admitted send; a leaving node hands over first; a node
+// without a majority decides nothing) and carries them out; replica.go
+// replicates each batch's sends to their backups (Config.Replication).
+//
 // # Peers
 //
 // A node reaches others through the Peers interface (peer.go): gRPC by
@@ -39,6 +49,8 @@
 //	forward.go    grouping by owner, forwarding, merging answers
 //	peer.go       Peer, Peers, GRPCPeers, LocalNetwork
 //	cluster.go    membership (gossip), Leave, the Ring and WatchRing RPCs
+//	handoff.go    partition moves: reconcile, acquire, fill, release, drain, majority
+//	replica.go    a backup per partition: Replicate, sync replication of a batch
 //	durable.go    recovery, WAL appends, snapshots' schedule, retention
 //	snapshot.go   the snapshot file: partition images, older formats read
 //	walrec.go     the WAL payload of one Check
