@@ -76,8 +76,9 @@ func result(d client.Decision, err error) Result {
 	return Result{Admitted: d.Admitted, At: d.DecidedAt.UnixMilli(), Degraded: d.Degraded}
 }
 
-// Memory implements Target: the store heap (index and slabs) and records of
-// every member, from their Status.
+// Memory implements Target: the store heap (index and slabs) of every
+// member, backups included, and the recipients they decide for, from their
+// Status.
 func (t *FreqringTarget) Memory(ctx context.Context) (int64, int64, error) {
 	var bytes, records int64
 	for _, m := range t.c.Ring().Members() {
@@ -90,9 +91,15 @@ func (t *FreqringTarget) Memory(ctx context.Context) (int64, int64, error) {
 		if err != nil {
 			return 0, 0, fmt.Errorf("bench: status of %s: %w", m.Name, err)
 		}
+		var all int64
 		for _, d := range st.Domains {
 			bytes += d.HeapBytes
-			records += d.Records
+			all += d.Records
+		}
+		if st.OwnedRecords > 0 || st.PartitionsOwned > 0 {
+			records += st.OwnedRecords // backups are not recipients of their own
+		} else {
+			records += all // a node that does not report it
 		}
 	}
 	return bytes, records, nil

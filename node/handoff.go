@@ -84,13 +84,15 @@ type handoff struct {
 	majority atomic.Bool // the ring holds more than half of seen
 
 	moves, movedRecords, movedBytes, releases atomic.Int64
+	closedAt     []time.Time  // per partition: since when it is owned here but closed (zero: open, or not owned)
+	longestPause atomic.Int64 // the longest closedAt-to-open, ns, since start
 }
 
 func newHandoff(parts int) *handoff {
 	h := &handoff{
 		opened: make([]chan struct{}, parts), pullAll: make([]bool, parts), from: make([]map[string]bool, parts),
 		fill: make([]bool, parts), handed: make([]bool, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
-		counted: map[string]time.Time{},
+		counted: map[string]time.Time{}, closedAt: make([]time.Time, parts),
 	}
 	h.majority.Store(true)
 	for p := range h.opened {
@@ -128,6 +130,12 @@ func (n *Node) openPartition(p int) {
 	case <-h.opened[p]:
 	default:
 		close(h.opened[p])
+	}
+	if !h.closedAt[p].IsZero() {
+		pause := int64(time.Since(h.closedAt[p]))
+		for old := h.longestPause.Load(); pause > old && !h.longestPause.CompareAndSwap(old, pause); old = h.longestPause.Load() {
+		}
+		h.closedAt[p] = time.Time{}
 	}
 	h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
 	h.mu.Unlock()
@@ -273,6 +281,9 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			if n.store.IsOpen(p) {
 				n.closePartition(p)
 			}
+			h.mu.Lock()
+			h.closedAt[p] = time.Time{}
+			h.mu.Unlock()
 			continue
 		}
 		backup, hasBackup := r.PartitionReplica(p)
@@ -297,6 +308,9 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			h.fill[p] = true
 		}
 		needs := h.pullAll[p] || len(h.from[p]) > 0 || h.fill[p]
+		if needs && h.closedAt[p].IsZero() {
+			h.closedAt[p] = time.Now()
+		}
 		h.mu.Unlock()
 		if needs {
 			if n.store.IsOpen(p) {

@@ -395,6 +395,7 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 				if !n.ho.isOpen(p) {
 					resp.PartitionsMoving++
 				}
+				resp.OwnedRecords += s.Partitions[p]
 			}
 			if b, ok := r.PartitionReplica(p); ok && b.Name == n.cfg.Name {
 				resp.PartitionsBacked++
@@ -404,6 +405,7 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 	resp.Replication = n.cfg.Replication.String()
 	resp.ReplicatedSends, resp.ReplicationFailures = n.replicated.Load(), n.replicationFailures.Load()
 	resp.AcquiredPartitions, resp.AcquiredRecords = n.ho.moves.Load(), n.ho.movedRecords.Load()
+	resp.LongestPauseMs = time.Duration(n.ho.longestPause.Load()).Milliseconds()
 	for _, d := range s.Domains {
 		resp.Domains = append(resp.Domains, &pb.DomainStatus{Name: d.Name, Records: d.Records, Collisions: d.Collisions, HeapBytes: d.IndexBytes + d.SlabBytes})
 	}

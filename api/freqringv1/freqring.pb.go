@@ -881,6 +881,8 @@ type StatusResponse struct {
 	ReplicationFailures int64                  `protobuf:"varint,18,opt,name=replication_failures,json=replicationFailures,proto3" json:"replication_failures,omitempty"` // items failed because their backup did not confirm
 	AcquiredPartitions  int64                  `protobuf:"varint,19,opt,name=acquired_partitions,json=acquiredPartitions,proto3" json:"acquired_partitions,omitempty"`    // partition acquisitions completed since start
 	AcquiredRecords     int64                  `protobuf:"varint,20,opt,name=acquired_records,json=acquiredRecords,proto3" json:"acquired_records,omitempty"`             // records merged by them
+	OwnedRecords        int64                  `protobuf:"varint,21,opt,name=owned_records,json=ownedRecords,proto3" json:"owned_records,omitempty"`                      // records in the partitions this node decides for (the rest are backups and copies)
+	LongestPauseMs      int64                  `protobuf:"varint,22,opt,name=longest_pause_ms,json=longestPauseMs,proto3" json:"longest_pause_ms,omitempty"`              // the longest a partition was closed here while this node owned it, since start
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -1051,6 +1053,20 @@ func (x *StatusResponse) GetAcquiredPartitions() int64 {
 func (x *StatusResponse) GetAcquiredRecords() int64 {
 	if x != nil {
 		return x.AcquiredRecords
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetOwnedRecords() int64 {
+	if x != nil {
+		return x.OwnedRecords
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLongestPauseMs() int64 {
+	if x != nil {
+		return x.LongestPauseMs
 	}
 	return 0
 }
@@ -1644,7 +1660,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
 	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
-	"\rStatusRequest\"\xdb\x05\n" +
+	"\rStatusRequest\"\xaa\x06\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
@@ -1667,7 +1683,9 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x10replicated_sends\x18\x11 \x01(\x03R\x0freplicatedSends\x121\n" +
 	"\x14replication_failures\x18\x12 \x01(\x03R\x13replicationFailures\x12/\n" +
 	"\x13acquired_partitions\x18\x13 \x01(\x03R\x12acquiredPartitions\x12)\n" +
-	"\x10acquired_records\x18\x14 \x01(\x03R\x0facquiredRecords\"{\n" +
+	"\x10acquired_records\x18\x14 \x01(\x03R\x0facquiredRecords\x12#\n" +
+	"\rowned_records\x18\x15 \x01(\x03R\fownedRecords\x12(\n" +
+	"\x10longest_pause_ms\x18\x16 \x01(\x03R\x0elongestPauseMs\"{\n" +
 	"\fDomainStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +
