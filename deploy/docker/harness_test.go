@@ -2,16 +2,30 @@
 // deploy/Dockerfile image, on a private Docker network, and puts it through
 // the ring changes a Kubernetes StatefulSet goes through: a node killed and
 // started again from its volume, a node cut off the network and connected
-// again, a rolling restart, a node added. For each step it measures how long
-// the survivors take to agree on the expected ring, and what a load driven
-// from the host saw meanwhile (decisions/s, call and item errors); it audits
-// every admitted send of the run with bench.Audit and records the
-// over-admissions, which are expected until history moves with ownership
-// (DESIGN §3.8).
+// again, a rolling restart, a node added and removed again (scaled down: a
+// graceful stop, after which it stays stopped). For each step it measures
+// how long the survivors take to agree on the expected ring, and what a load
+// driven from the host saw meanwhile (decisions/s, call and item errors).
 //
-// The test fails only when the harness or the cluster breaks: a node that
-// never converges, a call that hangs past its deadline, a container that
-// stops by itself or exits non-zero on a graceful stop.
+// It proves the cluster exact through all of it, now that history moves
+// with ownership (node/handoff.go) and every admitted send is on its
+// partition's backup before the reply (node/replica.go):
+//
+//   - over-admitted nothing: every admitted send of the run is audited with
+//     bench.Audit after each step, and a step fails the run when its
+//     over-admissions exceed its bound, which is 0 for every step, the
+//     network partition included (one shorter than the node's
+//     ForgetDeadAfter, 1 minute by default, over-admits nothing either);
+//   - forgot nothing: after the last step the load stops and every recipient
+//     it used is peeked through the cluster; the node's count for the
+//     longest recipient rule must hold every send the load saw admitted
+//     (see exact_test.go). Counting more than that is allowed: a send
+//     recorded by a call whose reply was lost.
+//
+// It also fails when the harness or the cluster breaks: a node that never
+// converges, a call that hangs past its deadline, a container that stops by
+// itself or exits non-zero on a graceful stop. The step table is printed
+// before any of these exactness failures is reported.
 //
 // It needs a Docker daemon and no registry (the image is FROM scratch). It
 // skips when `docker version` fails, when FREQRING_DOCKER_TESTS=0 or under
@@ -21,7 +35,8 @@
 //
 //	go test -run . -v -count=1 ./deploy/docker/ -timeout 15m
 //
-// FREQRING_DOCKER_REPORT=path writes the step table as JSON.
+// FREQRING_DOCKER_REPORT=path writes the step table and the forgotten-send
+// audit as JSON.
 package docker_test
 
 import (
@@ -68,6 +83,7 @@ type row struct {
 	ItemErrors   int64          `json:"item_errors"`             // items answered with an error
 	Admitted     int64          `json:"admitted"`                // admitted sends during the step
 	OverAdmit    int            `json:"over_admissions"`         // bench.Audit violations of sends admitted during the step
+	Bound        int            `json:"bound"`                   // over-admissions the step may cause; more fails the run
 	AdmittedRun  int64          `json:"admitted_run"`            // admitted sends of the run so far
 	OverAdmitRun int            `json:"over_admissions_run"`     // bench.Audit violations over the run so far
 	OverSendsRun int            `json:"over_admitted_sends_run"` // distinct sends among them
@@ -87,6 +103,7 @@ type harness struct {
 	load    *load
 	rules   map[string][]window.Rule
 	rows    []row
+	exact   *exactness // the forgotten-send audit after the last step
 }
 
 func TestCluster(t *testing.T) {
@@ -157,14 +174,23 @@ func TestCluster(t *testing.T) {
 		return ""
 	}, "freqring-1")
 
+	// A partition shorter than the nodes' ForgetDeadAfter (1 minute by
+	// default): freqring-2, alone, stops deciding, so the bound of both
+	// steps is 0 like every other's.
 	c2 := h.nodes["freqring-2"]
+	var cut time.Time
 	h.step("disconnect freqring-2", []string{"freqring-0", "freqring-1"}, convergeWithin, func() string {
 		h.docker("network", "disconnect", h.e.network, c2.cname)
+		cut = time.Now()
 		return ""
 	}, "")
 	h.step("reconnect freqring-2", three, reconnectWithin, func() string {
 		h.docker("network", "connect", "--ip", c2.ip, "--alias", "freqring-peers", h.e.network, c2.cname)
-		return ""
+		lasted := time.Since(cut)
+		if lasted >= forgetDeadAfter {
+			t.Errorf("harness: the partition of freqring-2 lasted %v, not shorter than the nodes' ForgetDeadAfter (%v): its bound of 0 does not apply", lasted.Round(100*time.Millisecond), forgetDeadAfter)
+		}
+		return fmt.Sprintf("partition lasted %.1fs", lasted.Seconds())
 	}, "")
 
 	// A rolling restart as the StatefulSet controller does it: highest
@@ -179,14 +205,26 @@ func TestCluster(t *testing.T) {
 		h.add(3)
 		return ""
 	}, "")
+	// Scaled down again: SIGTERM, the node hands its partitions over, leaves
+	// and exits 0; it stays stopped.
+	h.step("remove freqring-3", three, convergeWithin, func() string {
+		took := h.stopGracefully("freqring-3")
+		return fmt.Sprintf("graceful stop %.1fs, exit 0, stays stopped", took.Seconds())
+	}, "")
 
 	stopLoad()
 	h.load.wait()
+	h.exact = h.auditForgotten()
 	h.summary()
 	if n := h.load.ctr.hung.Load(); n > 0 {
 		t.Errorf("%d load calls returned more than %v after their %v deadline", n, hangSlack, callTimeout)
 	}
+	h.judge()
 }
+
+// forgetDeadAfter is the nodes' ForgetDeadAfter: serve has no flag for it,
+// so it is node.Config's default.
+const forgetDeadAfter = time.Minute
 
 // loudSkip skips with the reason in the test log, and keeps it for TestMain,
 // which prints it in one line that a plain `go test ./...` shows too.
@@ -221,10 +259,20 @@ func (h *harness) add(i int) {
 	h.nodes[c.name], h.conns[c.name], h.running[c.name] = c, conn, true
 }
 
-// restart stops a node gracefully (SIGTERM: it leaves the ring, drains and
-// writes a snapshot), checks that it exited 0, and starts it again. It is
-// `docker restart` with the exit code checked in between.
+// restart stops a node gracefully and starts it again. It is `docker
+// restart` with the exit code checked in between.
 func (h *harness) restart(name string) string {
+	stopped := h.stopGracefully(name)
+	h.docker("start", h.nodes[name].cname)
+	h.running[name] = true
+	return fmt.Sprintf("graceful stop %.1fs, exit 0", stopped.Seconds())
+}
+
+// stopGracefully stops a node with SIGTERM (it hands its partitions over,
+// leaves the ring, drains and writes a snapshot), checks that it exited 0,
+// and returns how long the stop took. The node is then intentionally
+// stopped: checkContainers no longer expects it to run.
+func (h *harness) stopGracefully(name string) time.Duration {
 	c := h.nodes[name]
 	h.untarget(name) // as a client following the ring would, once the node leaves it
 	start := time.Now()
@@ -235,12 +283,10 @@ func (h *harness) restart(name string) string {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	if code != 0 {
-		h.t.Fatalf("%s exited %d (%s) on SIGTERM, want 0:\n%s", name, code, status, h.e.logs(c, 40))
+	if status != "exited" || code != 0 {
+		h.t.Fatalf("%s is %s with exit code %d after SIGTERM, want exited 0:\n%s", name, status, code, h.e.logs(c, 40))
 	}
-	h.docker("start", c.cname)
-	h.running[name] = true
-	return fmt.Sprintf("graceful stop %.1fs, exit 0", stopped.Seconds())
+	return stopped
 }
 
 // untarget stops the load sending to a node.
@@ -354,12 +400,12 @@ func (h *harness) step(name string, want []string, within time.Duration, action 
 		Step: name, Members: len(want), ConvergeS: round(conv.Seconds()), StepS: round(took.Seconds()),
 		Decisions: d.decisions, DecisionsPS: float64(int64(float64(d.decisions) / took.Seconds())),
 		Calls: d.calls, CallErrors: d.callErrs, ItemErrors: d.itemErrs,
-		Admitted: d.admitted, OverAdmit: len(v) - overBefore,
+		Admitted: d.admitted, OverAdmit: len(v) - overBefore, Bound: 0,
 		AdmittedRun: int64(len(sends)), OverAdmitRun: len(v), OverSendsRun: distinct, ByRuleRun: byRule, Note: note, Errors: errs,
 	}
 	h.rows = append(h.rows, r)
-	t.Logf("step %q: converged in %.2fs; %.0f decisions/s, %d calls (%d failed), %d item errors; admitted %d (run %d), over-admissions %d (run %d %v)%s",
-		name, r.ConvergeS, r.DecisionsPS, r.Calls, r.CallErrors, r.ItemErrors, r.Admitted, r.AdmittedRun, r.OverAdmit, r.OverAdmitRun, byRule, noteSuffix(note))
+	t.Logf("step %q: converged in %.2fs; %.0f decisions/s, %d calls (%d failed), %d item errors; admitted %d (run %d), over-admissions %d, bound %d (run %d %v)%s",
+		name, r.ConvergeS, r.DecisionsPS, r.Calls, r.CallErrors, r.ItemErrors, r.Admitted, r.AdmittedRun, r.OverAdmit, r.Bound, r.OverAdmitRun, byRule, noteSuffix(note))
 	for _, e := range errs {
 		t.Logf("    %s", e)
 	}
@@ -395,13 +441,17 @@ func (h *harness) checkContainers(step string) {
 func (h *harness) summary() {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "step\tring\tconverge s\tstep s\tdecisions/s\tcalls\tcall errors\titem errors\tadmitted\tover-admitted\tadmitted (run)\tover-admitted (run)\t")
+	fmt.Fprintln(tw, "step\tring\tconverge s\tstep s\tdecisions/s\tcalls\tcall errors\titem errors\tadmitted\tover-admitted\tbound\tadmitted (run)\tover-admitted (run)\t")
 	for _, r := range h.rows {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", r.Step, r.Members, r.ConvergeS, r.StepS, r.DecisionsPS,
-			r.Calls, r.CallErrors, r.ItemErrors, r.Admitted, r.OverAdmit, r.AdmittedRun, r.OverAdmitRun)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", r.Step, r.Members, r.ConvergeS, r.StepS, r.DecisionsPS,
+			r.Calls, r.CallErrors, r.ItemErrors, r.Admitted, r.OverAdmit, r.Bound, r.AdmittedRun, r.OverAdmitRun)
 	}
 	tw.Flush()
-	h.t.Logf("summary (over-admissions are expected after ring changes until history moves with ownership):\n%s", b.String())
+	if x := h.exact; x != nil {
+		fmt.Fprintf(&b, "\nafter the last step, %d recipients peeked (%d not), rule %s (limit %d, window %v): admitted %d, counted %d; forgotten %d (%d recipients), counted beyond the admitted %d (%d recipients); most admitted to one recipient %d\n",
+			x.Peeked, x.Unpeeked, x.Rule, x.Limit, x.Window, x.Admitted, x.Counted, x.Forgotten, x.ForgottenRecipients, x.Beyond, x.BeyondRecipients, x.MostAdmitted)
+	}
+	h.t.Logf("summary (a step over-admitting beyond its bound, or a forgotten send, fails the run):\n%s", b.String())
 
 	path := os.Getenv("FREQRING_DOCKER_REPORT")
 	if path == "" {
@@ -409,16 +459,18 @@ func (h *harness) summary() {
 	}
 	ver, _ := docker(h.ctx, "version", "--format", "{{.Server.Version}}")
 	rep := struct {
-		When          time.Time `json:"when"`
-		DockerVersion string    `json:"docker_server_version"`
-		BatchSize     int       `json:"batch_size"`
-		Recipients    int       `json:"recipients"`
-		Workers       int       `json:"load_workers"`
-		CallTimeoutS  float64   `json:"call_timeout_s"`
-		SettleS       float64   `json:"settle_s"`
-		HungCalls     int64     `json:"hung_calls"`
-		Steps         []row     `json:"steps"`
-	}{time.Now().UTC(), ver, batchSize, recipients, loadWorkers, callTimeout.Seconds(), settle.Seconds(), h.load.ctr.hung.Load(), h.rows}
+		When          time.Time  `json:"when"`
+		DockerVersion string     `json:"docker_server_version"`
+		BatchSize     int        `json:"batch_size"`
+		Recipients    int        `json:"recipients"`
+		Drift         int        `json:"recipient_drift_per_s"`
+		Workers       int        `json:"load_workers"`
+		CallTimeoutS  float64    `json:"call_timeout_s"`
+		SettleS       float64    `json:"settle_s"`
+		HungCalls     int64      `json:"hung_calls"`
+		Steps         []row      `json:"steps"`
+		Exactness     *exactness `json:"forgotten_audit,omitempty"`
+	}{time.Now().UTC(), ver, batchSize, recipients, recipientDrift, loadWorkers, callTimeout.Seconds(), settle.Seconds(), h.load.ctr.hung.Load(), h.rows, h.exact}
 	out, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
 		h.t.Fatal(err)

@@ -24,14 +24,23 @@ import (
 )
 
 // Load shape: batches of batchSize items of the default domain, recipients
-// drawn from a fixed set, each with one of a few contents, so that the
-// recipient and the content rules both bind within the run.
+// drawn from a window of consecutive numbers, each with one of a few
+// contents, so that the content rules bind within the run. The window
+// slides by recipientDrift numbers a second: a recipient is drawn during
+// recipients/recipientDrift seconds (10 s), most of its items are denied by
+// content-59s (2 per content, at most 8 admitted per recipient), and fresh
+// recipients keep being admitted during every step, ring changes included,
+// rather than only in the first seconds of the run. It also keeps every
+// recipient's count far under recipient-24h's limit, which the
+// forgotten-send audit relies on (exact_test.go).
 const (
-	batchSize   = 100
-	recipients  = 2000
-	contents    = 4
-	callTimeout = 2 * time.Second         // deadline of each load call
-	hangSlack   = 1500 * time.Millisecond // a call returning later than its deadline plus this has hung
+	batchSize      = 100
+	recipients     = 2000 // recipients drawn from at any time
+	recipientDrift = 200  // new recipients a second
+	maxRecipients  = recipients + recipientDrift*int(runBudget/time.Second)
+	contents       = 4
+	callTimeout    = 2 * time.Second         // deadline of each load call
+	hangSlack      = 1500 * time.Millisecond // a call returning later than its deadline plus this has hung
 )
 
 // dial returns a client connection to a node's gRPC address. Reconnection
@@ -75,6 +84,8 @@ type load struct {
 	next    atomic.Uint64
 	ctr     counters
 	hashes  [contents]uint64
+	used    [maxRecipients]atomic.Bool // recipients the load sent at least one item to
+	t0      time.Time                  // when the load started: the recipient window slides from there
 
 	mu        sync.Mutex   // guards sends, errSample
 	sends     []bench.Send // admitted sends, as the nodes decided them
@@ -97,6 +108,7 @@ func (l *load) setTargets(ts []target) { l.targets.Store(&ts) }
 
 // start runs workers until ctx ends; wait waits for them.
 func (l *load) start(ctx context.Context, workers int, seed uint64) {
+	l.t0 = time.Now()
 	for w := range workers {
 		r := rand.New(rand.NewPCG(seed, uint64(w)+1))
 		l.wg.Go(func() { l.worker(ctx, r) })
@@ -117,8 +129,11 @@ func (l *load) worker(ctx context.Context, r *rand.Rand) {
 			continue
 		}
 		tg := ts[l.next.Add(1)%uint64(len(ts))]
+		off := min(int(time.Since(l.t0).Seconds()*recipientDrift), maxRecipients-recipients)
 		for i := range batchSize {
-			req.Recipients[i] = fmt.Sprintf("+86138%08d", r.IntN(recipients))
+			k := off + r.IntN(recipients)
+			l.used[k].Store(true)
+			req.Recipients[i] = recipientName(k)
 			req.ContentHashes[i] = l.hashes[r.IntN(contents)]
 		}
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
@@ -209,6 +224,20 @@ var (
 	addrRE   = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+:\d+`)
 	numberRE = regexp.MustCompile(`\b\d{6,}\b`)
 )
+
+// recipientName is the phone number of the load's recipient k.
+func recipientName(k int) string { return fmt.Sprintf("+86138%08d", k) }
+
+// usedRecipients returns every recipient the load sent an item to.
+func (l *load) usedRecipients() []string {
+	var out []string
+	for k := range l.used {
+		if l.used[k].Load() {
+			out = append(out, recipientName(k))
+		}
+	}
+	return out
+}
 
 // admittedSends returns a copy of every admitted send so far.
 func (l *load) admittedSends() []bench.Send {
