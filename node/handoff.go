@@ -84,8 +84,8 @@ type handoff struct {
 	majority atomic.Bool // the ring holds more than half of seen
 
 	moves, movedRecords, movedBytes, releases atomic.Int64
-	closedAt     []time.Time  // per partition: since when it is owned here but closed (zero: open, or not owned)
-	longestPause atomic.Int64 // the longest closedAt-to-open, ns, since start
+	closedAt                                  []time.Time  // per partition: since when it is owned here but closed (zero: open, or not owned)
+	longestPause                              atomic.Int64 // the longest closedAt-to-open, ns, since start
 }
 
 func newHandoff(parts int) *handoff {
@@ -308,14 +308,14 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			h.fill[p] = true
 		}
 		needs := h.pullAll[p] || len(h.from[p]) > 0 || h.fill[p]
-		if needs && h.closedAt[p].IsZero() {
+		if h.pullAll[p] && h.closedAt[p].IsZero() {
 			h.closedAt[p] = time.Now()
 		}
 		h.mu.Unlock()
 		if needs {
-			if n.store.IsOpen(p) {
-				n.closePartition(p)
-			}
+			// An open partition stays open while members that appeared are
+			// asked for it (they decided nothing for it: rule 5); one whose
+			// backup must be filled closes when its fill starts.
 			work = append(work, p)
 		}
 	}
@@ -325,13 +325,14 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	return n.acquire(ctx, r, work, members)
 }
 
-// acquire carries out rule 2 for partitions ps under ring r.
+// acquire carries out rule 2 for partitions ps under ring r, a chunk of
+// acquireBatch partitions at a time (moveWorkers chunks at once), so that
+// each partition is closed only for the time of its own chunk.
 func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []gossip.MemberState) error {
 	start := time.Now()
 	self := n.clus.Load().self.Name
-	h := n.ho
-	// Who to ask for what: every other member of the ring, and members
-	// leaving (out of the ring, still handing over).
+	// Who to ask: every other member of the ring, and members leaving (out
+	// of the ring, still handing over).
 	targets := map[string]ring.Member{}
 	for _, m := range r.Members() {
 		if m.Name != self {
@@ -343,109 +344,47 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 			targets[m.Name] = ring.Member{Name: m.Name, Addr: m.GRPCAddr}
 		}
 	}
-	ask := map[string][]int{}
-	h.mu.Lock()
-	for _, p := range ps {
-		for name := range targets {
-			if h.pullAll[p] || h.from[p][name] {
-				ask[name] = append(ask[name], p)
-			}
-		}
-	}
-	h.mu.Unlock()
-
-	// Pull in parallel, one goroutine per member; merge as images arrive.
-	type pulled struct {
-		member string
-		parts  []int
-		err    error
-	}
-	results := make(chan pulled, len(ask))
-	var wg sync.WaitGroup
-	var records, bytes atomic.Int64
-	for name, parts := range ask {
-		m := targets[name]
-		wg.Go(func() {
-			var err error
-			for chunk := range slices.Chunk(parts, acquireBatch) {
-				var got, nb int64
-				if got, nb, err = n.pullFrom(ctx, r, m, chunk); err != nil {
-					break
+	var (
+		mu         sync.Mutex // guards failed and pulledFrom
+		failed     = map[int]error{}
+		pulledFrom = map[string][]uint32{}
+		records    atomic.Int64
+		nbytes     atomic.Int64
+		opened     atomic.Int64
+	)
+	chunks := make(chan []int)
+	var workers sync.WaitGroup
+	for range moveWorkers {
+		workers.Go(func() {
+			for chunk := range chunks {
+				errs, pulled := n.acquireChunk(ctx, r, chunk, targets, &records, &nbytes, &opened)
+				mu.Lock()
+				for p, err := range errs {
+					failed[p] = err
 				}
-				records.Add(got)
-				bytes.Add(nb)
-			}
-			results <- pulled{member: name, parts: parts, err: err}
-		})
-	}
-	wg.Wait()
-	close(results)
-	failed := map[int]error{}
-	var released []pulled
-	for res := range results {
-		if res.err != nil {
-			for _, p := range res.parts {
-				failed[p] = fmt.Errorf("acquiring from %s: %w", res.member, res.err)
-			}
-			continue
-		}
-		released = append(released, res)
-	}
-
-	// Fill backups, then open what is complete, if the ring is still r.
-	fillTo := map[string][]int{}
-	var ready []int
-	for _, p := range ps {
-		if failed[p] != nil {
-			continue
-		}
-		h.mu.Lock()
-		fill := h.fill[p]
-		h.mu.Unlock()
-		if b, ok := r.PartitionReplica(p); ok && fill && n.cfg.Replication != ReplicationOff {
-			fillTo[b.Name] = append(fillTo[b.Name], p)
-		}
-		ready = append(ready, p)
-	}
-	var fillMu sync.Mutex
-	for name, parts := range fillTo {
-		m, _ := targets[name]
-		wg.Go(func() {
-			for chunk := range slices.Chunk(parts, acquireBatch) {
-				if err := n.fillBackup(ctx, r, m, chunk); err != nil {
-					fillMu.Lock()
-					for _, p := range chunk {
-						failed[p] = fmt.Errorf("filling backup %s: %w", name, err)
-					}
-					fillMu.Unlock()
+				for name, parts := range pulled {
+					pulledFrom[name] = append(pulledFrom[name], parts...)
 				}
+				mu.Unlock()
 			}
 		})
 	}
-	wg.Wait()
-	cur := n.clus.Load().ring()
-	opened := 0
-	for _, p := range ready {
-		if failed[p] != nil {
-			continue
-		}
-		if cur.Epoch() != r.Epoch() {
-			failed[p] = fmt.Errorf("the ring changed to epoch %d", cur.Epoch())
-			continue
-		}
-		n.openPartition(p)
-		opened++
+	for chunk := range slices.Chunk(ps, acquireBatch) {
+		chunks <- chunk
 	}
-	if opened > 0 {
-		h.moves.Add(int64(opened))
-		h.movedRecords.Add(records.Load())
-		h.movedBytes.Add(bytes.Load())
-		n.log.Info("partitions acquired", "epoch", r.Epoch(), "partitions", opened, "records", records.Load(),
-			"bytes", bytes.Load(), "took", time.Since(start), "from", len(ask))
+	close(chunks)
+	workers.Wait()
+	if o := opened.Load(); o > 0 || records.Load() > 0 {
+		n.ho.moves.Add(o)
+		n.ho.movedRecords.Add(records.Load())
+		n.ho.movedBytes.Add(nbytes.Load())
+		n.log.Info("partitions acquired", "epoch", r.Epoch(), "partitions", len(ps)-len(failed), "opened", o,
+			"records", records.Load(), "bytes", nbytes.Load(), "took", time.Since(start), "from", len(pulledFrom))
 	}
 	// Tell the members we pulled from that we hold it now (best effort).
-	for _, res := range released {
-		m := targets[res.member]
+	var wg sync.WaitGroup
+	for name, parts := range pulledFrom {
+		m := targets[name]
 		wg.Go(func() {
 			cli, err := n.peers.Peer(m)
 			if err != nil {
@@ -453,15 +392,7 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 			}
 			rctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
 			defer cancel()
-			parts := make([]uint32, 0, len(res.parts))
-			for _, p := range res.parts {
-				if failed[p] == nil {
-					parts = append(parts, uint32(p))
-				}
-			}
-			if len(parts) > 0 {
-				cli.Release(rctx, &pb.ReleaseRequest{Node: self, RingEpoch: r.Epoch(), Partitions: parts})
-			}
+			cli.Release(rctx, &pb.ReleaseRequest{Node: self, RingEpoch: r.Epoch(), Partitions: parts})
 		})
 	}
 	wg.Wait()
@@ -477,6 +408,105 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 		return errors.Join(errs...)
 	}
 	return nil
+}
+
+// moveWorkers is the number of chunks of partitions acquired at once.
+const moveWorkers = 4
+
+// acquireChunk acquires the partitions of one chunk: it closes those whose
+// backup it fills, pulls from the members that must be asked, merges, fills
+// the backup and opens what it closed. It returns the partitions that
+// failed, and the partitions it pulled, by member, for Release.
+func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targets map[string]ring.Member,
+	records, nbytes, opened *atomic.Int64) (map[int]error, map[string][]uint32) {
+	h := n.ho
+	failed := map[int]error{}
+	ask := map[string][]int{}
+	fillTo := map[string][]int{}
+	for _, p := range chunk {
+		h.mu.Lock()
+		for name := range targets {
+			if h.pullAll[p] || h.from[p][name] {
+				ask[name] = append(ask[name], p)
+			}
+		}
+		fill := h.fill[p]
+		h.mu.Unlock()
+		if b, ok := r.PartitionReplica(p); ok && fill && n.cfg.Replication != ReplicationOff {
+			fillTo[b.Name] = append(fillTo[b.Name], p)
+			if n.store.IsOpen(p) {
+				h.mu.Lock()
+				h.closedAt[p] = time.Now()
+				h.mu.Unlock()
+				n.closePartition(p)
+			}
+		}
+	}
+	var mu sync.Mutex // guards failed
+	var wg sync.WaitGroup
+	for name, parts := range ask {
+		wg.Go(func() {
+			got, nb, err := n.pullFrom(ctx, r, targets[name], parts)
+			records.Add(got)
+			nbytes.Add(nb)
+			if err != nil {
+				mu.Lock()
+				for _, p := range parts {
+					failed[p] = fmt.Errorf("acquiring from %s: %w", name, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for name, parts := range fillTo {
+		var ok []int
+		for _, p := range parts {
+			if failed[p] == nil {
+				ok = append(ok, p)
+			}
+		}
+		if len(ok) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			if err := n.fillBackup(ctx, r, targets[name], ok); err != nil {
+				mu.Lock()
+				for _, p := range ok {
+					failed[p] = fmt.Errorf("filling backup %s: %w", name, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	same := n.clus.Load().ring().Epoch() == r.Epoch()
+	for _, p := range chunk {
+		if failed[p] != nil {
+			continue
+		}
+		if !same {
+			failed[p] = fmt.Errorf("the ring changed from epoch %d", r.Epoch())
+			continue
+		}
+		if n.store.IsOpen(p) {
+			h.mu.Lock()
+			h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
+			h.mu.Unlock()
+			continue
+		}
+		n.openPartition(p)
+		opened.Add(1)
+	}
+	pulled := map[string][]uint32{}
+	for name, parts := range ask {
+		for _, p := range parts {
+			if failed[p] == nil {
+				pulled[name] = append(pulled[name], uint32(p))
+			}
+		}
+	}
+	return failed, pulled
 }
 
 // pullFrom asks m for partitions ps (Acquire) and merges the images, logging

@@ -340,7 +340,7 @@ func (s *sender) sendRule(t testing.TB, rcp string, i int) (bool, uint32) {
 
 // waitSettled waits until every partition is open on exactly one running
 // node, its owner under the (converged) ring.
-func waitSettled(t *testing.T, c *nodetest.Cluster) {
+func waitSettled(t testing.TB, c *nodetest.Cluster) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)
