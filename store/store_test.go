@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"hash/fnv"
@@ -135,5 +136,45 @@ func TestSweepReclaimsIdleRecords(t *testing.T) {
 		if _, _, err := apply(st, ref, key, tag, t0+d.Longest()+1, window.Item{Content: 5}, 0, &dec); err != nil || dec.Admitted {
 			t.Fatalf("recipient %d after the sweep: %+v, %v; want denied by b", i, dec, err)
 		}
+	}
+}
+
+// TestClosedPartition: a closed partition refuses checks and changes
+// nothing; replay, merges and Record still work; Open reopens it.
+// CloseAndAppendImage closes in the same hold of the lock as it copies.
+func TestClosedPartition(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 10, Window: time.Hour}})
+	st, ref := newTestStore(t, d, 4)
+	key, tag := keyOf("+8613800000000")
+	p := st.PartitionOf(storedKey(key))
+	var dec window.Decision
+	if _, _, err := apply(st, ref, key, tag, t0, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
+		t.Fatalf("open: %+v %v", dec, err)
+	}
+	img, n := st.CloseAndAppendImage(nil, p)
+	if n != 1 || st.IsOpen(p) {
+		t.Fatalf("CloseAndAppendImage: %d records, open %v", n, st.IsOpen(p))
+	}
+	if _, _, err := apply(st, ref, key, tag, t0+1, window.Item{}, 0, &dec); !errors.Is(err, ErrClosed) {
+		t.Fatalf("check on a closed partition: %v, want ErrClosed", err)
+	}
+	if _, _, err := apply(st, ref, key, tag, t0+1, window.Item{Mode: window.Peek}, 0, &dec); !errors.Is(err, ErrClosed) {
+		t.Fatalf("peek on a closed partition: %v, want ErrClosed", err)
+	}
+	// Record numbers the send and remembers its id; the same id again is a
+	// duplicate and records nothing.
+	seq, dup, err := st.Record(p, ref, key, tag, t0+2, window.Item{}, 77, t0+2)
+	if err != nil || dup || seq != st.Seq(p) {
+		t.Fatalf("Record: seq %d dup %v %v (partition seq %d)", seq, dup, err, st.Seq(p))
+	}
+	if _, dup, err := st.Record(p, ref, key, tag, t0+3, window.Item{}, 77, t0+3); err != nil || !dup {
+		t.Fatalf("Record of a known id: dup %v %v, want a duplicate", dup, err)
+	}
+	if _, _, err := st.MergeImage(img, t0+3, bindTo(ref)); err != nil {
+		t.Fatal(err)
+	}
+	st.Open(p)
+	if _, _, err := apply(st, ref, key, tag, t0+4, window.Item{Mode: window.Peek}, 0, &dec); err != nil || dec.Rules[0].Used != 2 {
+		t.Fatalf("reopened: used %d (%v), want 2: the send applied and the one recorded", dec.Rules[0].Used, err)
 	}
 }
