@@ -20,6 +20,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -78,14 +79,16 @@ type Member struct {
 	lis    *killListener      // nil InMemory
 	cancel context.CancelFunc // stops Serve
 	served chan error         // Serve's result
-	down   bool
+	down   atomic.Bool        // stored after the fields above, so Up's callers see them set
 }
 
-// Cluster is a running in-process cluster. Its methods are not safe for
-// concurrent use: one test goroutine drives it.
+// Cluster is a running in-process cluster. One goroutine drives it (Add,
+// Stop, Kill, Restart, Close); Up, Members and Addrs may be called from
+// others meanwhile, as a load does.
 type Cluster struct {
 	cfg     Config
 	net     *node.LocalNetwork // InMemory
+	mu      sync.Mutex         // guards members
 	members []*Member
 	next    int // number of the next node Add starts
 }
@@ -138,6 +141,7 @@ func (c *Cluster) Add(ctx context.Context) (*Member, error) {
 	i := c.next
 	c.next++
 	m := &Member{Name: fmt.Sprintf("%s%d", c.cfg.NamePrefix, i)}
+	m.down.Store(true) // until it serves
 	return m, c.start(ctx, m, i)
 }
 
@@ -199,20 +203,23 @@ func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
 		}
 		return err
 	}
-	m.Node, m.down = n, false
-	if c.members == nil || !c.has(m) {
+	m.Node = n
+	c.mu.Lock()
+	if !c.has(m) {
 		c.members = append(c.members, m)
 	}
+	c.mu.Unlock()
 	sctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
 	defer cancel()
 	if c.cfg.InMemory {
 		c.net.Register(m.Addr, n) // before Open: peers may forward as soon as it announces serving
 		if err := n.Open(sctx); err != nil {
 			c.net.Unregister(m.Addr)
-			m.down = true
+			m.down.Store(true)
 			return fmt.Errorf("nodetest: %s: %w", m.Name, err)
 		}
 		m.cancel = func() {}
+		m.down.Store(false)
 		return nil
 	}
 	runCtx, stop := context.WithCancel(context.Background())
@@ -222,9 +229,10 @@ func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
 	go func() { m.served <- n.Serve(runCtx, m.lis) }()
 	if err := waitServing(sctx, m.Addr, m.served); err != nil {
 		stop()
-		m.down = true
+		m.down.Store(true)
 		return fmt.Errorf("nodetest: %s: %w", m.Name, err)
 	}
+	m.down.Store(false)
 	return nil
 }
 
@@ -238,13 +246,17 @@ func (c *Cluster) has(m *Member) bool {
 }
 
 // Members returns every node started, running or not, in start order.
-func (c *Cluster) Members() []*Member { return append([]*Member(nil), c.members...) }
+func (c *Cluster) Members() []*Member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Member(nil), c.members...)
+}
 
 // Up returns the running nodes.
 func (c *Cluster) Up() []*Member {
 	var out []*Member
-	for _, m := range c.members {
-		if !m.down {
+	for _, m := range c.Members() {
+		if !m.down.Load() {
 			out = append(out, m)
 		}
 	}
@@ -261,15 +273,14 @@ func (c *Cluster) Addrs() []string {
 }
 
 // Down reports whether m is stopped.
-func (m *Member) Down() bool { return m.down }
+func (m *Member) Down() bool { return m.down.Load() }
 
 // Stop stops m gracefully: it leaves the ring, finishes in-flight calls and
 // closes (with a DataDir, a final snapshot).
 func (c *Cluster) Stop(m *Member) error {
-	if m.down {
+	if !m.down.CompareAndSwap(false, true) {
 		return nil
 	}
-	m.down = true
 	if c.cfg.InMemory {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
 		defer cancel()
@@ -284,10 +295,9 @@ func (c *Cluster) Stop(m *Member) error {
 // Kill stops m as a crash would: its connections reset and its gossip stops
 // without a word (the node is still closed, so goroutines end).
 func (c *Cluster) Kill(m *Member) error {
-	if m.down {
+	if !m.down.CompareAndSwap(false, true) {
 		return nil
 	}
-	m.down = true
 	if c.cfg.InMemory {
 		c.net.Unregister(m.Addr)
 		return m.Node.Close()
@@ -304,11 +314,11 @@ func (c *Cluster) Kill(m *Member) error {
 // Restart starts a stopped m again under its name, addresses and data
 // directory, and waits until it serves.
 func (c *Cluster) Restart(ctx context.Context, m *Member) error {
-	if !m.down {
+	if !m.down.Load() {
 		return fmt.Errorf("nodetest: %s is running", m.Name)
 	}
 	i := 0
-	for j, o := range c.members {
+	for j, o := range c.Members() {
 		if o == m {
 			i = j
 		}
