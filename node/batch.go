@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -37,6 +38,7 @@ type item struct {
 type batch struct {
 	req   *pb.CheckRequest
 	items []item
+	moved []int // items that failed because their partition closed after routing (store.ErrClosed)
 }
 
 var batches = sync.Pool{New: func() any { return new(batch) }}
@@ -45,6 +47,7 @@ func (b *batch) put() {
 	b.req = nil
 	clear(b.items)
 	b.items = b.items[:0]
+	b.moved = b.moved[:0]
 	batches.Put(b)
 }
 
@@ -176,6 +179,13 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 // in request order. With a DataDir, the sends it records are in the WAL
 // before it returns.
 func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return n.check(ctx, req, true)
+}
+
+// check is Check. With reroute, items whose partition moved away between
+// routing and deciding (another node acquired it under a ring that arrived
+// meanwhile) are routed once more under the new ring.
+func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*pb.CheckResponse, error) {
 	t := n.announce()
 	defer t.cancel()
 	if err := n.admit(ctx, req); err != nil {
@@ -184,12 +194,49 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 	r := n.clus.Load().ring()
 	b := decode(req, n.view.Load(), r)
 	defer b.put()
+	var groups []*group
 	if r.Len() > 1 {
-		if groups := n.route(b, r); groups != nil {
-			return n.checkRouted(ctx, b, r, groups, t)
+		groups = n.route(b, r)
+	}
+	var resp *pb.CheckResponse
+	var err error
+	if groups != nil {
+		resp, err = n.checkRouted(ctx, b, r, groups, t)
+	} else {
+		resp, err = n.decide(ctx, b, nil, r, false, t)
+	}
+	if err != nil || !reroute || len(b.moved) == 0 || n.clus.Load().ring().Epoch() == r.Epoch() {
+		return resp, err
+	}
+	t.cancel()
+	moved := slices.Clone(b.moved)
+	again, err := n.check(ctx, subRequest(req, moved, 0), false)
+	if err != nil {
+		return resp, nil // the items keep their retryable errors
+	}
+	return replaceItems(resp, moved, again, n.cfg.Name), nil
+}
+
+// replaceItems returns resp with the answers of items idx replaced by those
+// of sub, a response to those items alone.
+func replaceItems(resp *pb.CheckResponse, idx []int, sub *pb.CheckResponse, self string) *pb.CheckResponse {
+	replaced := map[uint32]bool{}
+	for _, i := range idx {
+		replaced[uint32(i)] = true
+	}
+	kept := resp.Errors[:0]
+	for _, e := range resp.Errors {
+		if !replaced[e.Index] {
+			kept = append(kept, e)
 		}
 	}
-	return n.decide(ctx, b, nil, r, false, t)
+	resp.Errors = kept
+	all := make([]int, len(resp.Admitted))
+	for i := range all {
+		all[i] = i
+	}
+	// mergeResponses takes each item from the last group that has it.
+	return mergeResponses(len(all), []*group{{idx: all, resp: resp}, {idx: idx, resp: sub}}, sub.RingEpoch, self)
 }
 
 // Forward answers Peer.Forward: it decides the items this node owns under
@@ -288,6 +335,9 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 					quote(b.req.Recipients[i]), n.cfg.Name, r.Epoch(), owner.Name)}
 			} else if seq, dup, err := n.store.Apply(x.part, x.dv.ref, x.key, x.tag, now, x.it, x.id, &dec); err != nil {
 				ierr = n.applyError(b.req.Recipients[i], x.part, r, err)
+				if errors.Is(err, store.ErrClosed) {
+					b.moved = append(b.moved, i)
+				}
 			} else if dup {
 				resp.Duplicates = append(resp.Duplicates, uint32(j))
 				if rs != nil {
@@ -383,9 +433,12 @@ func (n *Node) waitMoving(ctx context.Context, b *batch, idx []int, r *ring.Ring
 	}
 	timer := time.NewTimer(MoveWait)
 	defer timer.Stop()
+	changed := n.ho.ringChanged() // then the partition may not be ours to wait for
 	for _, w := range waits {
 		select {
 		case <-w:
+		case <-changed:
+			return
 		case <-ctx.Done():
 			return
 		case <-timer.C:

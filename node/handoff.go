@@ -74,6 +74,7 @@ type handoff struct {
 	handed  []bool            // per partition: an Acquire closed it here (drain watches this)
 	open    []atomic.Bool     // per partition: open in the store (a hint for waitMoving)
 	kick    chan struct{}     // wakes the mover
+	changed chan struct{}     // closed (and replaced) when the mover sees a new ring
 	leaving atomic.Bool       // set by drain
 
 	// Majority (rule 5): counted holds the members seen serving that have
@@ -92,7 +93,7 @@ func newHandoff(parts int) *handoff {
 	h := &handoff{
 		opened: make([]chan struct{}, parts), pullAll: make([]bool, parts), from: make([]map[string]bool, parts),
 		fill: make([]bool, parts), handed: make([]bool, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
-		counted: map[string]time.Time{}, closedAt: make([]time.Time, parts),
+		counted: map[string]time.Time{}, closedAt: make([]time.Time, parts), changed: make(chan struct{}),
 	}
 	h.majority.Store(true)
 	for p := range h.opened {
@@ -118,6 +119,13 @@ func (h *handoff) openCh(p int) <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.opened[p]
+}
+
+// ringChanged returns the channel closed when the mover next sees a new ring.
+func (h *handoff) ringChanged() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.changed
 }
 
 // open opens p in st and wakes its waiters.
@@ -229,6 +237,10 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 		if b, ok := h.boots[m.Name]; !ok || b != boots[m.Name] || prev == nil || !prev.Has(m.Name) {
 			appeared[m.Name] = true
 		}
+	}
+	if prev == nil || prev.Epoch() != r.Epoch() {
+		close(h.changed)
+		h.changed = make(chan struct{})
 	}
 	h.prev, h.boots = r, boots
 	// Rule 5: a member counts once seen serving, until it announces that

@@ -338,41 +338,11 @@ func (s *sender) sendRule(t testing.TB, rcp string, i int) (bool, uint32) {
 	}
 }
 
-// waitSettled waits until every partition is open on exactly one running
-// node, its owner under the (converged) ring.
+// waitSettled waits until every move is done (nodetest's WaitSettled).
 func waitSettled(t testing.TB, c *nodetest.Cluster) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		up := c.Up()
-		r := up[0].Node.Ring()
-		bad := ""
-		opens := make([]int, len(up[0].Node.Stats().Open))
-		for _, m := range up {
-			s := m.Node.Stats()
-			for p, open := range s.Open {
-				if open {
-					opens[p]++
-					if o := r.PartitionOwner(p); o.Name != m.Name && bad == "" {
-						bad = fmt.Sprintf("partition %d is open on %s, owner %s", p, m.Name, o.Name)
-					}
-				}
-			}
-		}
-		for p, k := range opens {
-			if k != 1 && bad == "" {
-				bad = fmt.Sprintf("partition %d is open on %d nodes", p, k)
-			}
-		}
-		if bad == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("partitions did not settle: %s", bad)
-		}
-		<-tick.C
+	if err := c.WaitSettled(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
 

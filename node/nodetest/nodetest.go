@@ -132,6 +132,10 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		c.Close()
 		return nil, err
 	}
+	if err := c.WaitSettled(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -381,6 +385,60 @@ func (c *Cluster) WaitConverged(ctx context.Context, want int) error {
 			return nil
 		}
 	}
+}
+
+// WaitSettled waits until every partition is open on exactly one running
+// node, its owner under that node's ring, which all running nodes share:
+// every move is done. It polls the nodes' Stats every 5 ms.
+func (c *Cluster) WaitSettled(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := c.settled()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nodetest: partitions did not settle: %v", err)
+		case <-tick.C:
+		}
+	}
+}
+
+// settled returns nil if every partition is open on exactly its owner.
+func (c *Cluster) settled() error {
+	up := c.Up()
+	if len(up) == 0 {
+		return nil
+	}
+	r := up[0].Node.Ring()
+	var opens []int
+	for _, m := range up {
+		if e := m.Node.Ring().Epoch(); e != r.Epoch() {
+			return fmt.Errorf("%s has ring %d, %s has %d", m.Name, e, up[0].Name, r.Epoch())
+		}
+		s := m.Node.Stats()
+		if opens == nil {
+			opens = make([]int, len(s.Open))
+		}
+		for p, open := range s.Open {
+			if open {
+				opens[p]++
+				if o := r.PartitionOwner(p); o.Name != m.Name {
+					return fmt.Errorf("partition %d is open on %s, its owner is %s", p, m.Name, o.Name)
+				}
+			}
+		}
+	}
+	for p, k := range opens {
+		if k != 1 {
+			return fmt.Errorf("partition %d is open on %d nodes", p, k)
+		}
+	}
+	return nil
 }
 
 // freePort returns a port that is free on 127.0.0.1 for TCP and UDP (gossip
