@@ -471,16 +471,15 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 		})
 	}
 	wg.Wait()
+	fills := map[string][]int{} // what pulled completely, by backup; computed before any fill writes failed
 	for name, parts := range fillTo {
-		var ok []int
 		for _, p := range parts {
 			if failed[p] == nil {
-				ok = append(ok, p)
+				fills[name] = append(fills[name], p)
 			}
 		}
-		if len(ok) == 0 {
-			continue
-		}
+	}
+	for name, ok := range fills {
 		wg.Go(func() {
 			if err := n.fillBackup(ctx, r, targets[name], ok); err != nil {
 				mu.Lock()
