@@ -196,6 +196,8 @@ type Node struct {
 	stopMover context.CancelFunc
 
 	replicated, replicationFailures atomic.Int64
+	replMu                          sync.Mutex             // guards replicators
+	replicators                     map[string]*replicator // by backup name
 	started                         time.Time
 
 	checks, admitted, denied, failed, snapshots atomic.Int64
@@ -235,6 +237,7 @@ func New(cfg Config) (*Node, error) {
 		n.peers = GRPCPeers()
 	}
 	n.ho = newHandoff(st.Partitions())
+	n.replicators = map[string]*replicator{}
 	n.moverCtx, n.stopMover = context.WithCancel(context.Background())
 	n.view.Store(n.bind(cfg.Rules))
 	return n, nil

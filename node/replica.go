@@ -58,8 +58,8 @@ type replicaSet struct {
 // replicaBatch is what one backup gets from one batch.
 type replicaBatch struct {
 	member ring.Member
-	enc    walEncoder
-	items  []int // response indices of the items whose sends are in enc
+	sends  []walSend
+	items  []int // response indices of the items whose sends are in sends
 	err    error
 }
 
@@ -78,28 +78,120 @@ func (rs *replicaSet) add(r *ring.Ring, p, j int, s walSend) {
 		rb = &replicaBatch{member: b}
 		rs.backups[b.Name] = rb
 	}
-	rb.enc.add(s)
+	rb.sends = append(rb.sends, s)
 	rb.items = append(rb.items, j)
 }
 
-// replicate sends each backup its sends (Peer.Replicate), in parallel, and
-// waits for them all.
+// replicate sends each backup its sends and waits for them all. The sends
+// of concurrent batches for one backup share a Replicate call (replicator).
 func (n *Node) replicate(ctx context.Context, r *ring.Ring, rs *replicaSet) {
-	var wg sync.WaitGroup
-	for _, rb := range rs.backups {
-		wg.Go(func() {
-			cli, err := n.peers.Peer(rb.member)
-			if err != nil {
-				rb.err = err
-				return
-			}
-			rctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
-			defer cancel()
-			_, rb.err = cli.Replicate(rctx, &pb.ReplicateRequest{Node: n.cfg.Name, RingEpoch: r.Epoch(), Sends: rb.enc.bytes()})
-			n.replicated.Add(int64(rb.enc.n))
-		})
+	type wait struct {
+		rb *replicaBatch
+		c  *replCall
 	}
-	wg.Wait()
+	var waits []wait
+	for _, rb := range rs.backups {
+		waits = append(waits, wait{rb, n.replicatorFor(rb.member).join(r.Epoch(), rb.sends)})
+	}
+	for _, w := range waits {
+		select {
+		case <-w.c.done:
+			w.rb.err = w.c.err
+		case <-ctx.Done():
+			w.rb.err = ctx.Err()
+		}
+	}
+}
+
+// maxReplicaCalls bounds the Replicate calls in flight to one backup;
+// sends that arrive meanwhile wait and go together in the next call.
+const maxReplicaCalls = 2
+
+// replicator coalesces the sends of concurrent batches to one backup into
+// Replicate calls, without timers: a call goes out at once while fewer than
+// maxReplicaCalls are in flight, else the sends wait for the next. It is
+// safe for concurrent use.
+type replicator struct {
+	n      *Node
+	member ring.Member
+	mu     sync.Mutex // guards the fields below
+	next   *replCall  // gathering sends; nil when none wait
+	flying int
+}
+
+// replCall is one Replicate call and the batches waiting for it.
+type replCall struct {
+	epoch uint64
+	enc   walEncoder
+	done  chan struct{} // closed when err is set
+	err   error
+}
+
+// replicatorFor returns the replicator of backup m.
+func (n *Node) replicatorFor(m ring.Member) *replicator {
+	n.replMu.Lock()
+	defer n.replMu.Unlock()
+	rp := n.replicators[m.Name]
+	if rp == nil || rp.member != m {
+		rp = &replicator{n: n, member: m}
+		n.replicators[m.Name] = rp
+	}
+	return rp
+}
+
+// join adds sends to a call under epoch and returns it.
+func (rp *replicator) join(epoch uint64, sends []walSend) *replCall {
+	rp.mu.Lock()
+	c := rp.next
+	if c == nil || c.epoch != epoch {
+		if c != nil { // another epoch waits: send it on its own
+			rp.next = nil
+			rp.flying++
+			go rp.send(c)
+		}
+		c = &replCall{epoch: epoch, done: make(chan struct{})}
+		rp.next = c
+	}
+	for _, s := range sends {
+		c.enc.add(s)
+	}
+	if rp.flying < maxReplicaCalls {
+		rp.next = nil
+		rp.flying++
+		rp.mu.Unlock()
+		go rp.send(c)
+		return c
+	}
+	rp.mu.Unlock()
+	return c
+}
+
+// send makes call c, then sends the call that gathered meanwhile, if any.
+func (rp *replicator) send(c *replCall) {
+	for c != nil {
+		c.err = rp.call(c)
+		close(c.done)
+		rp.mu.Lock()
+		c = rp.next
+		rp.next = nil
+		if c == nil {
+			rp.flying--
+		}
+		rp.mu.Unlock()
+	}
+}
+
+func (rp *replicator) call(c *replCall) error {
+	n := rp.n
+	cli, err := n.peers.Peer(rp.member)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(n.moverCtx, ForwardTimeout)
+	defer cancel()
+	_, err = cli.Replicate(ctx, &pb.ReplicateRequest{Node: n.cfg.Name, RingEpoch: c.epoch, Sends: c.enc.bytes()})
+	n.replicated.Add(int64(c.enc.n))
+	return err
 }
 
 // failUnreplicated turns the answers of items whose backup did not confirm
@@ -162,8 +254,10 @@ func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.Rep
 		if dup {
 			continue // sent again with its request id: recorded already
 		}
-		s.seq = seq
-		enc.add(s)
+		if n.dur != nil {
+			s.seq = seq
+			enc.add(s)
+		}
 	}
 	if n.dur != nil && enc.n > 0 {
 		if _, err := n.dur.log.Append(ctx, enc.bytes()); err != nil {
