@@ -273,7 +273,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	if h.majority.Swap(majority) != majority {
 		if majority {
 			n.log.Info("majority regained: acquiring partitions again", "ring", r.Len(), "seen", h.seen)
-		} else {
+		} else if !h.leaving.Load() && r.Len() > 0 { // an empty ring: this node is closing
 			n.log.Warn("majority lost: deciding nothing until the cluster heals", "ring", r.Len(), "seen", h.seen)
 		}
 	}

@@ -202,7 +202,9 @@ func (n *Node) failUnreplicated(resp *pb.CheckResponse, rs *replicaSet) {
 		if rb.err == nil {
 			continue
 		}
-		n.log.Warn("backup did not confirm: items fail", "backup", rb.member.Name, "items", len(rb.items), "err", rb.err)
+		if !errors.Is(rb.err, context.Canceled) { // a caller that cancelled reads no answer
+			n.log.Warn("backup did not confirm: items fail", "backup", rb.member.Name, "items", len(rb.items), "err", rb.err)
+		}
 		n.replicationFailures.Add(int64(len(rb.items)))
 		for _, j := range rb.items {
 			resp.Admitted[j], resp.Recorded[j] = false, false
