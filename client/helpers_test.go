@@ -132,10 +132,14 @@ func (c *tcluster) forwardedOut() map[string]int64 {
 }
 
 // waitConverged waits until every running node reports the same ring of
-// want members, and returns its epoch.
+// want members and every partition move it started is done, and returns
+// its epoch.
 func (c *tcluster) waitConverged(want int) uint64 {
 	c.tb.Helper()
 	if err := c.lc.WaitConverged(context.Background(), want); err != nil {
+		c.tb.Fatal(err)
+	}
+	if err := c.lc.WaitSettled(context.Background()); err != nil {
 		c.tb.Fatal(err)
 	}
 	return c.up()[0].n.Ring().Epoch()

@@ -36,10 +36,10 @@ import (
 //     missing sends.
 //  3. With replication, every send the owner admits is on p's backup, in its
 //     store and WAL, before the reply (replica.go); a backup takes sends only
-//     from p's owner under a ring of the same epoch. So when the owner dies,
+//     from p's owner under its own ring. So when the owner dies,
 //     the backup, which becomes the owner, already holds every admitted send,
 //     and an old owner that has not heard of a new ring cannot admit once the
-//     backup has.
+//     backup has (the backup checks ownership under its own ring).
 //  4. A leaving node announces "leaving" (out of every ring, still reachable)
 //     and waits until the new owners of its partitions have acquired them.
 //  5. A node decides only while its ring holds a majority of the members it
@@ -607,9 +607,12 @@ func (n *Node) refuse(format string, args ...any) error {
 	return status.Errorf(codes.FailedPrecondition, "node %s: %s", n.cfg.Name, fmt.Sprintf(format, args...))
 }
 
-// peerRing checks a peer message: the node serves, and its ring has the
-// caller's epoch. It returns that ring.
-func (n *Node) peerRing(caller string, epoch uint64) (*ring.Ring, error) {
+// peerRing checks a peer message: the node serves, the caller is in its
+// ring and, with sameEpoch, its ring has the caller's epoch. It returns that
+// ring. Acquire needs the same epoch (it fences the old owner); Replicate
+// and Fill check ownership under this node's ring instead, which a ring
+// change that moves nothing (a member flapping) leaves alone.
+func (n *Node) peerRing(caller string, epoch uint64, sameEpoch bool) (*ring.Ring, error) {
 	if !n.ready.Load() {
 		return nil, status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
 	}
@@ -621,11 +624,11 @@ func (n *Node) peerRing(caller string, epoch uint64) (*ring.Ring, error) {
 		return nil, status.Error(codes.InvalidArgument, "node: the caller's name is empty")
 	}
 	r := c.ring()
-	if r.Epoch() != epoch {
+	if sameEpoch && r.Epoch() != epoch {
 		return nil, n.refuse("ring epoch %d, the caller %s has %d; retry once rings agree", r.Epoch(), caller, epoch)
 	}
 	if !r.Has(caller) {
-		return nil, n.refuse("the caller %s is not in the ring of epoch %d", caller, epoch)
+		return nil, n.refuse("the caller %s is not in the ring of epoch %d", caller, r.Epoch())
 	}
 	return r, nil
 }
@@ -633,7 +636,7 @@ func (n *Node) peerRing(caller string, epoch uint64) (*ring.Ring, error) {
 // Acquire answers Peer.Acquire (rule 2): it closes each partition and
 // returns its image.
 func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
-	r, err := n.peerRing(req.Node, req.RingEpoch)
+	r, err := n.peerRing(req.Node, req.RingEpoch, true)
 	if err != nil {
 		return nil, err
 	}
@@ -660,7 +663,7 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 // Release answers Peer.Release: it drops its copy of each partition it
 // neither owns nor backs under its ring.
 func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
-	r, err := n.peerRing(req.Node, req.RingEpoch)
+	r, err := n.peerRing(req.Node, req.RingEpoch, true)
 	if err != nil {
 		return nil, err
 	}
@@ -686,7 +689,7 @@ func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Release
 
 // Fill answers Peer.Fill: it merges images of partitions this node backs.
 func (n *Node) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
-	r, err := n.peerRing(req.Node, req.RingEpoch)
+	r, err := n.peerRing(req.Node, req.RingEpoch, false)
 	if err != nil {
 		return nil, err
 	}

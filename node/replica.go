@@ -219,7 +219,7 @@ func (n *Node) failUnreplicated(resp *pb.CheckResponse, rs *replicaSet) {
 // the sends the owner admitted, in its store and WAL, before it returns.
 // The whole message is checked before anything changes.
 func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
-	r, err := n.peerRing(req.Node, req.RingEpoch)
+	r, err := n.peerRing(req.Node, req.RingEpoch, false)
 	if err != nil {
 		return nil, err
 	}

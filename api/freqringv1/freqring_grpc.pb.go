@@ -336,8 +336,8 @@ type PeerClient interface {
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// Replicate records on this node, the backup of their partitions, sends
 	// their owner admitted (a WAL payload of node's format), durably, before
-	// the owner replies. Refused unless this node's ring has the same epoch,
-	// the caller owns every send's partition and this node backs it.
+	// the owner replies. Refused unless, under this node's ring, the caller
+	// owns every send's partition and this node backs it.
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
 	// Fill merges partition images from their owner into this node, their
 	// backup, durably: a new backup is filled before it counts as one. The
@@ -426,8 +426,8 @@ type PeerServer interface {
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// Replicate records on this node, the backup of their partitions, sends
 	// their owner admitted (a WAL payload of node's format), durably, before
-	// the owner replies. Refused unless this node's ring has the same epoch,
-	// the caller owns every send's partition and this node backs it.
+	// the owner replies. Refused unless, under this node's ring, the caller
+	// owns every send's partition and this node backs it.
 	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
 	// Fill merges partition images from their owner into this node, their
 	// backup, durably: a new backup is filled before it counts as one. The
