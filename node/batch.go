@@ -303,7 +303,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		n.waitMoving(ctx, b, idx, r)
 	}
 	var rs *replicaSet
-	if clustered && n.cfg.Replication == ReplicationSync && r.Len() > 1 {
+	if clustered && n.cfg.Replication != ReplicationOff && r.Len() > 1 {
 		rs = &replicaSet{}
 	}
 	now := n.nowMs()

@@ -481,7 +481,13 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 	}
 	for name, ok := range fills {
 		wg.Go(func() {
-			if err := n.fillBackup(ctx, r, targets[name], ok); err != nil {
+			err := n.fillBackup(ctx, r, targets[name], ok)
+			if err == nil {
+				for _, p := range ok {
+					n.unacked[p].Store(0) // the new backup holds every send
+				}
+			}
+			if err != nil {
 				mu.Lock()
 				for _, p := range ok {
 					failed[p] = fmt.Errorf("filling backup %s: %w", name, err)

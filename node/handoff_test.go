@@ -484,3 +484,68 @@ func TestPeersAreChecked(t *testing.T) {
 		t.Fatal("a refused message changed partitions")
 	}
 }
+
+// TestAsyncReplicationBound kills a node under load with asynchronous
+// replication (AsyncBound 4): the oracle may find over-admissions, at most
+// the bound per partition the dead node owned, and as many forgotten sends.
+func TestAsyncReplicationBound(t *testing.T) {
+	const bound = 4
+	rs, err := rules.Parse("churn", []byte(churnRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 3, Rules: rs, InMemory: true,
+		Node: func(cfg *node.Config) {
+			cfg.SweepInterval, cfg.ForgetDeadAfter = -1, time.Second
+			cfg.Replication, cfg.AsyncBound = node.ReplicationAsync, bound
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := newSender(c, 5)
+	const population = 400
+	rec := &loadRecord{}
+	stop := make(chan struct{})
+	wg := runLoad(t, s, 32, population, stop, rec)
+	waitDecided(t, rec, 2000)
+	victim := c.Up()[0]
+	r := victim.Node.Ring()
+	owned := 0
+	for p := range 271 {
+		if r.PartitionOwner(p).Name == victim.Name {
+			owned++
+		}
+	}
+	if err := c.Kill(victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	waitDecided(t, rec, 2000)
+	close(stop)
+	wg.Wait()
+	v, err := bench.Audit(map[string][]window.Rule{"default": rs.Domain("default").Rules()}, rec.sends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := map[string]uint32{}
+	for _, snd := range rec.sends {
+		admitted[snd.Recipient]++
+	}
+	forgotten := 0
+	for i := range population {
+		rcp := fmt.Sprintf("+86137%08d", i)
+		if _, used := s.sendRule(t, rcp, 2); used < admitted[rcp] {
+			forgotten += int(admitted[rcp] - used)
+		}
+	}
+	limit := bound * owned
+	t.Logf("%d admitted, %d over-admitted, %d forgotten; bound %d (%d per partition, %d partitions on the dead node)",
+		len(rec.sends), len(v), forgotten, limit, bound, owned)
+	if len(v) > limit || forgotten > limit {
+		t.Fatalf("%d over-admissions and %d forgotten, beyond the bound of %d", len(v), forgotten, limit)
+	}
+}

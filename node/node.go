@@ -98,6 +98,9 @@ type Config struct {
 	// Replication says whether an admitted send is on its partition's
 	// backup before the reply; the zero value is ReplicationSync.
 	Replication Replication
+	// AsyncBound is, with ReplicationAsync, the most sends of one partition
+	// that may be admitted and not yet on its backup; 0 means 64.
+	AsyncBound int
 	// ForgetDeadAfter is how long a member that vanished without leaving
 	// still counts toward the cluster's size, of which a node needs a
 	// majority in its ring to decide; 0 means 1 minute. A network partition
@@ -145,6 +148,9 @@ func (c *Config) fill() {
 	if c.Name == "" {
 		c.Name, _ = os.Hostname()
 	}
+	if c.AsyncBound == 0 {
+		c.AsyncBound = 64
+	}
 	if c.ForgetDeadAfter == 0 {
 		c.ForgetDeadAfter = time.Minute
 	}
@@ -163,8 +169,11 @@ func (c *Config) validate() error {
 	if c.IdempotencyWindow < 0 {
 		return fmt.Errorf("node: IdempotencyWindow %v is negative", c.IdempotencyWindow)
 	}
-	if c.Replication > ReplicationOff {
-		return fmt.Errorf("node: Replication %d is not one of sync (0), off (1)", c.Replication)
+	if c.Replication > ReplicationAsync {
+		return fmt.Errorf("node: Replication %d is not one of sync (0), off (1), async (2)", c.Replication)
+	}
+	if c.AsyncBound < 1 || c.AsyncBound > 1<<20 {
+		return fmt.Errorf("node: AsyncBound %d out of range [1, %d]", c.AsyncBound, 1<<20)
 	}
 	if c.IdempotencyCapacity < 0 {
 		return fmt.Errorf("node: IdempotencyCapacity %d is negative", c.IdempotencyCapacity)
@@ -196,6 +205,7 @@ type Node struct {
 	stopMover context.CancelFunc
 
 	replicated, replicationFailures atomic.Int64
+	unacked                         []atomic.Int64         // per partition: sends admitted, not yet on the backup (async)
 	replMu                          sync.Mutex             // guards replicators
 	replicators                     map[string]*replicator // by backup name
 	started                         time.Time
@@ -238,6 +248,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.ho = newHandoff(st.Partitions())
 	n.replicators = map[string]*replicator{}
+	n.unacked = make([]atomic.Int64, st.Partitions())
 	n.moverCtx, n.stopMover = context.WithCancel(context.Background())
 	n.view.Store(n.bind(cfg.Rules))
 	return n, nil
@@ -407,6 +418,9 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 	}
 	resp.Replication = n.cfg.Replication.String()
 	resp.ReplicatedSends, resp.ReplicationFailures = n.replicated.Load(), n.replicationFailures.Load()
+	for p := range n.unacked {
+		resp.ReplicationLag += n.unacked[p].Load()
+	}
 	resp.AcquiredPartitions, resp.AcquiredRecords = n.ho.moves.Load(), n.ho.movedRecords.Load()
 	resp.LongestPauseMs = time.Duration(n.ho.longestPause.Load()).Milliseconds()
 	for _, d := range s.Domains {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -26,6 +27,12 @@ const (
 	// ReplicationOff keeps sends on their owner only: a crash loses the
 	// history of the partitions the dead node owned.
 	ReplicationOff
+	// ReplicationAsync sends each batch's admitted sends to their backups
+	// and replies without waiting while at most Config.AsyncBound sends of
+	// each of its partitions are unacknowledged; past that, the batch waits
+	// for its backups as with sync. A crash over-admits at most AsyncBound
+	// sends (plus one batch's) per partition of the dead node.
+	ReplicationAsync
 )
 
 // String returns "sync" or "off".
@@ -35,19 +42,23 @@ func (r Replication) String() string {
 		return "sync"
 	case ReplicationOff:
 		return "off"
+	case ReplicationAsync:
+		return "async"
 	}
 	return fmt.Sprintf("Replication(%d)", uint8(r))
 }
 
-// ParseReplication parses "sync" or "off".
+// ParseReplication parses "sync", "async" or "off".
 func ParseReplication(s string) (Replication, error) {
 	switch s {
 	case "sync":
 		return ReplicationSync, nil
+	case "async":
+		return ReplicationAsync, nil
 	case "off":
 		return ReplicationOff, nil
 	}
-	return 0, fmt.Errorf("node: replication %q is not one of sync, off", s)
+	return 0, fmt.Errorf("node: replication %q is not one of sync, async, off", s)
 }
 
 // replicaSet gathers the sends of one batch by backup.
@@ -59,6 +70,7 @@ type replicaSet struct {
 type replicaBatch struct {
 	member ring.Member
 	sends  []walSend
+	parts  []int // partition of each send
 	items  []int // response indices of the items whose sends are in sends
 	err    error
 }
@@ -79,19 +91,33 @@ func (rs *replicaSet) add(r *ring.Ring, p, j int, s walSend) {
 		rs.backups[b.Name] = rb
 	}
 	rb.sends = append(rb.sends, s)
+	rb.parts = append(rb.parts, p)
 	rb.items = append(rb.items, j)
 }
 
-// replicate sends each backup its sends and waits for them all. The sends
-// of concurrent batches for one backup share a Replicate call (replicator).
+// replicate sends each backup its sends and waits for them all (async: for
+// those whose partitions have more than AsyncBound sends unacknowledged).
+// The sends of concurrent batches for one backup share a Replicate call
+// (replicator).
 func (n *Node) replicate(ctx context.Context, r *ring.Ring, rs *replicaSet) {
 	type wait struct {
 		rb *replicaBatch
 		c  *replCall
 	}
 	var waits []wait
+	async := n.cfg.Replication == ReplicationAsync
 	for _, rb := range rs.backups {
-		waits = append(waits, wait{rb, n.replicatorFor(rb.member).join(r.Epoch(), rb.sends)})
+		c := n.replicatorFor(rb.member).join(r.Epoch(), rb.sends, rb.parts)
+		if async {
+			over := false
+			for _, p := range rb.parts {
+				over = over || n.unacked[p].Load() > int64(n.cfg.AsyncBound)
+			}
+			if !over {
+				continue
+			}
+		}
+		waits = append(waits, wait{rb, c})
 	}
 	for _, w := range waits {
 		select {
@@ -121,10 +147,11 @@ type replicator struct {
 
 // replCall is one Replicate call and the batches waiting for it.
 type replCall struct {
-	epoch uint64
-	enc   walEncoder
-	done  chan struct{} // closed when err is set
-	err   error
+	epoch  uint64
+	enc    walEncoder
+	counts map[int]int64 // sends per partition, for Node.unacked
+	done   chan struct{} // closed when err is set
+	err    error
 }
 
 // replicatorFor returns the replicator of backup m.
@@ -139,8 +166,9 @@ func (n *Node) replicatorFor(m ring.Member) *replicator {
 	return rp
 }
 
-// join adds sends to a call under epoch and returns it.
-func (rp *replicator) join(epoch uint64, sends []walSend) *replCall {
+// join adds sends (of partitions parts) to a call under epoch and returns
+// it. The sends count as unacknowledged until the call succeeds.
+func (rp *replicator) join(epoch uint64, sends []walSend, parts []int) *replCall {
 	rp.mu.Lock()
 	c := rp.next
 	if c == nil || c.epoch != epoch {
@@ -149,11 +177,13 @@ func (rp *replicator) join(epoch uint64, sends []walSend) *replCall {
 			rp.flying++
 			go rp.send(c)
 		}
-		c = &replCall{epoch: epoch, done: make(chan struct{})}
+		c = &replCall{epoch: epoch, done: make(chan struct{}), counts: map[int]int64{}}
 		rp.next = c
 	}
-	for _, s := range sends {
+	for i, s := range sends {
 		c.enc.add(s)
+		c.counts[parts[i]]++
+		rp.n.unacked[parts[i]].Add(1)
 	}
 	if rp.flying < maxReplicaCalls {
 		rp.next = nil
@@ -170,6 +200,21 @@ func (rp *replicator) join(epoch uint64, sends []walSend) *replCall {
 func (rp *replicator) send(c *replCall) {
 	for c != nil {
 		c.err = rp.call(c)
+		// Async: the callers were answered; keep trying a while (their sends
+		// stay unacknowledged meanwhile, which holds later batches to the
+		// bound). A new backup is filled whole, which resets the count.
+		for try := 0; c.err != nil && rp.n.cfg.Replication == ReplicationAsync && try < 10; try++ {
+			select {
+			case <-rp.n.moverCtx.Done():
+			case <-time.After(100 * time.Millisecond):
+				c.err = rp.call(c)
+			}
+		}
+		if c.err == nil {
+			for p, k := range c.counts {
+				rp.n.ackSends(p, k)
+			}
+		}
 		close(c.done)
 		rp.mu.Lock()
 		c = rp.next
@@ -267,4 +312,14 @@ func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.Rep
 		}
 	}
 	return &pb.ReplicateResponse{}, nil
+}
+
+// ackSends counts k sends of partition p as on their backup.
+func (n *Node) ackSends(p int, k int64) {
+	for {
+		old := n.unacked[p].Load()
+		if n.unacked[p].CompareAndSwap(old, max(0, old-k)) {
+			return
+		}
+	}
 }

@@ -876,13 +876,14 @@ type StatusResponse struct {
 	PartitionsOwned     uint32                 `protobuf:"varint,13,opt,name=partitions_owned,json=partitionsOwned,proto3" json:"partitions_owned,omitempty"`             // partitions this node owns under its ring and decides for
 	PartitionsBacked    uint32                 `protobuf:"varint,14,opt,name=partitions_backed,json=partitionsBacked,proto3" json:"partitions_backed,omitempty"`          // partitions this node is the backup of under its ring
 	PartitionsMoving    uint32                 `protobuf:"varint,15,opt,name=partitions_moving,json=partitionsMoving,proto3" json:"partitions_moving,omitempty"`          // partitions it owns but has not acquired yet (checks wait or fail retryable)
-	Replication         string                 `protobuf:"bytes,16,opt,name=replication,proto3" json:"replication,omitempty"`                                             // "sync" or "off"
+	Replication         string                 `protobuf:"bytes,16,opt,name=replication,proto3" json:"replication,omitempty"`                                             // "sync", "async" or "off"
 	ReplicatedSends     int64                  `protobuf:"varint,17,opt,name=replicated_sends,json=replicatedSends,proto3" json:"replicated_sends,omitempty"`             // sends sent to backups since start
 	ReplicationFailures int64                  `protobuf:"varint,18,opt,name=replication_failures,json=replicationFailures,proto3" json:"replication_failures,omitempty"` // items failed because their backup did not confirm
 	AcquiredPartitions  int64                  `protobuf:"varint,19,opt,name=acquired_partitions,json=acquiredPartitions,proto3" json:"acquired_partitions,omitempty"`    // partition acquisitions completed since start
 	AcquiredRecords     int64                  `protobuf:"varint,20,opt,name=acquired_records,json=acquiredRecords,proto3" json:"acquired_records,omitempty"`             // records merged by them
 	OwnedRecords        int64                  `protobuf:"varint,21,opt,name=owned_records,json=ownedRecords,proto3" json:"owned_records,omitempty"`                      // records in the partitions this node decides for (the rest are backups and copies)
 	LongestPauseMs      int64                  `protobuf:"varint,22,opt,name=longest_pause_ms,json=longestPauseMs,proto3" json:"longest_pause_ms,omitempty"`              // the longest a partition was closed here while this node owned it, since start
+	ReplicationLag      int64                  `protobuf:"varint,23,opt,name=replication_lag,json=replicationLag,proto3" json:"replication_lag,omitempty"`                // sends admitted here and not yet on their backup (async replication)
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -1067,6 +1068,13 @@ func (x *StatusResponse) GetOwnedRecords() int64 {
 func (x *StatusResponse) GetLongestPauseMs() int64 {
 	if x != nil {
 		return x.LongestPauseMs
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetReplicationLag() int64 {
+	if x != nil {
+		return x.ReplicationLag
 	}
 	return 0
 }
@@ -1660,7 +1668,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
 	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
-	"\rStatusRequest\"\xaa\x06\n" +
+	"\rStatusRequest\"\xd3\x06\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
@@ -1685,7 +1693,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x13acquired_partitions\x18\x13 \x01(\x03R\x12acquiredPartitions\x12)\n" +
 	"\x10acquired_records\x18\x14 \x01(\x03R\x0facquiredRecords\x12#\n" +
 	"\rowned_records\x18\x15 \x01(\x03R\fownedRecords\x12(\n" +
-	"\x10longest_pause_ms\x18\x16 \x01(\x03R\x0elongestPauseMs\"{\n" +
+	"\x10longest_pause_ms\x18\x16 \x01(\x03R\x0elongestPauseMs\x12'\n" +
+	"\x0freplication_lag\x18\x17 \x01(\x03R\x0ereplicationLag\"{\n" +
 	"\fDomainStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +

@@ -26,7 +26,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	redisAddr := fs.String("redis", "127.0.0.1:6379", "Redis address")
 	startRedis := fs.Bool("start-redis", false, "start a local redis-server on 127.0.0.1 for the run (Debian's redis-server), instead of using --redis")
 	startCluster := fs.Int("start-cluster", 0, "start a local freqring cluster of this many nodes in this process, instead of using --addr")
-	replication := fs.String("replication", "sync", "with --start-cluster: the cluster's replication, sync or off")
+	replication := fs.String("replication", "sync", "with --start-cluster: the cluster's replication, sync, async or off")
 	rulesPath := fs.String("rules", "", "rules file (default: the embedded rules); its domain's rules drive Redis and the oracle")
 	domain := fs.String("domain", "default", "domain of every check")
 	recipients := fs.Int("recipients", 1_000_000, "recipient population")
@@ -102,7 +102,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				}
 				repl, err := node.ParseReplication(*replication)
 				if err != nil {
-					return usagef("--replication %q is not one of sync, off", *replication)
+					return usagef("--replication %q is not one of sync, async, off", *replication)
 				}
 				lc, err := nodetest.Start(ctx, nodetest.Config{Size: *startCluster, Rules: rs, NamePrefix: "bench-",
 					Node:   func(cfg *node.Config) { cfg.Replication = repl },

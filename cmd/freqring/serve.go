@@ -43,7 +43,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	gossipBind := fs.String("gossip", "", "gossip (memberlist, TCP and UDP) bind host:port; setting it or --join makes the node a cluster member")
 	gossipAdv := fs.String("gossip-advertise", "", "gossip host:port peers reach this node at (default: the bind address)")
 	join := fs.String("join", "", "comma-separated seeds to join: host:port of peers' gossip, or DNS names resolving to several")
-	replication := fs.String("replication", "sync", "replication of admitted sends to their partition's backup: sync (on the backup before the reply; one crash over-admits nothing) or off")
+	replication := fs.String("replication", "sync", "replication of admitted sends to their partition's backup: sync (on the backup before the reply; one crash over-admits nothing), async (replies while at most --async-bound sends of a partition are unacknowledged; a crash over-admits at most that many per partition) or off")
+	asyncBound := fs.Int("async-bound", 64, "with --replication async: sends of one partition that may be admitted before their backup has them")
 	rejoin := fs.Duration("rejoin-interval", gossip.DefaultRejoinInterval, "how often to join the seeds again, to heal a split cluster (negative disables)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring serve [flags]\n\nRuns a node until SIGINT or SIGTERM, then finishes in-flight calls and exits.\n\n")
@@ -88,11 +89,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	repl, err := node.ParseReplication(*replication)
 	if err != nil {
-		return usagef("replication %q is not one of sync, off", *replication)
+		return usagef("replication %q is not one of sync, async, off", *replication)
 	}
 	nc := node.Config{
-		Replication: repl,
-		Rules:       rs, SweepInterval: *sweep, Logger: logger,
+		Replication: repl, AsyncBound: *asyncBound,
+		Rules: rs, SweepInterval: *sweep, Logger: logger,
 		DataDir: *dataDir, Sync: policy, SyncInterval: *syncInterval,
 		SnapshotInterval: *snapInterval, SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt,
 		Name: *name, AdvertiseAddr: *advertise,
