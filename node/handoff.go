@@ -357,7 +357,8 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 		}
 	}
 	var (
-		mu         sync.Mutex // guards failed and pulledFrom
+		mu         sync.Mutex // guards failed, pulledFrom and done
+		done       []int      // partitions acquired, for the log
 		failed     = map[int]error{}
 		pulledFrom = map[string][]uint32{}
 		records    atomic.Int64
@@ -373,6 +374,11 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 				mu.Lock()
 				for p, err := range errs {
 					failed[p] = err
+				}
+				for _, p := range chunk {
+					if errs[p] == nil {
+						done = append(done, p)
+					}
 				}
 				for name, parts := range pulled {
 					pulledFrom[name] = append(pulledFrom[name], parts...)
@@ -390,7 +396,8 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 		n.ho.moves.Add(o)
 		n.ho.movedRecords.Add(records.Load())
 		n.ho.movedBytes.Add(nbytes.Load())
-		n.log.Info("partitions acquired", "epoch", r.Epoch(), "partitions", len(ps)-len(failed), "opened", o,
+		slices.Sort(done)
+		n.log.Info("partitions acquired", "epoch", r.Epoch(), "partitions", len(ps)-len(failed), "list", done, "opened", o,
 			"records", records.Load(), "bytes", nbytes.Load(), "took", time.Since(start), "from", len(pulledFrom))
 	}
 	// Tell the members we pulled from that we hold it now (best effort).

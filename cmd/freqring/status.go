@@ -73,7 +73,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if st.RingEpoch != rr.Epoch {
 			epoch = fmt.Sprintf("%016x", st.RingEpoch)
 		}
-		repl := fmt.Sprintf("%s %d sent %d failed", st.Replication, st.ReplicatedSends, st.ReplicationFailures)
+		repl := fmt.Sprintf("%s %d sent %d failed %d lag", st.Replication, st.ReplicatedSends, st.ReplicationFailures, st.ReplicationLag)
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", row, st.PartitionsOwned-st.PartitionsMoving, st.PartitionsBacked,
 			st.PartitionsMoving, records, st.Checks, st.ForwardedOut, st.ForwardedIn, repl, epoch)
 	}
