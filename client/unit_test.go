@@ -259,8 +259,11 @@ func TestHungNodeDegrades(t *testing.T) {
 			if took > timeout/4+slack {
 				t.Fatalf("CheckBatch took %v, want %v (+%v)", took, timeout/4, slack)
 			}
-			if s := cl.Stats(); s.Degraded != 3 || s.Retries != 3 {
-				t.Fatalf("stats %+v: want 3 degraded, 3 retried", s)
+			// The single Check is retried once; the batch's two items are
+			// retried only if the first attempt left time before the
+			// caller's 50 ms deadline, which a busy machine may not.
+			if s := cl.Stats(); s.Degraded != 3 || (s.Retries != 1 && s.Retries != 3) {
+				t.Fatalf("stats %+v: want 3 degraded, and 1 or 3 retried", s)
 			}
 		})
 	}
