@@ -409,7 +409,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 // acquired yet.
 func (n *Node) waitMoving(ctx context.Context, b *batch, idx []int, r *ring.Ring) {
 	var waits []<-chan struct{}
-	seen := map[int]bool{}
+	var seen map[int]bool // made on the first closed partition: the common batch meets none
 	cnt := len(b.items)
 	if idx != nil {
 		cnt = len(idx)
@@ -420,8 +420,11 @@ func (n *Node) waitMoving(ctx context.Context, b *batch, idx []int, r *ring.Ring
 			i = idx[j]
 		}
 		x := &b.items[i]
-		if x.err != nil || seen[x.part] || n.ho.isOpen(x.part) {
+		if x.err != nil || n.ho.isOpen(x.part) || seen[x.part] {
 			continue
+		}
+		if seen == nil {
+			seen = map[int]bool{}
 		}
 		seen[x.part] = true
 		if r.PartitionOwner(x.part).Name == n.cfg.Name {

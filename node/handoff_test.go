@@ -290,28 +290,7 @@ func testMembershipChangesUnderLoad(t *testing.T, inMemory bool) {
 	close(stop)
 	wg.Wait()
 
-	rules := map[string][]window.Rule{"default": rs.Domain("default").Rules()}
-	v, err := bench.Audit(rules, rec.sends)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Every admitted send is counted: count-1h's used count is the number of
-	// sends admitted to the recipient.
-	admitted := map[string]uint32{}
-	for _, snd := range rec.sends {
-		admitted[snd.Recipient]++
-	}
-	forgotten, extra := 0, 0
-	for i := range population {
-		rcp := fmt.Sprintf("+86137%08d", i)
-		_, used := s.sendRule(t, rcp, 2)
-		switch {
-		case used < admitted[rcp]:
-			forgotten += int(admitted[rcp] - used)
-		case used > admitted[rcp]:
-			extra += int(used - admitted[rcp])
-		}
-	}
+	v, forgotten, extra := auditLoad(t, rs, s, rec, population)
 	t.Logf("%d decided, %d admitted, %d over-admitted, %d forgotten, %d counted beyond the admitted (recorded, then failed)",
 		rec.decided.Load(), len(rec.sends), len(v), forgotten, extra)
 	if len(v) > 0 {
@@ -320,6 +299,33 @@ func testMembershipChangesUnderLoad(t *testing.T, inMemory bool) {
 	if forgotten > 0 {
 		t.Errorf("%d admitted sends forgotten", forgotten)
 	}
+}
+
+// auditLoad replays the load's admitted sends through bench.Audit and peeks
+// at every recipient of the population: it returns the over-admissions, the
+// admitted sends the cluster no longer counts (forgotten) and the sends it
+// counts beyond those admitted (recorded, then failed). churnRules' count-1h
+// (rule 2) counts every send of a run.
+func auditLoad(t *testing.T, rs *rules.Set, s *sender, rec *loadRecord, population int) (v []bench.Violation, forgotten, extra int) {
+	t.Helper()
+	v, err := bench.Audit(map[string][]window.Rule{"default": rs.Domain("default").Rules()}, rec.sends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := map[string]uint32{}
+	for _, snd := range rec.sends {
+		admitted[snd.Recipient]++
+	}
+	for i := range population {
+		rcp := fmt.Sprintf("+86137%08d", i)
+		switch _, used := s.sendRule(t, rcp, 2); {
+		case used < admitted[rcp]:
+			forgotten += int(admitted[rcp] - used)
+		case used > admitted[rcp]:
+			extra += int(used - admitted[rcp])
+		}
+	}
+	return v, forgotten, extra
 }
 
 // sendRule peeks at rcp and returns whether it would be admitted and rule
@@ -393,21 +399,7 @@ func TestInterruptedMoves(t *testing.T) {
 	close(stop)
 	wg.Wait()
 
-	v, err := bench.Audit(map[string][]window.Rule{"default": rs.Domain("default").Rules()}, rec.sends)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admitted := map[string]uint32{}
-	for _, snd := range rec.sends {
-		admitted[snd.Recipient]++
-	}
-	forgotten := 0
-	for i := range population {
-		rcp := fmt.Sprintf("+86137%08d", i)
-		if _, used := s.sendRule(t, rcp, 2); used < admitted[rcp] {
-			forgotten += int(admitted[rcp] - used)
-		}
-	}
+	v, forgotten, _ := auditLoad(t, rs, s, rec, population)
 	t.Logf("%d decided, %d admitted, %d over-admitted, %d forgotten", rec.decided.Load(), len(rec.sends), len(v), forgotten)
 	if len(v) > 0 || forgotten > 0 {
 		t.Fatalf("%d over-admissions (first %v), %d forgotten", len(v), v, forgotten)
@@ -527,21 +519,7 @@ func TestAsyncReplicationBound(t *testing.T) {
 	waitDecided(t, rec, 2000)
 	close(stop)
 	wg.Wait()
-	v, err := bench.Audit(map[string][]window.Rule{"default": rs.Domain("default").Rules()}, rec.sends)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admitted := map[string]uint32{}
-	for _, snd := range rec.sends {
-		admitted[snd.Recipient]++
-	}
-	forgotten := 0
-	for i := range population {
-		rcp := fmt.Sprintf("+86137%08d", i)
-		if _, used := s.sendRule(t, rcp, 2); used < admitted[rcp] {
-			forgotten += int(admitted[rcp] - used)
-		}
-	}
+	v, forgotten, _ := auditLoad(t, rs, s, rec, population)
 	limit := bound * owned
 	t.Logf("%d admitted, %d over-admitted, %d forgotten; bound %d (%d per partition, %d partitions on the dead node)",
 		len(rec.sends), len(v), forgotten, limit, bound, owned)
