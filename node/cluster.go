@@ -50,6 +50,7 @@ func (n *Node) startCluster(ctx context.Context) error {
 	}
 	gc := *n.cfg.Cluster
 	gc.NodeName, gc.GRPCAddr, gc.Placement = n.cfg.Name, n.cfg.AdvertiseAddr, n.cfg.Placement
+	gc.Agreement = gossip.Agreement{Rules: n.cfg.Rules.Hash(), Protocol: ProtocolVersion, Version: Version()}
 	// Joining keeps this node out of every ring until it can decide.
 	gc.State = gossip.StateJoining
 	if gc.Logger == nil {
@@ -140,10 +141,11 @@ func (n *Node) ringProto(r *ring.Ring) *pb.RingResponse {
 	}
 	if c := n.clus.Load(); c.ms != nil {
 		for _, m := range c.ms.Members() {
-			resp.Known = append(resp.Known, &pb.Member{Name: m.Name, Addr: m.GRPCAddr, State: m.State.String()})
+			resp.Known = append(resp.Known, &pb.Member{Name: m.Name, Addr: m.GRPCAddr, State: m.State.String(),
+				Excluded: m.Excluded, Version: m.Version})
 		}
 	} else {
-		resp.Known = []*pb.Member{{Name: n.cfg.Name, Addr: n.cfg.AdvertiseAddr, State: gossip.StateServing.String()}}
+		resp.Known = []*pb.Member{{Name: n.cfg.Name, Addr: n.cfg.AdvertiseAddr, State: gossip.StateServing.String(), Version: Version()}}
 	}
 	return resp
 }

@@ -704,8 +704,10 @@ func (x *RingResponse) GetKnown() []*Member {
 type Member struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`   // gRPC host:port
-	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // "serving", "joining", "leaving", or "" in members
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`         // gRPC host:port
+	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`       // "serving", "joining", "leaving", or "" in members
+	Excluded      string                 `protobuf:"bytes,4,opt,name=excluded,proto3" json:"excluded,omitempty"` // in known: why a serving member is not in the ring (its rules, protocol or placement differ); "" if it is
+	Version       string                 `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`   // in known: the member's binary version, as it publishes it
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -757,6 +759,20 @@ func (x *Member) GetAddr() string {
 func (x *Member) GetState() string {
 	if x != nil {
 		return x.State
+	}
+	return ""
+}
+
+func (x *Member) GetExcluded() string {
+	if x != nil {
+		return x.Excluded
+	}
+	return ""
+}
+
+func (x *Member) GetVersion() string {
+	if x != nil {
+		return x.Version
 	}
 	return ""
 }
@@ -1659,11 +1675,13 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\amembers\x18\x02 \x03(\v2\x13.freqring.v1.MemberR\amembers\x124\n" +
 	"\tplacement\x18\x03 \x01(\v2\x16.freqring.v1.PlacementR\tplacement\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12)\n" +
-	"\x05known\x18\x05 \x03(\v2\x13.freqring.v1.MemberR\x05known\"F\n" +
+	"\x05known\x18\x05 \x03(\v2\x13.freqring.v1.MemberR\x05known\"|\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
-	"\x05state\x18\x03 \x01(\tR\x05state\"w\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1a\n" +
+	"\bexcluded\x18\x04 \x01(\tR\bexcluded\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\"w\n" +
 	"\tPlacement\x12'\n" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
