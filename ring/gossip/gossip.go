@@ -228,6 +228,8 @@ type Membership struct {
 	ml         *memberlist.Memberlist
 	gossipAddr string
 
+	logw *logWriter // memberlist's log lines go through it
+
 	metaMu sync.Mutex // guards meta, the local metadata
 	meta   meta
 
@@ -277,8 +279,9 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		return nil, err
 	}
 	m := &Membership{
-		cfg: cfg,
-		log: cfg.Logger.With("node", cfg.NodeName),
+		cfg:  cfg,
+		log:  cfg.Logger.With("node", cfg.NodeName),
+		logw: &logWriter{log: cfg.Logger.With("node", cfg.NodeName)},
 		meta: meta{State: cfg.State, Boot: rand.Uint64(), GRPC: cfg.GRPCAddr, Agreed: true, Version: cfg.Agreement.Version,
 			Key: agreementKey{rules: cfg.Agreement.Rules, protocol: cfg.Agreement.Protocol, placement: effectivePlacement(cfg.Placement)}},
 		nodes:     make(map[string]nodeInfo),
@@ -334,7 +337,7 @@ func (m *Membership) memberlistConfig() *memberlist.Config {
 	mc.Delegate = d
 	mc.Events = d
 	mc.Conflict = d
-	mc.Logger = log.New(logWriter{m.log}, "", 0)
+	mc.Logger = log.New(m.logw, "", 0)
 	return mc
 }
 
@@ -515,6 +518,17 @@ func (m *Membership) Watch() (<-chan *ring.Ring, func()) {
 		}
 	}
 }
+
+// Stats are a Membership's counters since Start.
+type Stats struct {
+	// BadPackets counts gossip packets and streams that did not decode (or
+	// decrypt): random bytes on the gossip port, a member with another key.
+	// At most one a second is logged.
+	BadPackets int64
+}
+
+// Stats returns the counters. Safe for concurrent use.
+func (m *Membership) Stats() Stats { return Stats{BadPackets: m.logw.badPackets.Load()} }
 
 // Members returns the live members (alive or suspect), sorted by name.
 func (m *Membership) Members() []MemberState {
