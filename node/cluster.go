@@ -159,17 +159,34 @@ func (n *Node) RingInfo(context.Context, *pb.RingRequest) (*pb.RingResponse, err
 	return n.ringProto(c.ring()), nil
 }
 
-// WatchRing sends the current ring, then each change, until ctx is done.
+// errStopping ends ring watchers when the node shuts down.
+var errStopping = status.Error(codes.Unavailable, "node is shutting down: watch another node")
+
+// stopWatchers ends every WatchRing call, now and to come. Safe to call
+// more than once.
+func (n *Node) stopWatchers() { n.stopOnce.Do(func() { close(n.stopping) }) }
+
+// WatchRing sends the current ring, then each change, until ctx is done or
+// the node shuts down.
 func (n *Node) WatchRing(ctx context.Context, send func(*pb.RingResponse) error) error {
 	c := n.clus.Load()
 	if c == nil {
 		return status.Error(codes.Unavailable, "node is not serving yet")
 	}
+	if w := n.watchers.Add(1); w > int64(n.cfg.Limits.MaxWatchers) {
+		n.watchers.Add(-1)
+		return status.Errorf(codes.ResourceExhausted, "node %s has %d ring watchers, the most it serves (--max-watchers): watch another node", n.cfg.Name, n.cfg.Limits.MaxWatchers)
+	}
+	defer n.watchers.Add(-1)
 	if c.ms == nil {
 		if err := send(n.ringProto(c.static)); err != nil {
 			return err
 		}
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-n.stopping:
+			return errStopping
+		}
 		return nil
 	}
 	ch, cancel := c.ms.Watch()
@@ -178,6 +195,8 @@ func (n *Node) WatchRing(ctx context.Context, send func(*pb.RingResponse) error)
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-n.stopping:
+			return errStopping
 		case r, ok := <-ch:
 			if !ok {
 				return status.Error(codes.Unavailable, "node is leaving")

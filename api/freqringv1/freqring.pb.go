@@ -900,6 +900,7 @@ type StatusResponse struct {
 	OwnedRecords        int64                  `protobuf:"varint,21,opt,name=owned_records,json=ownedRecords,proto3" json:"owned_records,omitempty"`                      // records in the partitions this node decides for (the rest are backups and copies)
 	LongestPauseMs      int64                  `protobuf:"varint,22,opt,name=longest_pause_ms,json=longestPauseMs,proto3" json:"longest_pause_ms,omitempty"`              // the longest a partition was closed here while this node owned it, since start
 	ReplicationLag      int64                  `protobuf:"varint,23,opt,name=replication_lag,json=replicationLag,proto3" json:"replication_lag,omitempty"`                // sends admitted here and not yet on their backup (async replication)
+	GossipBadPackets    int64                  `protobuf:"varint,24,opt,name=gossip_bad_packets,json=gossipBadPackets,proto3" json:"gossip_bad_packets,omitempty"`        // gossip packets and streams that did not decode or decrypt, since start
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -1091,6 +1092,13 @@ func (x *StatusResponse) GetLongestPauseMs() int64 {
 func (x *StatusResponse) GetReplicationLag() int64 {
 	if x != nil {
 		return x.ReplicationLag
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetGossipBadPackets() int64 {
+	if x != nil {
+		return x.GossipBadPackets
 	}
 	return 0
 }
@@ -1686,7 +1694,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
 	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
-	"\rStatusRequest\"\xd3\x06\n" +
+	"\rStatusRequest\"\x81\a\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
@@ -1712,7 +1720,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x10acquired_records\x18\x14 \x01(\x03R\x0facquiredRecords\x12#\n" +
 	"\rowned_records\x18\x15 \x01(\x03R\fownedRecords\x12(\n" +
 	"\x10longest_pause_ms\x18\x16 \x01(\x03R\x0elongestPauseMs\x12'\n" +
-	"\x0freplication_lag\x18\x17 \x01(\x03R\x0ereplicationLag\"{\n" +
+	"\x0freplication_lag\x18\x17 \x01(\x03R\x0ereplicationLag\x12,\n" +
+	"\x12gossip_bad_packets\x18\x18 \x01(\x03R\x10gossipBadPackets\"{\n" +
 	"\fDomainStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +
