@@ -3,6 +3,8 @@ package node_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -172,7 +174,16 @@ func TestRulesChangeRollsThrough(t *testing.T) {
       - {name: extra-1m, scope: recipient, limit: 3, window: 1m}
 `)
 	rb := &rulesByName{def: oldRules, by: map[string]*rules.Set{}}
-	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 3, InMemory: true, Node: rb.apply})
+	var logger *slog.Logger
+	if path := os.Getenv("FREQRING_TEST_LOG"); path != "" { // the nodes' log, to read a failure
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 3, InMemory: true, Node: rb.apply, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,6 +197,7 @@ func TestRulesChangeRollsThrough(t *testing.T) {
 	ms := c.Members()
 	for i, want := range []int{2, 2, 3} { // ring sizes after each restart
 		m := ms[len(ms)-1-i] // as a StatefulSet rolls: highest ordinal first
+		t.Logf("stopping %s (unix ms %d)", m.Name, time.Now().UnixMilli())
 		if err := c.Stop(m); err != nil {
 			t.Fatal(err)
 		}
@@ -199,7 +211,7 @@ func TestRulesChangeRollsThrough(t *testing.T) {
 		if err := c.WaitSettled(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%s restarted with the new rules: a ring of %d", m.Name, want)
+		t.Logf("%s restarted with the new rules: a ring of %d (unix ms %d)", m.Name, want, time.Now().UnixMilli())
 		waitDecided(t, rec, 2000)
 	}
 	close(stop)

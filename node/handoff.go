@@ -55,6 +55,15 @@ import (
 //     forwards its callers' checks, and is asked for its partitions like a
 //     leaving member, so a rules change never has two rule sets deciding for
 //     one partition (README, "Changing the rules of a cluster").
+//  7. A node that decided for a partition and finds it owned by another
+//     under its new ring hands it back (Peer.Handback): the owner closes it
+//     and acquires it again from every member. Members see rings at
+//     different moments, and an owner whose own ring never changed (others
+//     saw it gone for ForgetDeadAfter and took its partitions over, then
+//     saw it back) would otherwise never ask for what they decided. Until
+//     the owner has acquired it, the node keeps the partition (a drain
+//     waits for it too) and tells the owner again after each failure and
+//     each new ring.
 
 // MoveWait bounds how long a check waits for its partition to be acquired
 // by this node, its new owner, before it fails as retryable.
@@ -78,10 +87,21 @@ type handoff struct {
 	from    []map[string]bool // per partition: members to pull from, when !pullAll
 	fill    []bool            // per partition: fill the backup before opening
 	handed  []bool            // per partition: an Acquire closed it here (drain watches this)
-	open    []atomic.Bool     // per partition: open in the store (a hint for waitMoving)
-	kick    chan struct{}     // wakes the mover
-	changed chan struct{}     // closed (and replaced) when the mover sees a new ring
-	leaving atomic.Bool       // set by drain
+	// owed is, per partition, whether this node decided for it under a ring
+	// that it no longer owns it in and its owner has not acquired it from
+	// here since (rule 7); handbackSent, whether the owner under the ring of
+	// handbackEpoch has been told.
+	owed          []bool
+	handbackSent  []bool
+	handbackEpoch uint64
+	// pulledFrom is, per partition, the epoch of the last completed pull
+	// from each member: a handback from a member pulled from under the
+	// current ring brings nothing new.
+	pulledFrom []map[string]uint64
+	open       []atomic.Bool // per partition: open in the store (a hint for waitMoving)
+	kick       chan struct{} // wakes the mover
+	changed    chan struct{} // closed (and replaced) when the mover sees a new ring
+	leaving    atomic.Bool   // set by drain
 
 	// Majority (rule 5): counted holds the members seen serving that have
 	// not announced leaving since, with when each was last present; seen is
@@ -98,7 +118,7 @@ type handoff struct {
 func newHandoff(parts int) *handoff {
 	h := &handoff{
 		opened: make([]chan struct{}, parts), pullAll: make([]bool, parts), from: make([]map[string]bool, parts),
-		fill: make([]bool, parts), handed: make([]bool, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
+		fill: make([]bool, parts), handed: make([]bool, parts), owed: make([]bool, parts), handbackSent: make([]bool, parts), pulledFrom: make([]map[string]uint64, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
 		counted: map[string]time.Time{}, closedAt: make([]time.Time, parts), changed: make(chan struct{}),
 	}
 	h.majority.Store(true)
@@ -152,6 +172,7 @@ func (n *Node) openPartition(p int) {
 		h.closedAt[p] = time.Time{}
 	}
 	h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
+	h.owed[p] = false // it decides here again, with what it held
 	h.mu.Unlock()
 }
 
@@ -290,20 +311,38 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 		for p := range n.store.Partitions() {
 			if n.store.IsOpen(p) {
 				n.closePartition(p)
+				h.mu.Lock()
+				h.owed[p], h.handed[p] = true, false // rule 7, if another owns it once the cluster heals
+				h.mu.Unlock()
 			}
 		}
 		return nil
 	}
 
 	var work []int
+	owedTo := map[string][]uint32{} // rule 7: handbacks to send, by owner
+	h.mu.Lock()
+	if h.handbackEpoch != r.Epoch() {
+		h.handbackEpoch = r.Epoch()
+		clear(h.handbackSent)
+	}
+	h.mu.Unlock()
 	for p := range n.store.Partitions() {
 		owner := r.PartitionOwner(p).Name == self
 		if !owner {
-			if n.store.IsOpen(p) {
+			wasOpen := n.store.IsOpen(p)
+			if wasOpen {
 				n.closePartition(p)
 			}
 			h.mu.Lock()
 			h.closedAt[p] = time.Time{}
+			if wasOpen {
+				h.owed[p], h.handed[p] = true, false
+			}
+			if h.owed[p] && !h.handed[p] && !h.handbackSent[p] {
+				o := r.PartitionOwner(p).Name
+				owedTo[o] = append(owedTo[o], uint32(p))
+			}
 			h.mu.Unlock()
 			continue
 		}
@@ -340,10 +379,61 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			work = append(work, p)
 		}
 	}
+	herr := n.handback(ctx, r, owedTo)
 	if len(work) == 0 {
-		return nil
+		return herr
 	}
-	return n.acquire(ctx, r, work, members)
+	return errors.Join(n.acquire(ctx, r, work, members), herr)
+}
+
+// handback tells each owner under r of the partitions this node decided for
+// and no longer owns (rule 7); a failure is retried with the reconcile.
+func (n *Node) handback(ctx context.Context, r *ring.Ring, owedTo map[string][]uint32) error {
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for name, parts := range owedTo {
+		n.ho.mu.Lock()
+		parts = slices.DeleteFunc(parts, func(p uint32) bool { return n.ho.handed[p] || !n.ho.owed[p] })
+		n.ho.mu.Unlock()
+		if len(parts) == 0 {
+			continue
+		}
+		var m ring.Member
+		for _, x := range r.Members() {
+			if x.Name == name {
+				m = x
+			}
+		}
+		wg.Go(func() {
+			err := func() error {
+				cli, err := n.peers.Peer(m)
+				if err != nil {
+					return err
+				}
+				hctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
+				defer cancel()
+				_, err = cli.Handback(hctx, &pb.HandbackRequest{Node: n.cfg.Name, RingEpoch: r.Epoch(), Partitions: parts})
+				return err
+			}()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("handing %d partitions back to %s: %w", len(parts), name, err))
+				return
+			}
+			n.ho.mu.Lock()
+			for _, p := range parts {
+				n.ho.handbackSent[p] = true
+			}
+			n.ho.mu.Unlock()
+			n.log.Info("partitions handed back: decided here under another ring", "to", name, "partitions", parts, "epoch", r.Epoch())
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // acquire carries out rule 2 for partitions ps under ring r, a chunk of
@@ -516,6 +606,18 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 	}
 	wg.Wait()
 	same := n.clus.Load().ring().Epoch() == r.Epoch()
+	h.mu.Lock()
+	for name, parts := range ask {
+		for _, p := range parts {
+			if failed[p] == nil {
+				if h.pulledFrom[p] == nil {
+					h.pulledFrom[p] = map[string]uint64{}
+				}
+				h.pulledFrom[p][name] = r.Epoch()
+			}
+		}
+	}
+	h.mu.Unlock()
 	for _, p := range chunk {
 		if failed[p] != nil {
 			continue
@@ -678,7 +780,7 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 		img, _ := n.store.CloseAndAppendImage(nil, int(p))
 		resp.Images = append(resp.Images, img)
 		n.ho.mu.Lock()
-		n.ho.handed[p] = true
+		n.ho.handed[p], n.ho.owed[p] = true, false
 		n.ho.mu.Unlock()
 	}
 	return resp, nil
@@ -709,6 +811,60 @@ func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Release
 		resp.Dropped = append(resp.Dropped, p)
 	}
 	return resp, nil
+}
+
+// Handback answers Peer.Handback (rule 7): each partition the caller
+// decided for and this node owns under the caller's ring is closed and
+// acquired again from every member. The caller may be out of the ring (left
+// out for other rules, or leaving), but must be a member.
+func (n *Node) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
+	if !n.ready.Load() {
+		return nil, status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
+	}
+	c := n.clus.Load()
+	if c == nil || c.ms == nil {
+		return nil, n.refuse("not a cluster member")
+	}
+	r := c.ring()
+	if r.Epoch() != req.RingEpoch {
+		return nil, n.refuse("ring epoch %d, the caller %s has %d; retry once rings agree", r.Epoch(), req.Node, req.RingEpoch)
+	}
+	known := false
+	for _, m := range c.ms.Members() {
+		known = known || m.Name == req.Node
+	}
+	if !known || req.Node == n.cfg.Name {
+		return nil, n.refuse("the caller %q is not another member", req.Node)
+	}
+	for _, p := range req.Partitions {
+		if int(p) >= n.store.Partitions() {
+			return nil, status.Errorf(codes.InvalidArgument, "partitions: %d out of range [0, %d)", p, n.store.Partitions())
+		}
+	}
+	h := n.ho
+	for _, p := range req.Partitions {
+		if r.PartitionOwner(int(p)).Name != n.cfg.Name {
+			continue // a newer owner pulls from every member anyway
+		}
+		h.mu.Lock()
+		if n.store.IsOpen(int(p)) && h.pulledFrom[p][req.Node] == r.Epoch() {
+			// Pulled from the caller under this ring, which closed it
+			// there for good: nothing decided since.
+			h.mu.Unlock()
+			continue
+		}
+		h.pullAll[p] = true
+		if h.closedAt[p].IsZero() {
+			h.closedAt[p] = time.Now()
+		}
+		h.mu.Unlock()
+		if n.store.IsOpen(int(p)) {
+			n.closePartition(int(p))
+		}
+	}
+	n.log.Info("partitions handed back", "from", req.Node, "partitions", req.Partitions, "epoch", r.Epoch())
+	h.wake()
+	return &pb.HandbackResponse{}, nil
 }
 
 // Fill answers Peer.Fill: it merges images of partitions this node backs.
@@ -756,6 +912,8 @@ func (n *Node) drain(ctx context.Context) {
 		if r.PartitionOwner(p).Name == n.cfg.Name {
 			owned = append(owned, p)
 			n.ho.handed[p] = false
+		} else if n.ho.owed[p] && !n.ho.handed[p] {
+			owned = append(owned, p) // rule 7: its owner acquires it from here first
 		}
 	}
 	n.ho.mu.Unlock()

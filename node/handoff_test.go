@@ -321,6 +321,17 @@ func auditLoad(t *testing.T, rs *rules.Set, s *sender, rec *loadRecord, populati
 		switch _, used := s.sendRule(t, rcp, 2); {
 		case used < admitted[rcp]:
 			forgotten += int(admitted[rcp] - used)
+			if forgotten <= 10 { // what the cluster forgot, for the failure's reader
+				var at []int64
+				for _, snd := range rec.sends {
+					if snd.Recipient == rcp {
+						at = append(at, snd.At)
+					}
+				}
+				key, _ := node.KeyOf(rcp)
+				t.Logf("%s (partition %d of %s's ring) counts %d of %d admitted at %v", rcp,
+					s.c.Up()[0].Node.Ring().PartitionHash(key), s.c.Up()[0].Name, used, admitted[rcp], at)
+			}
 		case used > admitted[rcp]:
 			extra += int(used - admitted[rcp])
 		}

@@ -27,6 +27,7 @@ type Peer interface {
 	Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error)
 	// Fill puts partition images on the peer, their backup (Node.Fill).
 	Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error)
+	Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error)
 }
 
 // MaxPeerResponseBytes bounds a peer's answer (an Acquire carries partition
@@ -91,6 +92,10 @@ func (p grpcPeer) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Rele
 
 func (p grpcPeer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
 	return p.c.Replicate(ctx, req)
+}
+
+func (p grpcPeer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
+	return p.c.Handback(ctx, req)
 }
 
 func (p grpcPeer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
@@ -187,6 +192,10 @@ func (p localPeer) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Rel
 
 func (p localPeer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
 	return localCall(p, ctx, req, (*Node).Replicate)
+}
+
+func (p localPeer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
+	return localCall(p, ctx, req, (*Node).Handback)
 }
 
 func (p localPeer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {

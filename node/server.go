@@ -65,6 +65,10 @@ func (s peerServer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*p
 	return s.n.Replicate(ctx, req)
 }
 
+func (s peerServer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
+	return s.n.Handback(ctx, req)
+}
+
 func (s peerServer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
 	return s.n.Fill(ctx, req)
 }

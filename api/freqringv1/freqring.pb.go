@@ -1623,6 +1623,102 @@ func (*FillResponse) Descriptor() ([]byte, []int) {
 	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{21}
 }
 
+type HandbackRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                             // the caller's name
+	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"` // the ring under which the receiver owns the partitions
+	Partitions    []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandbackRequest) Reset() {
+	*x = HandbackRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandbackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandbackRequest) ProtoMessage() {}
+
+func (x *HandbackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandbackRequest.ProtoReflect.Descriptor instead.
+func (*HandbackRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *HandbackRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *HandbackRequest) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *HandbackRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type HandbackResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandbackResponse) Reset() {
+	*x = HandbackResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandbackResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandbackResponse) ProtoMessage() {}
+
+func (x *HandbackResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandbackResponse.ProtoReflect.Descriptor instead.
+func (*HandbackResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{23}
+}
+
 var File_freqring_v1_freqring_proto protoreflect.FileDescriptor
 
 const file_freqring_v1_freqring_proto_rawDesc = "" +
@@ -1762,7 +1858,15 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
 	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x16\n" +
 	"\x06images\x18\x03 \x03(\fR\x06images\"\x0e\n" +
-	"\fFillResponse*F\n" +
+	"\fFillResponse\"d\n" +
+	"\x0fHandbackRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\rR\n" +
+	"partitions\"\x12\n" +
+	"\x10HandbackResponse*F\n" +
 	"\x04Mode\x12\x19\n" +
 	"\x15MODE_CHECK_AND_RECORD\x10\x00\x12\r\n" +
 	"\tMODE_PEEK\x10\x01\x12\x14\n" +
@@ -1772,13 +1876,14 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x05Rules\x12\x19.freqring.v1.RulesRequest\x1a\x1a.freqring.v1.RulesResponse\x12;\n" +
 	"\x04Ring\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse\x12B\n" +
 	"\tWatchRing\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse0\x01\x12A\n" +
-	"\x06Status\x12\x1a.freqring.v1.StatusRequest\x1a\x1b.freqring.v1.StatusResponse2\xdd\x02\n" +
+	"\x06Status\x12\x1a.freqring.v1.StatusRequest\x1a\x1b.freqring.v1.StatusResponse2\xa6\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12D\n" +
 	"\aAcquire\x12\x1b.freqring.v1.AcquireRequest\x1a\x1c.freqring.v1.AcquireResponse\x12D\n" +
 	"\aRelease\x12\x1b.freqring.v1.ReleaseRequest\x1a\x1c.freqring.v1.ReleaseResponse\x12J\n" +
 	"\tReplicate\x12\x1d.freqring.v1.ReplicateRequest\x1a\x1e.freqring.v1.ReplicateResponse\x12;\n" +
-	"\x04Fill\x12\x18.freqring.v1.FillRequest\x1a\x19.freqring.v1.FillResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
+	"\x04Fill\x12\x18.freqring.v1.FillRequest\x1a\x19.freqring.v1.FillResponse\x12G\n" +
+	"\bHandback\x12\x1c.freqring.v1.HandbackRequest\x1a\x1d.freqring.v1.HandbackResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
 
 var (
 	file_freqring_v1_freqring_proto_rawDescOnce sync.Once
@@ -1793,7 +1898,7 @@ func file_freqring_v1_freqring_proto_rawDescGZIP() []byte {
 }
 
 var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_freqring_v1_freqring_proto_goTypes = []any{
 	(Mode)(0),                 // 0: freqring.v1.Mode
 	(*CheckRequest)(nil),      // 1: freqring.v1.CheckRequest
@@ -1818,12 +1923,14 @@ var file_freqring_v1_freqring_proto_goTypes = []any{
 	(*ReplicateResponse)(nil), // 20: freqring.v1.ReplicateResponse
 	(*FillRequest)(nil),       // 21: freqring.v1.FillRequest
 	(*FillResponse)(nil),      // 22: freqring.v1.FillResponse
-	nil,                       // 23: freqring.v1.CheckResponse.DomainsEntry
+	(*HandbackRequest)(nil),   // 23: freqring.v1.HandbackRequest
+	(*HandbackResponse)(nil),  // 24: freqring.v1.HandbackResponse
+	nil,                       // 25: freqring.v1.CheckResponse.DomainsEntry
 }
 var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	0,  // 0: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
 	3,  // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	23, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	25, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
 	5,  // 3: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
 	9,  // 4: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
 	10, // 5: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
@@ -1841,18 +1948,20 @@ var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	17, // 17: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
 	19, // 18: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
 	21, // 19: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
-	2,  // 20: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	14, // 21: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	8,  // 22: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
-	8,  // 23: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
-	12, // 24: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
-	2,  // 25: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
-	16, // 26: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
-	18, // 27: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
-	20, // 28: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
-	22, // 29: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
-	20, // [20:30] is the sub-list for method output_type
-	10, // [10:20] is the sub-list for method input_type
+	23, // 20: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
+	2,  // 21: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	14, // 22: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	8,  // 23: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	8,  // 24: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	12, // 25: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	2,  // 26: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	16, // 27: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
+	18, // 28: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
+	20, // 29: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
+	22, // 30: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
+	24, // 31: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
+	21, // [21:32] is the sub-list for method output_type
+	10, // [10:21] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -1869,7 +1978,7 @@ func file_freqring_v1_freqring_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_freqring_v1_freqring_proto_rawDesc), len(file_freqring_v1_freqring_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -311,6 +311,7 @@ const (
 	Peer_Release_FullMethodName   = "/freqring.v1.Peer/Release"
 	Peer_Replicate_FullMethodName = "/freqring.v1.Peer/Replicate"
 	Peer_Fill_FullMethodName      = "/freqring.v1.Peer/Fill"
+	Peer_Handback_FullMethodName  = "/freqring.v1.Peer/Handback"
 )
 
 // PeerClient is the client API for Peer service.
@@ -343,6 +344,10 @@ type PeerClient interface {
 	// backup, durably: a new backup is filled before it counts as one. The
 	// same checks as Replicate.
 	Fill(ctx context.Context, in *FillRequest, opts ...grpc.CallOption) (*FillResponse, error)
+	// Handback tells the owner of partitions that the caller decided for them
+	// under another ring (its view of the members differed); the owner
+	// acquires them again from every member, the caller included.
+	Handback(ctx context.Context, in *HandbackRequest, opts ...grpc.CallOption) (*HandbackResponse, error)
 }
 
 type peerClient struct {
@@ -403,6 +408,16 @@ func (c *peerClient) Fill(ctx context.Context, in *FillRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *peerClient) Handback(ctx context.Context, in *HandbackRequest, opts ...grpc.CallOption) (*HandbackResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HandbackResponse)
+	err := c.cc.Invoke(ctx, Peer_Handback_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -433,6 +448,10 @@ type PeerServer interface {
 	// backup, durably: a new backup is filled before it counts as one. The
 	// same checks as Replicate.
 	Fill(context.Context, *FillRequest) (*FillResponse, error)
+	// Handback tells the owner of partitions that the caller decided for them
+	// under another ring (its view of the members differed); the owner
+	// acquires them again from every member, the caller included.
+	Handback(context.Context, *HandbackRequest) (*HandbackResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -457,6 +476,9 @@ func (UnimplementedPeerServer) Replicate(context.Context, *ReplicateRequest) (*R
 }
 func (UnimplementedPeerServer) Fill(context.Context, *FillRequest) (*FillResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fill not implemented")
+}
+func (UnimplementedPeerServer) Handback(context.Context, *HandbackRequest) (*HandbackResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Handback not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -569,6 +591,24 @@ func _Peer_Fill_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Handback_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HandbackRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Handback(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Handback_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Handback(ctx, req.(*HandbackRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -595,6 +635,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Fill",
 			Handler:    _Peer_Fill_Handler,
+		},
+		{
+			MethodName: "Handback",
+			Handler:    _Peer_Handback_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
