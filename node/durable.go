@@ -16,8 +16,9 @@ import (
 // durable is a node's write-ahead log and snapshot bookkeeping; nil for a
 // memory-only node.
 type durable struct {
-	log *wal.Log
-	dir string // DataDir: snapshots here, segments in dir/wal
+	log  *wal.Log
+	dir  string   // DataDir: snapshots here, segments in dir/wal
+	lock *dirLock // held from before recovery reads anything until close
 
 	mu        sync.Mutex // serializes snapshots; guards the fields below
 	snapBytes int64      // wal Stats.Bytes when the last snapshot started
@@ -43,14 +44,25 @@ type RecoveryStats struct {
 
 func (n *Node) nowMs() int64 { return n.cfg.Clock.Now() / int64(time.Millisecond) }
 
-// recover loads the newest snapshot, opens the WAL and replays it.
-func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
-	var rs RecoveryStats
+// recover locks the data directory, loads the newest snapshot, opens the
+// WAL and replays it. On error the lock is released.
+func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 	start := time.Now()
 	dir := n.cfg.DataDir
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return rs, err
 	}
+	// Before anything in dir is read, created or removed: a second node on
+	// the directory must fail here and touch nothing of the first one's.
+	lock, err := lockDir(dir)
+	if err != nil {
+		return rs, err
+	}
+	defer func() {
+		if err != nil {
+			lock.unlock()
+		}
+	}()
 	now := n.nowMs()
 	var ss *snapshotState
 	snaps, err := listSnapshots(dir)
@@ -126,9 +138,11 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 		log.Close()
 		return rs, fmt.Errorf("node: replaying the WAL: %w", err)
 	}
-	n.dur = &durable{log: log, dir: dir, snapBytes: log.Stats().Bytes, snapAt: n.cfg.Clock.Now()}
+	n.dur = &durable{log: log, dir: dir, lock: lock, snapBytes: log.Stats().Bytes, snapAt: n.cfg.Clock.Now()}
 	if resnap {
 		if err := n.snapshot(); err != nil {
+			log.Close()
+			n.dur = nil
 			return rs, err
 		}
 	}
@@ -150,6 +164,13 @@ func (n *Node) resetStore() error {
 	n.store = st
 	n.view.Store(n.bind(n.view.Load().rules))
 	return nil
+}
+
+// close closes the WAL and releases the data directory.
+func (d *durable) close() error {
+	err := d.log.Close()
+	d.lock.unlock()
+	return err
 }
 
 // appendWAL makes the sends of one Check durable before it replies, with

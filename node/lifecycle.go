@@ -31,7 +31,7 @@ func (n *Node) Open(ctx context.Context) error {
 	}
 	if err := n.startCluster(ctx); err != nil {
 		if n.dur != nil {
-			n.dur.log.Close()
+			n.dur.close()
 		}
 		return err
 	}
@@ -74,7 +74,7 @@ func (n *Node) Close() error {
 		return nil
 	}
 	err := n.snapshot()
-	if cerr := n.dur.log.Close(); err == nil {
+	if cerr := n.dur.close(); err == nil {
 		err = cerr
 	}
 	return err
