@@ -40,7 +40,8 @@ type RecoveryStats struct {
 	Replayed        int64         // WAL sends inserted
 	Covered         int64         // WAL sends already in the snapshot
 	Expired         int64         // WAL sends older than their domain's longest window
-	UnknownDomain   int64         // WAL sends of a domain the rules no longer have
+	UnknownDomain   int64         // WAL sends of a domain the rules no longer have (dropped: Config.DropRemovedDomains)
+	UnknownRecords  int64         // snapshot and image records of such domains (dropped likewise)
 	Merged          int64         // records merged again from partition images in the WAL
 	ReplayBytes     int64         // WAL payload bytes read
 	ReplayTime      time.Duration // time to replay them
@@ -108,6 +109,10 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 	}
 	resnap := ss != nil && ss.resnap // a fresh snapshot renumbers in this version's layout
 	v := n.view.Load()
+	var removed removedDomains
+	if ss != nil {
+		removed.records = addCounts(nil, ss.unknown)
+	}
 
 	log, err := wal.Open(wal.Options{
 		Dir: filepath.Join(dir, "wal"), SegmentBytes: n.cfg.SegmentBytes, Sync: n.cfg.Sync, GroupWait: n.cfg.GroupWait,
@@ -131,6 +136,7 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 			return decodeImages(p, func(img []byte) error {
 				_, ms, err := n.store.MergeImage(img, now, v.bindName)
 				rs.Merged += ms.Records
+				removed.records = addCounts(removed.records, ms.Unknown)
 				return err
 			})
 		}
@@ -139,7 +145,10 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 			part := n.store.PartitionOf(s.key)
 			switch {
 			case dv == nil:
-				rs.UnknownDomain++
+				if removed.sends == nil {
+					removed.sends = map[string]int64{}
+				}
+				removed.sends[s.domain]++
 				return nil
 			case ss != nil && ss.covered(s.domain, s.key, s.seq):
 				rs.Covered++
@@ -157,6 +166,17 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 	if err != nil {
 		log.Close()
 		return rs, fmt.Errorf("node: replaying the WAL: %w", err)
+	}
+	if !removed.empty() {
+		rs.UnknownRecords, rs.UnknownDomain = removed.totals()
+		if !n.cfg.DropRemovedDomains {
+			log.Close()
+			return rs, fmt.Errorf("%w: %s holds the history of %s; put the domains back in the rules, or start with --drop-removed-domains to drop that history for good",
+				ErrRemovedDomains, dir, removed)
+		}
+		n.log.Warn("dropping for good the history of domains the rules lack (--drop-removed-domains)",
+			"domains", removed.String(), "records", rs.UnknownRecords, "wal_sends", rs.UnknownDomain)
+		resnap = true // make the drop durable, so that the next start finds nothing to refuse over
 	}
 	n.dur = &durable{log: log, dir: dir, lock: lock, snapBytes: log.Stats().Bytes, snapAt: n.cfg.Clock.Now()}
 	if ss != nil {

@@ -184,6 +184,9 @@ type snapshotState struct {
 	// another partition count); Open writes a fresh one.
 	resnap bool
 	stats  snapshotStats
+	// unknown counts, by name, the records of domains the rules lack, which
+	// the load skipped.
+	unknown map[string]int64
 }
 
 // shardSeqs are a domain's shard sequence numbers in a format 1 or 2
@@ -229,6 +232,7 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 		skipped atomic.Int64
 		workers sync.WaitGroup
 		bodies  sync.Pool
+		unknown sync.Mutex // guards ss.unknown
 	)
 	for range max(1, runtime.GOMAXPROCS(0)) {
 		workers.Go(func() {
@@ -236,6 +240,11 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 				_, ms, err := n.store.MergeImage(*w.img, nowMs, v.bindName)
 				records.Add(ms.Records)
 				skipped.Add(ms.Idle + ms.UnknownDomain)
+				if ms.Unknown != nil {
+					unknown.Lock()
+					ss.unknown = addCounts(ss.unknown, ms.Unknown)
+					unknown.Unlock()
+				}
 				if err != nil {
 					errOnce.Do(func() { loadErr = fmt.Errorf("%w: %s offset %d: %v", ErrCorruptSnapshot, path, w.off, err) })
 				}
