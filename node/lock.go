@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -22,7 +21,8 @@ var ErrDataDirLocked = errors.New("node: data directory in use")
 // process, and the kernel releases the lock when its holder exits, however it
 // exits, so a crash never leaves a stale lock. The file records the holder's
 // pid, host and start time for the error of the next one to try; its content
-// is informational only.
+// is informational only. On systems without flock (not unix: lock_other.go)
+// the file is written but nothing is locked.
 type dirLock struct{ f *os.File }
 
 // lockDir takes the lock of dir, which must exist. It creates nothing but
@@ -34,10 +34,10 @@ func lockDir(dir string) (*dirLock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: lock data directory: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := flock(f); err != nil {
 		holder, _ := os.ReadFile(path)
 		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
+		if errors.Is(err, errWouldBlock) {
 			h := strings.TrimSpace(string(holder))
 			if h == "" {
 				h = "unknown holder"
@@ -59,7 +59,7 @@ func (l *dirLock) unlock() {
 	if l == nil || l.f == nil {
 		return
 	}
-	syscall.Flock(int(l.f.Fd()), syscall.LOCK_UN)
+	funlock(l.f)
 	l.f.Close()
 	l.f = nil
 }
