@@ -51,8 +51,10 @@
 //	cluster.go    membership (gossip), Leave, the Ring and WatchRing RPCs
 //	handoff.go    partition moves: reconcile, acquire, fill, release, drain, majority
 //	replica.go    a backup per partition: Replicate, sync replication of a batch
-//	durable.go    recovery, WAL appends, snapshots' schedule, retention
-//	snapshot.go   the snapshot file: partition images, older formats read
+//	durable.go    recovery, WAL appends, snapshots' schedule and fallback, retention
+//	snapshot.go   the snapshot file: partition images, older formats read, verification
+//	lock.go       one process per data directory (flock of DATA_DIR/LOCK)
+//	removed.go    history of domains the rules lack: refuse, or drop when told
 //	walrec.go     the WAL payload of one Check
 //	server.go     the gRPC services, health, reflection, Serve
 //

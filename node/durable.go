@@ -16,24 +16,32 @@ import (
 // durable is a node's write-ahead log and snapshot bookkeeping; nil for a
 // memory-only node.
 type durable struct {
-	log *wal.Log
-	dir string // DataDir: snapshots here, segments in dir/wal
+	log  *wal.Log
+	dir  string   // DataDir: snapshots here, segments in dir/wal
+	lock *dirLock // held from before recovery reads anything until close
 
 	mu        sync.Mutex // serializes snapshots; guards the fields below
 	snapBytes int64      // wal Stats.Bytes when the last snapshot started
 	snapAt    int64      // node clock (unix ns) when the last snapshot started
+	// last is the newest intact snapshot's file name (loaded at Open or
+	// written and verified since), "" for none. The next snapshot keeps it,
+	// and the WAL from its replay start, as the fallback if the new one is
+	// damaged later.
+	last string
 }
 
 // RecoveryStats describe what Open rebuilt the node from.
 type RecoveryStats struct {
 	Snapshot        string        // file loaded, "" for none
+	DamagedSnaps    int           // newer snapshots passed over as damaged (each logged at error level)
 	SnapshotRecords int64         // records loaded from it
 	SnapshotBytes   int64         // its size
 	SnapshotTime    time.Duration // time to load it
 	Replayed        int64         // WAL sends inserted
 	Covered         int64         // WAL sends already in the snapshot
 	Expired         int64         // WAL sends older than their domain's longest window
-	UnknownDomain   int64         // WAL sends of a domain the rules no longer have
+	UnknownDomain   int64         // WAL sends of a domain the rules no longer have (dropped: Config.DropRemovedDomains)
+	UnknownRecords  int64         // snapshot and image records of such domains (dropped likewise)
 	Merged          int64         // records merged again from partition images in the WAL
 	ReplayBytes     int64         // WAL payload bytes read
 	ReplayTime      time.Duration // time to replay them
@@ -43,39 +51,68 @@ type RecoveryStats struct {
 
 func (n *Node) nowMs() int64 { return n.cfg.Clock.Now() / int64(time.Millisecond) }
 
-// recover loads the newest snapshot, opens the WAL and replays it.
-func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
-	var rs RecoveryStats
+// recover locks the data directory, loads the newest snapshot, opens the
+// WAL and replays it. On error the lock is released.
+func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 	start := time.Now()
 	dir := n.cfg.DataDir
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return rs, err
 	}
+	// Before anything in dir is read, created or removed: a second node on
+	// the directory must fail here and touch nothing of the first one's.
+	lock, err := lockDir(dir)
+	if err != nil {
+		return rs, err
+	}
+	defer func() {
+		if err != nil {
+			lock.unlock()
+		}
+	}()
 	now := n.nowMs()
 	var ss *snapshotState
 	snaps, err := listSnapshots(dir)
 	if err != nil {
 		return rs, err
 	}
-	if len(snaps) > 0 {
-		path := filepath.Join(dir, snaps[len(snaps)-1])
+	// Newest first. The one before a damaged snapshot, with the WAL from its
+	// replay start (which snapshot keeps), holds everything: falling back
+	// loses nothing, so it needs no override.
+	var damaged error
+	for i := len(snaps) - 1; i >= 0; i-- {
+		path := filepath.Join(dir, snaps[i])
 		t := time.Now()
-		ss, err = n.loadSnapshot(path, now)
-		if err != nil {
-			if !n.cfg.SkipCorrupt {
-				return rs, fmt.Errorf("%w (start with --skip-corrupt to start from the WAL alone, losing what only this snapshot held)", err)
-			}
-			n.log.Error("skipping a damaged snapshot: recovering from the WAL alone", "err", err)
-			if err := n.resetStore(); err != nil {
-				return rs, err
-			}
-			ss = nil
-		} else {
+		if ss, err = n.loadSnapshot(path, now); err == nil {
 			rs.Snapshot, rs.SnapshotRecords, rs.SnapshotBytes, rs.SnapshotTime = path, ss.stats.Records, ss.stats.Bytes, time.Since(t)
+			break
 		}
+		ss = nil
+		if damaged == nil {
+			damaged = err
+		}
+		rs.DamagedSnaps++
+		next := "the WAL alone"
+		if i > 0 {
+			next = "the snapshot before it, " + snaps[i-1] + ", and the WAL after that"
+		}
+		n.log.Error("damaged snapshot: recovering from "+next, "file", path, "err", err)
+		if err := n.resetStore(); err != nil {
+			return rs, err
+		}
+	}
+	if damaged != nil && ss == nil {
+		if !n.cfg.SkipCorrupt {
+			return rs, fmt.Errorf("%w (no intact snapshot; start with --skip-corrupt to start from the WAL alone, losing what only the snapshots held)", damaged)
+		}
+		n.log.Error("no intact snapshot: --skip-corrupt starts from the WAL alone; sends only the snapshots held are lost", "damaged", rs.DamagedSnaps)
 	}
 	resnap := ss != nil && ss.resnap // a fresh snapshot renumbers in this version's layout
 	v := n.view.Load()
+	var removed removedDomains
+	if ss != nil {
+		removed.records = addCounts(nil, ss.unknown)
+	}
 
 	log, err := wal.Open(wal.Options{
 		Dir: filepath.Join(dir, "wal"), SegmentBytes: n.cfg.SegmentBytes, Sync: n.cfg.Sync, GroupWait: n.cfg.GroupWait,
@@ -99,6 +136,7 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 			return decodeImages(p, func(img []byte) error {
 				_, ms, err := n.store.MergeImage(img, now, v.bindName)
 				rs.Merged += ms.Records
+				removed.records = addCounts(removed.records, ms.Unknown)
 				return err
 			})
 		}
@@ -107,7 +145,10 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 			part := n.store.PartitionOf(s.key)
 			switch {
 			case dv == nil:
-				rs.UnknownDomain++
+				if removed.sends == nil {
+					removed.sends = map[string]int64{}
+				}
+				removed.sends[s.domain]++
 				return nil
 			case ss != nil && ss.covered(s.domain, s.key, s.seq):
 				rs.Covered++
@@ -126,9 +167,25 @@ func (n *Node) recover(ctx context.Context) (RecoveryStats, error) {
 		log.Close()
 		return rs, fmt.Errorf("node: replaying the WAL: %w", err)
 	}
-	n.dur = &durable{log: log, dir: dir, snapBytes: log.Stats().Bytes, snapAt: n.cfg.Clock.Now()}
+	if !removed.empty() {
+		rs.UnknownRecords, rs.UnknownDomain = removed.totals()
+		if !n.cfg.DropRemovedDomains {
+			log.Close()
+			return rs, fmt.Errorf("%w: %s holds the history of %s; put the domains back in the rules, or start with --drop-removed-domains to drop that history for good",
+				ErrRemovedDomains, dir, removed)
+		}
+		n.log.Warn("dropping for good the history of domains the rules lack (--drop-removed-domains)",
+			"domains", removed.String(), "records", rs.UnknownRecords, "wal_sends", rs.UnknownDomain)
+		resnap = true // make the drop durable, so that the next start finds nothing to refuse over
+	}
+	n.dur = &durable{log: log, dir: dir, lock: lock, snapBytes: log.Stats().Bytes, snapAt: n.cfg.Clock.Now()}
+	if ss != nil {
+		n.dur.last = filepath.Base(ss.file)
+	}
 	if resnap {
 		if err := n.snapshot(); err != nil {
+			log.Close()
+			n.dur = nil
 			return rs, err
 		}
 	}
@@ -152,6 +209,13 @@ func (n *Node) resetStore() error {
 	return nil
 }
 
+// close closes the WAL and releases the data directory.
+func (d *durable) close() error {
+	err := d.log.Close()
+	d.lock.unlock()
+	return err
+}
+
 // appendWAL makes the sends of one Check durable before it replies, with
 // the append its ticket announced; with no send to log, it withdraws it.
 func (n *Node) appendWAL(ctx context.Context, enc *walEncoder, t *walTicket) error {
@@ -164,8 +228,13 @@ func (n *Node) appendWAL(ctx context.Context, enc *walEncoder, t *walTicket) err
 	return err
 }
 
-// snapshot writes a snapshot, then deletes older snapshots and the WAL
-// segments it covers.
+// snapshot writes a snapshot and reads it back to verify it. Then it
+// deletes the snapshots before the previous intact one and the WAL segments
+// before that one's replay start: the previous snapshot and the WAL after it
+// stay, so that a byte damaged later in the new snapshot costs nothing (Open
+// falls back to them). With no previous snapshot, the WAL stays whole (but
+// for retention). A snapshot that fails verification is removed and
+// returned as an error; the previous one stays.
 func (n *Node) snapshot() error {
 	d := n.dur
 	d.mu.Lock()
@@ -180,28 +249,37 @@ func (n *Node) snapshot() error {
 	}
 	walBytes := d.log.Stats().Bytes
 	nowNs := n.cfg.Clock.Now()
+	name := snapName(from.Seq)
 	st, err := n.writeSnapshot(d.dir, from, nowNs/int64(time.Millisecond))
 	if err != nil {
 		return fmt.Errorf("node: snapshot: %w", err)
 	}
+	if err := verifySnapshot(filepath.Join(d.dir, name), n.store.Partitions()); err != nil {
+		os.Remove(filepath.Join(d.dir, name))
+		return fmt.Errorf("node: snapshot failed verification, removed; %s stays: %w", d.last, err)
+	}
 	d.snapBytes, d.snapAt = walBytes, nowNs
+	prev := d.last
+	d.last = name
 	snaps, err := listSnapshots(d.dir)
 	if err != nil {
 		return err
 	}
-	for _, name := range snaps {
-		if name != snapName(from.Seq) {
-			if err := os.Remove(filepath.Join(d.dir, name)); err != nil {
+	for _, s := range snaps {
+		if s != name && s != prev {
+			if err := os.Remove(filepath.Join(d.dir, s)); err != nil {
 				return err
 			}
 		}
 	}
-	removed, err := d.log.RemoveBefore(from.Seq)
-	if err != nil {
-		return err
+	removed := 0
+	if prev != "" {
+		if removed, err = d.log.RemoveBefore(snapSeq(prev)); err != nil {
+			return err
+		}
 	}
 	n.snapshots.Add(1)
-	n.log.Info("snapshot written", "file", snapName(from.Seq), "records", st.Records, "bytes", st.Bytes,
+	n.log.Info("snapshot written", "file", name, "records", st.Records, "bytes", st.Bytes, "kept", prev,
 		"took", time.Since(start), "wal_segments_removed", removed)
 	return nil
 }

@@ -74,6 +74,7 @@ func crash(t testing.TB, n *Node) {
 	if err := n.dur.log.Close(); err != nil {
 		t.Fatal(err)
 	}
+	n.dur.lock.unlock() // the kernel releases a dead process's flock
 }
 
 var testRecipients = func() []string {

@@ -24,14 +24,14 @@ func (n *Node) Open(ctx context.Context) error {
 			return err
 		}
 		n.recovery = rs
-		n.log.Info("recovered", "snapshot", rs.Snapshot, "snapshot_records", rs.SnapshotRecords,
+		n.log.Info("recovered", "snapshot", rs.Snapshot, "damaged_snapshots", rs.DamagedSnaps, "snapshot_records", rs.SnapshotRecords,
 			"snapshot_bytes", rs.SnapshotBytes, "snapshot_load", rs.SnapshotTime, "wal_sends", rs.Replayed,
 			"wal_bytes", rs.ReplayBytes, "wal_replay", rs.ReplayTime, "covered_by_snapshot", rs.Covered,
-			"expired", rs.Expired, "unknown_domain", rs.UnknownDomain, "records", rs.Records, "took", rs.Total)
+			"expired", rs.Expired, "dropped_domain_records", rs.UnknownRecords, "dropped_domain_sends", rs.UnknownDomain, "records", rs.Records, "took", rs.Total)
 	}
 	if err := n.startCluster(ctx); err != nil {
 		if n.dur != nil {
-			n.dur.log.Close()
+			n.dur.close()
 		}
 		return err
 	}
@@ -75,7 +75,7 @@ func (n *Node) Close() error {
 		return nil
 	}
 	err := n.snapshot()
-	if cerr := n.dur.log.Close(); err == nil {
+	if cerr := n.dur.close(); err == nil {
 		err = cerr
 	}
 	return err

@@ -74,9 +74,15 @@ type Config struct {
 	// RetentionMargin is kept beyond the longest rule window before WAL
 	// segments are deleted; 0 means 10 minutes.
 	RetentionMargin time.Duration
-	// SkipCorrupt opens a WAL or snapshot with damaged sealed data by
-	// skipping the damage (and logging how much) instead of refusing to start.
+	// SkipCorrupt starts past damaged WAL records, skipping only the damaged
+	// bytes, or from the WAL alone when no snapshot is intact, logging what
+	// it skips, instead of refusing to start. A damaged snapshot with an
+	// intact one before it needs no override: Open falls back on its own.
 	SkipCorrupt bool
+	// DropRemovedDomains lets Open drop, for good, the recovered history of
+	// domains the rules lack; false means Open refuses to start with
+	// ErrRemovedDomains naming them (see removed.go for why).
+	DropRemovedDomains bool
 
 	// Name is the node's name in the ring, unique and stable across restarts
 	// (the pod name); "" means the host name.

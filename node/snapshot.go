@@ -26,8 +26,13 @@ var ErrCorruptSnapshot = errors.New("node: corrupt snapshot")
 // A snapshot holds every record of a node and, per partition, the sequence
 // number of the last send it includes, so that a restart loads it and replays
 // only the WAL from the position it names. Files are named "%016x.snap" after
-// the WAL segment replay starts at, and written atomically
-// (wal.WriteFileAtomic). A file is a series of sections, each framed
+// the WAL segment replay starts at, written atomically (wal.WriteFileAtomic)
+// and read back to verify them (verifySnapshot). A node keeps the newest two
+// intact snapshots and the WAL from the older one's replay start: Open loads
+// the newest intact one, falling back on its own (logging each damaged file
+// at error level), since the older snapshot plus the WAL after it lose
+// nothing. Only when no snapshot is intact does it need --skip-corrupt, to
+// start from the WAL alone. A file is a series of sections, each framed
 //
 //	| kind u8 | size u32 | crc u32 = CRC-32C(kind + body) | body (size bytes) |
 //
@@ -179,6 +184,9 @@ type snapshotState struct {
 	// another partition count); Open writes a fresh one.
 	resnap bool
 	stats  snapshotStats
+	// unknown counts, by name, the records of domains the rules lack, which
+	// the load skipped.
+	unknown map[string]int64
 }
 
 // shardSeqs are a domain's shard sequence numbers in a format 1 or 2
@@ -224,6 +232,7 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 		skipped atomic.Int64
 		workers sync.WaitGroup
 		bodies  sync.Pool
+		unknown sync.Mutex // guards ss.unknown
 	)
 	for range max(1, runtime.GOMAXPROCS(0)) {
 		workers.Go(func() {
@@ -231,6 +240,11 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 				_, ms, err := n.store.MergeImage(*w.img, nowMs, v.bindName)
 				records.Add(ms.Records)
 				skipped.Add(ms.Idle + ms.UnknownDomain)
+				if ms.Unknown != nil {
+					unknown.Lock()
+					ss.unknown = addCounts(ss.unknown, ms.Unknown)
+					unknown.Unlock()
+				}
 				if err != nil {
 					errOnce.Do(func() { loadErr = fmt.Errorf("%w: %s offset %d: %v", ErrCorruptSnapshot, path, w.off, err) })
 				}
@@ -410,4 +424,78 @@ func legacyImage(dst []byte, name string, rest []byte, format, parts int) []byte
 		dst = binary.LittleEndian.AppendUint32(dst, 0) // no request ids
 	}
 	return dst
+}
+
+// snapSeq returns the WAL segment a snapshot file name says replay starts in.
+func snapSeq(name string) uint64 {
+	seq, _ := strconv.ParseUint(name[:16], 16, 64)
+	return seq
+}
+
+// verifySnapshot reads back a format 3 snapshot that this node just wrote,
+// streaming, and checks every section's framing and crc, the partition
+// count (parts), every partition image (store.CheckImage) and the end
+// section, without loading anything. An error wraps ErrCorruptSnapshot and
+// names the file and offset.
+func verifySnapshot(path string, parts int) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, 1<<20)
+	bad := func(off int64, format string, args ...any) error {
+		return fmt.Errorf("%w: %s offset %d: %s", ErrCorruptSnapshot, path, off, fmt.Sprintf(format, args...))
+	}
+	var (
+		off      int64
+		hdr      [9]byte
+		body     []byte
+		sections int
+	)
+	for n := 0; ; n++ {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return bad(off, "no end section (%v)", err)
+		}
+		kind, size := hdr[0], binary.LittleEndian.Uint32(hdr[1:])
+		if size > maxSection {
+			return bad(off, "section of %d bytes", size)
+		}
+		body = slices.Grow(body[:0], int(size))[:size]
+		if _, err := io.ReadFull(r, body); err != nil {
+			return bad(off, "section of %d bytes cut short (%v)", size, err)
+		}
+		crc := crc32.Update(crc32.Update(0, crcTable, hdr[:1]), crcTable, body)
+		if want := binary.LittleEndian.Uint32(hdr[5:]); crc != want {
+			return bad(off, "crc %08x, want %08x", crc, want)
+		}
+		switch {
+		case n == 0:
+			if kind != secHeader || len(body) != 8+8+16+4 || string(body[:8]) != snapMagic {
+				return bad(off, "not a format 3 header (kind %d, %d bytes)", kind, len(body))
+			}
+			if got := binary.LittleEndian.Uint32(body[32:]); int(got) != parts {
+				return bad(off, "%d partitions, want %d", got, parts)
+			}
+		case kind == secPartition:
+			if _, err := store.CheckImage(body); err != nil {
+				return bad(off, "partition image: %v", err)
+			}
+			sections++
+		case kind == secEnd:
+			if len(body) != 12 {
+				return bad(off, "end section of %d bytes", len(body))
+			}
+			if got := binary.LittleEndian.Uint32(body); int(got) != sections || sections != parts {
+				return bad(off, "end section counts %d partitions, read %d of %d", got, sections, parts)
+			}
+			if _, err := r.ReadByte(); err != io.EOF {
+				return bad(off+int64(len(hdr))+int64(size), "bytes after the end section")
+			}
+			return nil
+		default:
+			return bad(off, "unknown section kind %d", kind)
+		}
+		off += int64(len(hdr)) + int64(size)
+	}
 }

@@ -105,8 +105,10 @@ type MergeStats struct {
 	Merged        int64 // of Records, merged into a record already here
 	Idle          int64 // records skipped: their newest send was outside every window
 	UnknownDomain int64 // records of a domain bind did not know
-	IDs           int64 // request ids remembered
-	DroppedIDs    int64 // request ids dropped: taken under another partition count, or past the horizon
+	// Unknown holds UnknownDomain by domain name; nil when there are none.
+	Unknown    map[string]int64
+	IDs        int64 // request ids remembered
+	DroppedIDs int64 // request ids dropped: taken under another partition count, or past the horizon
 }
 
 // MergeImage merges an image into the store as a set union of sends: a
@@ -148,6 +150,12 @@ func (s *Store) MergeImage(img []byte, now int64, bind func(name string) (Ref, b
 		ids := r.take(16 * nid)
 		if !known {
 			ms.UnknownDomain += int64(nrec)
+			if nrec > 0 {
+				if ms.Unknown == nil {
+					ms.Unknown = map[string]int64{}
+				}
+				ms.Unknown[name] += int64(nrec)
+			}
 			ms.DroppedIDs += int64(nid)
 			continue
 		}

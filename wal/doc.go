@@ -66,10 +66,10 @@
 // # Recovery: torn tail versus corruption
 //
 // Open reads every segment. In the last segment, a short header, a short
-// payload, an all-zero header, a size over MaxPayload or a bad crc marks the
-// end of the log: that is what an interrupted write(2) or a power cut in the
-// middle of a batch leaves behind, and a power cut can keep later pages of a
-// batch while losing earlier ones.
+// payload, an all-zero header, a size over MaxPayload or a bad crc with no
+// intact data record anywhere after it marks the end of the log: that is what
+// an interrupted write(2) or a power cut in the middle of a batch leaves
+// behind.
 //
 // If every byte after the last intact record of the last segment is zero
 // (and the header is intact), the log simply ends there: the zeros are the
@@ -78,30 +78,47 @@
 //
 // Otherwise the tail is torn. Open truncates the segment to the end of the
 // last intact record, fsyncs it, logs the file, offset and number of bytes
-// cut (at error level if intact records follow the damage), counts them in
-// Stats.TornBytes, and goes on. In a pre-zeroed segment the bytes cut include
-// its unused zeros. Truncating rather than zeroing the damage is the simplest
-// way to make sure that no stale byte of the torn tail, such as an intact
-// record that a power cut kept after a lost one, can ever be read back as a
-// record once later appends leave a gap before it; the segment then grows as
-// a plain file until it is sealed, and torn tails only follow power cuts. If
-// even the header is torn, the segment is cut again under the same number.
+// cut at warn level, counts them in Stats.TornBytes, and goes on. In a
+// pre-zeroed segment the bytes cut include its unused zeros. Truncating
+// rather than zeroing the damage is the simplest way to make sure that no
+// stale byte of the torn tail can ever be read back as a record once later
+// appends leave a gap before it; the segment then grows as a plain file until
+// it is sealed. If even the header is torn, the segment is cut again under
+// the same number.
+//
+// Damage with an intact data record after it is corruption, in the last
+// segment as in every other: a torn tail never has intact records after it,
+// so cutting there would drop acknowledged appends. Open refuses to open: the
+// error wraps ErrCorrupt, names the file and offset of the damage and the
+// offset of the next intact record, and hints at the operator override
+// (Options.SkipCorrupt, freqring serve --skip-corrupt). The trade: a power
+// cut under SyncInterval or SyncNone that loses earlier pages of the last
+// batch but keeps later ones also looks like this, and now needs SkipCorrupt
+// too, which then keeps those later records although no Append of them had
+// returned; they can only make the node count more sends, never admit more.
 //
 // The same damage in a sealed segment cannot come from a crash, because a
-// segment is fsynced before it is sealed, so Open refuses to open: the error
-// wraps ErrCorrupt and names the file and offset. A sealed segment never ends
-// in zeros either: sealing truncates a pre-zeroed segment to its last record
-// before the fsync that seals it, so zeros after the last record of a sealed
-// segment are damage too, as they were before spare segments. (Accepting zero
-// tails in sealed segments would have worked as well, but would keep unused
-// preallocation on disk after every early Rotate and weaken the check.) So do, in every segment, a
-// record whose framing is intact but whose content is wrong (an unknown type,
-// which a newer writer may have added; a header record after the start) and a
-// gap in the sequence numbers. With Options.SkipCorrupt, an operator override,
-// Open instead skips forward to the next intact data record, logs each skip,
-// and counts the bytes in Stats.SkippedBytes; Replay skips the same bytes. A
-// header with an unknown format version, or a sequence number that differs from
-// the file name, is an error in every mode.
+// segment is fsynced before it is sealed, so Open refuses to open there too,
+// whatever follows the damage. A sealed segment never ends in zeros either:
+// sealing truncates a pre-zeroed segment to its last record before the fsync
+// that seals it, so zeros after the last record of a sealed segment are
+// damage too, as they were before spare segments. (Accepting zero tails in
+// sealed segments would have worked as well, but would keep unused
+// preallocation on disk after every early Rotate and weaken the check.) So
+// do, in every segment, a record whose framing is intact but whose content is
+// wrong (an unknown type, which a newer writer may have added; a header
+// record after the start) and a gap in the sequence numbers.
+//
+// With Options.SkipCorrupt, an operator override, Open instead skips each
+// damaged range up to the next intact data record (found by trying every
+// byte offset), keeps everything after it, logs each range (file, offset,
+// bytes, reason) at error level and counts the bytes in Stats.SkippedBytes;
+// Replay skips the same bytes, so it yields exactly the records Open counted.
+// A last segment with skipped damage is sealed at once, so that no append
+// goes after the damage and retention removes the segment in its time. The
+// damaged bytes stay on disk (nothing is rewritten): until then, every Open
+// needs SkipCorrupt again. A header with an unknown format version, or a
+// sequence number that differs from the file name, is an error in every mode.
 //
 // # Group commit and sync policies
 //
@@ -123,7 +140,7 @@
 //     about 30 s (Linux vm.dirty_expire_centisecs).
 //
 // Whatever is lost is lost from the tail only: a sealed segment is always
-// fsynced, and Open truncates the damaged tail of the last one.
+// fsynced, and Open truncates the torn tail of the last one.
 //
 // After a write or fsync error the Log refuses all further appends and
 // returns that error: the file may hold a partial record, and the pages an
@@ -141,7 +158,8 @@
 // node can use as the replay start of a snapshot written with
 // WriteFileAtomic.
 //
-// A directory must be used by one Log at a time; wal takes no lock on it.
+// A directory must be used by one Log at a time; wal takes no lock on it:
+// its owner does (package node locks its data directory before Open).
 //
 // # Files
 //

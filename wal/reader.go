@@ -1,9 +1,7 @@
 package wal
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,8 +15,9 @@ func (l *Log) recover() error {
 		return err
 	}
 	var buf []byte
-	recut := false      // the last segment lost its header and must be cut again
-	lastEnd := int64(0) // file length of the last segment after repair
+	recut := false       // the last segment lost its header and must be cut again
+	lastEnd := int64(0)  // file length of the last segment after repair
+	skippedLast := false // SkipCorrupt skipped damage in the last segment
 	for i, seq := range seqs {
 		last := i == len(seqs)-1
 		path := filepath.Join(dir, segmentName(seq))
@@ -37,7 +36,12 @@ func (l *Log) recover() error {
 		}
 		if s.skipped > 0 {
 			l.stats.skippedBytes.Add(s.skipped)
-			l.logger.Error("wal: skipped damaged bytes", "file", path, "bytes", s.skipped)
+			for _, k := range s.skips {
+				l.logger.Error("wal: skipped damaged bytes", "file", path, "offset", k.off, "bytes", k.n, "reason", k.reason)
+			}
+			if last {
+				skippedLast = true
+			}
 		}
 		created := s.created
 		if !s.header {
@@ -55,13 +59,9 @@ func (l *Log) recover() error {
 		// pre-zeroed segment: kept, so that appends go on overwriting them.
 		cut := int64(len(buf)) - s.good - s.prealloc
 		if cut > 0 {
+			// No intact record follows: what is cut was never acknowledged.
 			l.stats.tornBytes.Add(cut)
-			level := slog.LevelWarn
-			if s.tornNext {
-				level = slog.LevelError // intact records follow the damage and are dropped with it
-			}
-			l.logger.Log(context.Background(), level, "wal: truncated torn tail", "file", path,
-				"offset", s.good, "bytes", cut, "reason", s.torn, "intact_records_after", s.tornNext)
+			l.logger.Warn("wal: truncated torn tail", "file", path, "offset", s.good, "bytes", cut, "reason", s.torn)
 		}
 		switch {
 		case s.good == 0:
@@ -98,7 +98,9 @@ func (l *Log) recover() error {
 		}
 		l.f, l.seq, l.size, l.end = f, last.Seq, last.Size, lastEnd
 	}
-	if l.size >= l.opts.SegmentBytes {
+	// A last segment with skipped damage is sealed at once, so that nothing
+	// more is appended after the damage and retention removes it in time.
+	if l.size >= l.opts.SegmentBytes || (skippedLast && !recut) {
 		if _, err := l.rotate(); err != nil {
 			return err
 		}

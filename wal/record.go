@@ -38,7 +38,8 @@ const (
 
 var (
 	// ErrCorrupt reports a damaged record: a bad checksum, a size over
-	// MaxPayload, an unknown record type, or any damage inside a sealed segment.
+	// MaxPayload, an unknown record type, or any damage inside a sealed segment
+	// or with an intact record after it.
 	ErrCorrupt = errors.New("wal: corrupt record")
 	// ErrTornTail reports an incomplete record: a short header, a short payload
 	// or an all-zero header. At the end of the last segment it marks the end of

@@ -89,20 +89,28 @@ type scan struct {
 	good     int64  // end of the last intact record
 	records  int    // data records
 	skipped  int64  // damaged bytes skipped (skipCorrupt only)
+	skips    []skip // where, with skipCorrupt; for Open's log
 	torn     string // why the tail at good is torn; "" if the image ends cleanly
-	tornNext bool   // an intact data record follows the torn point
 	prealloc int64  // last segment: zeros after good, the unused part of a pre-zeroed segment
+}
+
+// skip is one damaged range that scanSegment skipped.
+type skip struct {
+	off, n int64
+	reason string
 }
 
 // scanSegment walks the records of the segment image b, read from path, and
 // calls fn (when not nil) for every data record at an offset >= from.
 //
 // In the last segment (last == true) a framing error (ErrTornTail, or
-// ErrCorrupt from a bad size or checksum) ends the log: scanSegment stops and
-// reports the torn point in scan.good and scan.torn, unless only zeros follow
-// the header and the records before it: then the image ends cleanly at good,
-// and scan.prealloc counts the zeros (a pre-zeroed segment's unused part).
-// A whole image of zeros has no header and is torn. Everywhere else, and for
+// ErrCorrupt from a bad size or checksum) with no intact data record after
+// it ends the log: scanSegment stops and reports the torn point in scan.good
+// and scan.torn, unless only zeros follow the header and the records before
+// it: then the image ends cleanly at good, and scan.prealloc counts the zeros
+// (a pre-zeroed segment's unused part). A whole image of zeros has no header
+// and is torn. A framing error with an intact data record after it is
+// corruption, in the last segment as in every other. Everywhere else, and for
 // records whose framing is intact but whose meaning is wrong (an unknown type,
 // a header where data belongs), it returns an error wrapping ErrCorrupt that
 // names the file and offset, or, with skipCorrupt, skips forward to the next
@@ -119,20 +127,28 @@ func scanSegment(b []byte, path string, seq uint64, last, skipCorrupt bool, from
 	// error.
 	bad := func(off int) (next int, stop bool, err error) {
 		reason, intact := describeRecord(b, off)
+		next, found := resync(b, off+1, nz)
 		if last && !intact {
 			if off > 0 && off >= nz {
 				s.good, s.prealloc = int64(off), int64(len(b)-off)
 				return 0, true, nil
 			}
-			s.good, s.torn = int64(off), reason
-			_, s.tornNext = resync(b, off+1, nz)
-			return 0, true, nil
+			if !found {
+				s.good, s.torn = int64(off), reason
+				return 0, true, nil
+			}
+			// Intact records follow: damage, not an interrupted write.
+			if !skipCorrupt {
+				return 0, false, fmt.Errorf("%w: %s offset %d: %s, with intact records from offset %d on; "+
+					"not a torn tail (skipping the %d damaged bytes and keeping the records after them needs "+
+					"SkipCorrupt, freqring serve --skip-corrupt)", ErrCorrupt, path, off, reason, next, next-off)
+			}
 		}
 		if !skipCorrupt {
 			return 0, false, fmt.Errorf("%w: %s offset %d: %s", ErrCorrupt, path, off, reason)
 		}
-		next, _ = resync(b, off+1, nz)
 		s.skipped += int64(next - off)
+		s.skips = append(s.skips, skip{off: int64(off), n: int64(next - off), reason: reason})
 		return next, false, nil
 	}
 

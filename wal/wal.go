@@ -56,8 +56,9 @@ type Options struct {
 	// (and fsyncs) the batch; a full batch ends it early. 0 means 1ms,
 	// negative never waits. With no announcement pending, it never waits.
 	GroupWait time.Duration
-	// SkipCorrupt is an operator override: Open skips damaged bytes instead of
-	// refusing to open, logs each skip and counts them in Stats.SkippedBytes.
+	// SkipCorrupt is an operator override: Open skips damaged bytes up to the
+	// next intact record instead of refusing to open, keeps what follows,
+	// logs each skip and counts them in Stats.SkippedBytes.
 	SkipCorrupt bool
 	Now         func() int64 // unix ns, written as segment creation times; nil means time.Now().UnixNano
 	// NewTicker starts the SyncInterval loop's ticker and returns its channel
@@ -223,10 +224,10 @@ type Log struct {
 }
 
 // Open opens the log in opts.Dir, creating the directory if needed. It reads
-// and validates every segment. A torn tail of the last segment is truncated
-// to the last intact record and logged; damage anywhere else is an error
-// wrapping ErrCorrupt that names the file and offset, unless
-// opts.SkipCorrupt. Zeros after the last record of the last segment are the
+// and validates every segment. A torn tail of the last segment (damage with
+// no intact record after it) is truncated to the last intact record and
+// logged; any other damage is an error wrapping ErrCorrupt that names the
+// file and offset, unless opts.SkipCorrupt. Zeros after the last record of the last segment are the
 // unused part of a pre-zeroed segment, not damage, and are kept. Appends then
 // continue the last segment, or a new one if there is none or the last is
 // full. Open starts the goroutine that prepares spare segments.

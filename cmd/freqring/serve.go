@@ -37,7 +37,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	syncInterval := fs.Duration("sync-interval", 10*time.Millisecond, "fsync period with --sync interval")
 	snapInterval := fs.Duration("snapshot-interval", time.Minute, "longest time between snapshots (negative: only on shutdown and by size)")
 	snapBytes := fs.Int64("snapshot-wal-bytes", 64<<20, "take a snapshot once the WAL has grown this many bytes (negative disables)")
-	skipCorrupt := fs.Bool("skip-corrupt", false, "start past damaged sealed WAL segments or a damaged snapshot, logging what is skipped, instead of refusing")
+	skipCorrupt := fs.Bool("skip-corrupt", false, "start past damaged WAL records (skipping only the damaged bytes, keeping the intact records after them) or, when no snapshot is intact, from the WAL alone, logging what is skipped, instead of refusing")
+	dropRemoved := fs.Bool("drop-removed-domains", false, "drop for good the recovered history of domains the rules no longer have, instead of refusing to start")
 	name := fs.String("name", "", "node name in the ring, unique and stable across restarts (default: the host name)")
 	advertise := fs.String("advertise", "", "gRPC host:port peers and clients reach this node at (default: the listen address)")
 	gossipBind := fs.String("gossip", "", "gossip (memberlist, TCP and UDP) bind host:port; setting it or --join makes the node a cluster member")
@@ -116,6 +117,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		SnapshotInterval: *snapInterval, SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt,
 		Name: *name, AdvertiseAddr: *advertise,
 	}
+	nc.DropRemovedDomains = *dropRemoved
 	if *gossipBind != "" || len(seeds) > 0 {
 		gc, err := gossipConfig(*gossipBind, *gossipAdv, seeds, *rejoin)
 		if err != nil {
