@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -138,11 +139,17 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 	if len(rcp) > MaxRecipientBytes {
 		return nil, it, badItem("recipients[%d]: %d bytes, more than %d", i, len(rcp), MaxRecipientBytes)
 	}
+	if !utf8.ValidString(rcp) {
+		return nil, it, badItem("recipients[%d]: %s is not valid UTF-8", i, quote(rcp))
+	}
 	name := column(req.Domains, i, "")
 	if name == "" {
 		name = DefaultDomain
 	}
 	dv := v.domains[name]
+	if dv == nil && !utf8.ValidString(name) {
+		return nil, it, badItem("domains[%d]: %s is not valid UTF-8", i, quote(name))
+	}
 	if dv == nil {
 		return nil, it, badItem("domains[%d]: unknown domain %s (this node serves %v)", i, quote(name), v.names)
 	}
@@ -156,8 +163,11 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 		it.Content = column(req.ContentHashes, i, 0)
 	}
 	cost := column(req.Costs, i, 1)
-	if cost < 1 || cost > window.MaxCost {
-		return nil, it, badItem("costs[%d]: cost %d out of range [1, %d]", i, cost, window.MaxCost)
+	if cost == 0 {
+		cost = 1 // 0 is the proto3 default, as in the client and the CLI
+	}
+	if cost > window.MaxCost {
+		return nil, it, badItem("costs[%d]: cost %d out of range [1, %d] (0 means 1)", i, cost, window.MaxCost)
 	}
 	it.Cost = int(cost)
 	mode := column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD)

@@ -74,10 +74,10 @@ func (s peerServer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResp
 // health (NOT_SERVING until the caller sets it) and reflection registered,
 // and the health server.
 func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
-	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts...)
+	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.ForceServerCodecV2(newServerCodec())}, opts...)
 	srv := grpc.NewServer(opts...)
-	pb.RegisterLimiterServer(srv, limiterServer{n: n})
-	pb.RegisterPeerServer(srv, peerServer{n: n})
+	srv.RegisterService(decodeInvalid(&pb.Limiter_ServiceDesc), limiterServer{n: n}) // codec.go
+	srv.RegisterService(decodeInvalid(&pb.Peer_ServiceDesc), peerServer{n: n})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	setHealth(hs, healthpb.HealthCheckResponse_NOT_SERVING)
