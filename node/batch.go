@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -104,6 +105,9 @@ func checkShape(req *pb.CheckRequest) error {
 		if c.len > 1 && c.len != n {
 			return status.Errorf(codes.InvalidArgument, "%s: %d entries, want 0, 1 or %d (one per recipient)", c.name, c.len, n)
 		}
+	}
+	if len(req.RequestIds) == 1 && n > 1 {
+		return status.Errorf(codes.InvalidArgument, "request_ids: 1 entry for %d items, want 0 or %d: a request id names one item", n, n)
 	}
 	if len(req.Contents) > 0 && len(req.ContentHashes) > 0 {
 		return status.Error(codes.InvalidArgument, "contents and content_hashes: set at most one of them")
@@ -475,6 +479,9 @@ func (n *Node) applyError(rcp string, p int, r *ring.Ring, err error) *itemError
 			quote(rcp), p, n.cfg.Name, r.Epoch(), r.PartitionOwner(p).Name)}
 	case errors.Is(err, window.ErrInvalid):
 		return badItem("recipient %s: %s", quote(rcp), trimPrefix(err))
+	case errors.Is(err, store.ErrIDReused):
+		return &itemError{codes.AlreadyExists, fmt.Sprintf("request_ids: recipient %s: %s; not recorded (a retry repeats its item exactly)",
+			quote(rcp), strings.TrimPrefix(err.Error(), store.ErrIDReused.Error()+": "))}
 	case errors.Is(err, window.ErrFull):
 		return &itemError{codes.ResourceExhausted, fmt.Sprintf("recipient %s: %s", quote(rcp), trimPrefix(err))}
 	}
