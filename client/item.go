@@ -62,6 +62,8 @@ type Item struct {
 	// 0 means the client draws a random nonzero id for the call (and reuses it
 	// for the call's retry). Set it to keep an item idempotent across calls
 	// too, for example when the caller retries after ErrClosed or a crash.
+	// An id names one item: reused for the same recipient with another
+	// domain, content, cost or mode, it fails that item (ALREADY_EXISTS).
 	RequestID uint64
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -133,5 +134,13 @@ func TestConfigFileErrorsNameKeyValueAndForm(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut, p+": ") || !strings.Contains(errOut, want) {
 			t.Errorf("%q: exit %d %q, want exit 2 and %q", body, code, errOut, want)
 		}
+	}
+}
+
+func TestVersionLine(t *testing.T) {
+	bi := &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "v1.2.3"}, Settings: []debug.BuildSetting{
+		{Key: "vcs.revision", Value: "0123abcd"}, {Key: "vcs.time", Value: "2026-11-23T12:00:00Z"}, {Key: "vcs.modified", Value: "true"}}}
+	if got, want := versionLine(bi), "freqring v1.2.3 commit 0123abcd+dirty (2026-11-23T12:00:00Z) go1.26.0"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
 	}
 }
