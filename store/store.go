@@ -20,7 +20,8 @@ type Config struct {
 	// 0 means 1 minute.
 	IDHorizon time.Duration
 	// IDCapacity bounds the request ids one domain remembers across all
-	// partitions (about 40 bytes each); 0 means 1,048,576.
+	// partitions (about 55 bytes each, with the print of its item); 0 means
+	// 1,048,576.
 	IDCapacity int
 }
 
