@@ -90,14 +90,14 @@ type Report struct {
 	Mode        string // "closed loop, 64 callers" or "open loop, 20000/s"
 	Batch       int
 	Recipients  int
-	Decisions   int64 // measured items decided (admitted or denied)
-	Admitted    int64
-	Denied      int64
+	Decisions   int64 // measured items the limiter decided (admitted or denied); never degraded answers
+	Admitted    int64 // by the limiter
+	Denied      int64 // by the limiter
 	Errors      int64 // items failed (call errors count each of their items)
-	Degraded    int64 // items a failure policy answered
+	Degraded    int64 // items the client's failure policy answered because no node did: neither decisions nor errors
 	Elapsed     time.Duration
 	PerSecond   float64 // measured decisions per second
-	Latency     Latency // per call, from the intended send time in an open loop
+	Latency     Latency // per call with at least one item the limiter decided, from the intended send time in an open loop
 	Series      []Second
 	Percentiles [][2]float64 // (percentile, ms) points of the latency distribution
 
@@ -191,18 +191,15 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 					switch {
 					case err != nil || out[i].Err != nil:
 						e++
+					case out[i].Degraded:
+						g++ // the client's failure policy answered, not the limiter: no decision
 					case out[i].Admitted:
 						a++
-						if out[i].Degraded {
-							g++
-						} else if cfg.Audit {
+						if cfg.Audit {
 							sends[w] = append(sends[w], sent{at: out[i].At, recipient: items[i].Recipient, template: items[i].Template})
 						}
 					default:
 						d++
-						if out[i].Degraded {
-							g++
-						}
 					}
 				}
 				if !measured {
@@ -211,7 +208,9 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 					}
 					continue
 				}
-				record(done.Sub(intended))
+				if a+d > 0 { // a call answered by the failure policy alone measures no limiter
+					record(done.Sub(intended))
+				}
 				decisions.Add(a + d)
 				admitted.Add(a)
 				denied.Add(d)

@@ -159,8 +159,8 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 	}
 	if len(req.Contents) > 0 {
 		c := column(req.Contents, i, nil)
-		if len(c) > MaxContentBytes {
-			return nil, it, badItem("contents[%d]: %d bytes, more than %d", i, len(c), MaxContentBytes)
+		if len(c) > v.maxContent {
+			return nil, it, badItem("contents[%d]: %d bytes, more than %d", i, len(c), v.maxContent)
 		}
 		it.Content = ContentHash(c)
 	} else {

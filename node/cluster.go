@@ -50,6 +50,7 @@ func (n *Node) startCluster(ctx context.Context) error {
 	}
 	gc := *n.cfg.Cluster
 	gc.NodeName, gc.GRPCAddr, gc.Placement = n.cfg.Name, n.cfg.AdvertiseAddr, n.cfg.Placement
+	gc.Agreement = gossip.Agreement{Rules: n.cfg.Rules.Hash(), Protocol: ProtocolVersion, Version: Version()}
 	// Joining keeps this node out of every ring until it can decide.
 	gc.State = gossip.StateJoining
 	if gc.Logger == nil {
@@ -140,10 +141,11 @@ func (n *Node) ringProto(r *ring.Ring) *pb.RingResponse {
 	}
 	if c := n.clus.Load(); c.ms != nil {
 		for _, m := range c.ms.Members() {
-			resp.Known = append(resp.Known, &pb.Member{Name: m.Name, Addr: m.GRPCAddr, State: m.State.String()})
+			resp.Known = append(resp.Known, &pb.Member{Name: m.Name, Addr: m.GRPCAddr, State: m.State.String(),
+				Excluded: m.Excluded, Version: m.Version})
 		}
 	} else {
-		resp.Known = []*pb.Member{{Name: n.cfg.Name, Addr: n.cfg.AdvertiseAddr, State: gossip.StateServing.String()}}
+		resp.Known = []*pb.Member{{Name: n.cfg.Name, Addr: n.cfg.AdvertiseAddr, State: gossip.StateServing.String(), Version: Version()}}
 	}
 	return resp
 }
@@ -157,17 +159,34 @@ func (n *Node) RingInfo(context.Context, *pb.RingRequest) (*pb.RingResponse, err
 	return n.ringProto(c.ring()), nil
 }
 
-// WatchRing sends the current ring, then each change, until ctx is done.
+// errStopping ends ring watchers when the node shuts down.
+var errStopping = status.Error(codes.Unavailable, "node is shutting down: watch another node")
+
+// stopWatchers ends every WatchRing call, now and to come. Safe to call
+// more than once.
+func (n *Node) stopWatchers() { n.stopOnce.Do(func() { close(n.stopping) }) }
+
+// WatchRing sends the current ring, then each change, until ctx is done or
+// the node shuts down.
 func (n *Node) WatchRing(ctx context.Context, send func(*pb.RingResponse) error) error {
 	c := n.clus.Load()
 	if c == nil {
 		return status.Error(codes.Unavailable, "node is not serving yet")
 	}
+	if w := n.watchers.Add(1); w > int64(n.cfg.Limits.MaxWatchers) {
+		n.watchers.Add(-1)
+		return status.Errorf(codes.ResourceExhausted, "node %s has %d ring watchers, the most it serves (--max-watchers): watch another node", n.cfg.Name, n.cfg.Limits.MaxWatchers)
+	}
+	defer n.watchers.Add(-1)
 	if c.ms == nil {
 		if err := send(n.ringProto(c.static)); err != nil {
 			return err
 		}
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-n.stopping:
+			return errStopping
+		}
 		return nil
 	}
 	ch, cancel := c.ms.Watch()
@@ -176,6 +195,8 @@ func (n *Node) WatchRing(ctx context.Context, send func(*pb.RingResponse) error)
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-n.stopping:
+			return errStopping
 		case r, ok := <-ch:
 			if !ok {
 				return status.Error(codes.Unavailable, "node is leaving")

@@ -48,7 +48,13 @@ import (
 //     majority closes every partition, so the two sides of a network
 //     partition shorter than ForgetDeadAfter never both decide for one; when
 //     it heals, the minority's partitions are acquired again (rule 2), which
-//     merges what both sides hold.
+//     merges what both sides hold. Exactly half is a majority for the half
+//     that holds the member whose name sorts first among those counted.
+//  6. Only members that agree with the ring on rules, protocol and placement
+//     are in it (gossip.Agreement): one whose rules differ owns nothing,
+//     forwards its callers' checks, and is asked for its partitions like a
+//     leaving member, so a rules change never has two rule sets deciding for
+//     one partition (README, "Changing the rules of a cluster").
 
 // MoveWait bounds how long a check waits for its partition to be acquired
 // by this node, its new owner, before it fails as retryable.
@@ -268,7 +274,10 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 		}
 	}
 	h.seen = len(h.counted)
-	majority := r.Len()*2 > h.seen
+	// A tie (half of seen) goes to the half that holds the member whose name
+	// sorts first among those counted: both halves of an even split count
+	// the same members, so at most one of them decides.
+	majority := r.Len()*2 > h.seen || r.Len()*2 == h.seen && r.Has(minKey(h.counted))
 	h.mu.Unlock()
 	if h.majority.Swap(majority) != majority {
 		if majority {
@@ -343,8 +352,10 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []gossip.MemberState) error {
 	start := time.Now()
 	self := n.clus.Load().self.Name
-	// Who to ask: every other member of the ring, and members leaving (out
-	// of the ring, still handing over).
+	// Who to ask: every other member of the ring, members leaving (out of
+	// the ring, still handing over), and serving members left out of the
+	// ring because they disagree with it (their rules changed: they may hold
+	// what they decided while they were in it).
 	targets := map[string]ring.Member{}
 	for _, m := range r.Members() {
 		if m.Name != self {
@@ -352,7 +363,7 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 		}
 	}
 	for _, m := range members {
-		if m.State == gossip.StateLeaving && m.Name != self {
+		if (m.State == gossip.StateLeaving || m.Excluded != "") && m.Name != self {
 			targets[m.Name] = ring.Member{Name: m.Name, Addr: m.GRPCAddr}
 		}
 	}
@@ -787,4 +798,15 @@ func encodeImages(dst []byte, imgs [][]byte) []byte {
 		dst = append(dst, img...)
 	}
 	return dst
+}
+
+// minKey returns the smallest key of m, "" if m is empty.
+func minKey[V any](m map[string]V) string {
+	first := ""
+	for k := range m {
+		if first == "" || k < first {
+			first = k
+		}
+	}
+	return first
 }

@@ -59,6 +59,7 @@ func (n *Node) Recovery() RecoveryStats { return n.recovery }
 // it after the last Check has returned.
 func (n *Node) Close() error {
 	n.ready.Store(false)
+	n.stopWatchers()
 	if n.stopLoops != nil {
 		n.stopLoops()
 	}

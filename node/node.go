@@ -27,8 +27,8 @@ import (
 const (
 	MaxBatch          = 10_000   // items per request
 	MaxRecipientBytes = 256      // bytes per recipient
-	MaxContentBytes   = 64 << 10 // bytes per content
-	MaxRequestBytes   = 16 << 20 // bytes per request message
+	MaxContentBytes   = 64 << 10 // bytes per content: the default of Limits.MaxContentBytes
+	MaxRequestBytes   = 16 << 20 // bytes per request message: the default of Limits.MaxRequestBytes
 )
 
 // DefaultDomain is the domain of an item that names none.
@@ -108,6 +108,15 @@ type Config struct {
 	// limits on its own until the partition heals and they merge).
 	ForgetDeadAfter time.Duration
 
+	// Limits bound requests, connections and ring watchers.
+	Limits Limits
+
+	// ShutdownGrace bounds, once Serve's context is done, the hand-over of
+	// partitions (half of it) and then the wait for in-flight calls, before
+	// Serve cuts them off; 0 means ShutdownGrace (10s). Serve returns as
+	// soon as the calls are done: ring watchers are ended first.
+	ShutdownGrace time.Duration
+
 	// IdempotencyWindow is how long the request id of a recorded item is
 	// remembered, so that a retry is not recorded twice; 0 means 1 minute.
 	IdempotencyWindow time.Duration
@@ -151,6 +160,10 @@ func (c *Config) fill() {
 	if c.AsyncBound == 0 {
 		c.AsyncBound = 64
 	}
+	c.Limits.fill()
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = ShutdownGrace
+	}
 	if c.ForgetDeadAfter == 0 {
 		c.ForgetDeadAfter = time.Minute
 	}
@@ -165,6 +178,9 @@ func (c *Config) fill() {
 func (c *Config) validate() error {
 	if _, err := ring.New(nil, c.Placement); err != nil {
 		return fmt.Errorf("node: Placement: %w", err)
+	}
+	if err := c.Limits.validate(); err != nil {
+		return err
 	}
 	if c.IdempotencyWindow < 0 {
 		return fmt.Errorf("node: IdempotencyWindow %v is negative", c.IdempotencyWindow)
@@ -189,7 +205,10 @@ type Node struct {
 	store *store.Store
 	view  atomic.Pointer[view] // the rules in force and their bindings to the store
 
-	ready     atomic.Bool // Check decides; false until Open has recovered, and after Close
+	ready     atomic.Bool   // Check decides; false until Open has recovered, and after Close
+	stopping  chan struct{} // closed when Serve starts to shut down: ring watchers end
+	stopOnce  sync.Once
+	watchers  atomic.Int64 // WatchRing calls in progress
 	opened    bool
 	dur       *durable // nil without a DataDir
 	recovery  RecoveryStats
@@ -222,6 +241,8 @@ type view struct {
 	domains map[string]*domainView
 	names   []string // sorted
 	longest int64    // longest window of any domain, ms
+	// maxContent is Config.Limits.MaxContentBytes.
+	maxContent int
 }
 
 // domainView is one domain's rules, records and API description.
@@ -242,7 +263,8 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), store: st, peers: cfg.Peers, started: time.Now()}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), store: st, peers: cfg.Peers, started: time.Now(),
+		stopping: make(chan struct{})}
 	if n.peers == nil {
 		n.peers = GRPCPeers()
 	}
@@ -256,7 +278,7 @@ func New(cfg Config) (*Node, error) {
 
 // bind binds a rule set to the node's store.
 func (n *Node) bind(rs *rules.Set) *view {
-	v := &view{rules: rs, domains: map[string]*domainView{}, names: rs.Names()}
+	v := &view{rules: rs, domains: map[string]*domainView{}, names: rs.Names(), maxContent: n.cfg.Limits.MaxContentBytes}
 	for _, name := range v.names {
 		d := rs.Domain(name)
 		v.domains[name] = &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d)}
@@ -321,6 +343,7 @@ type Stats struct {
 	ForwardedOut, ForwardedIn        int64 // items sent to their owners; items peers sent here
 	Snapshots                        int64 // snapshots written since start
 	WAL                              wal.Stats
+	Gossip                           gossip.Stats // zero without Config.Cluster
 	Domains                          []DomainStats
 	Partitions                       []int64 // records per ring partition, all domains
 	Open                             []bool  // per ring partition: open here (this node decides for it)
@@ -343,6 +366,9 @@ func (n *Node) Stats() Stats {
 		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load()}
 	if n.dur != nil {
 		s.WAL = n.dur.log.Stats()
+	}
+	if c := n.clus.Load(); c != nil && c.ms != nil {
+		s.Gossip = c.ms.Stats()
 	}
 	v := n.view.Load()
 	for _, name := range v.names {
@@ -400,6 +426,7 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 		Node: n.cfg.Name, Addr: n.cfg.AdvertiseAddr, Serving: n.ready.Load(),
 		Checks: s.Checks, Admitted: s.Admitted, Denied: s.Denied, Failed: s.Failed,
 		ForwardedOut: s.ForwardedOut, ForwardedIn: s.ForwardedIn, StartedUnixMs: n.started.UnixMilli(),
+		GossipBadPackets: s.Gossip.BadPackets,
 	}
 	if r := n.Ring(); r != nil {
 		resp.RingEpoch = r.Epoch()

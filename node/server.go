@@ -14,8 +14,7 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 )
 
-// ShutdownGrace bounds how long Serve waits for in-flight calls once its
-// context is done, before it cuts them off.
+// ShutdownGrace is the default of Config.ShutdownGrace.
 const ShutdownGrace = 10 * time.Second
 
 // limiterServer adapts a Node to the generated gRPC interface.
@@ -72,9 +71,9 @@ func (s peerServer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResp
 
 // NewGRPCServer returns a gRPC server with the node's Limiter service, gRPC
 // health (NOT_SERVING until the caller sets it) and reflection registered,
-// and the health server.
+// and the health server. It enforces Config.Limits; opts come after them.
 func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
-	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.ForceServerCodecV2(newServerCodec())}, opts...)
+	opts = append(append(n.cfg.Limits.serverOptions(), grpc.ForceServerCodecV2(newServerCodec())), opts...) // codec.go
 	srv := grpc.NewServer(opts...)
 	srv.RegisterService(decodeInvalid(&pb.Limiter_ServiceDesc), limiterServer{n: n}) // codec.go
 	srv.RegisterService(decodeInvalid(&pb.Peer_ServiceDesc), peerServer{n: n})
@@ -91,9 +90,11 @@ func setHealth(hs *health.Server, s healthpb.HealthCheckResponse_ServingStatus) 
 }
 
 // Serve serves gRPC on lis until ctx is done. It listens at once, reporting
-// NOT_SERVING while Open recovers, then SERVING. When ctx is done it reports
-// NOT_SERVING, finishes in-flight calls (for at most ShutdownGrace), closes the
-// node (a final snapshot with a DataDir) and returns nil.
+// NOT_SERVING while Open recovers, then SERVING. When ctx is done it hands
+// its partitions over (Leave, at most half of Config.ShutdownGrace), reports
+// NOT_SERVING, ends ring watchers, finishes in-flight calls (at most
+// Config.ShutdownGrace), closes the node (a final snapshot with a DataDir)
+// and returns nil.
 func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	if n.cfg.AdvertiseAddr == "" {
 		n.cfg.AdvertiseAddr = lis.Addr().String()
@@ -115,14 +116,16 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 		return err
 	case <-ctx.Done():
 	}
-	n.log.Info("shutting down", "grace", ShutdownGrace)
-	leaveCtx, cancel := context.WithTimeout(context.Background(), ShutdownGrace/2)
+	grace := n.cfg.ShutdownGrace
+	n.log.Info("shutting down", "grace", grace)
+	leaveCtx, cancel := context.WithTimeout(context.Background(), grace/2)
 	n.Leave(leaveCtx) // partitions handed over, peers stop routing here before the server stops
 	cancel()
 	hs.Shutdown()
+	n.stopWatchers() // GracefulStop waits for every stream: a ring watcher never ends by itself
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
-	timer := time.NewTimer(ShutdownGrace)
+	timer := time.NewTimer(grace)
 	defer timer.Stop()
 	select {
 	case <-stopped:

@@ -715,8 +715,10 @@ func (x *RingResponse) GetKnown() []*Member {
 type Member struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`   // gRPC host:port
-	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // "serving", "joining", "leaving", or "" in members
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`         // gRPC host:port
+	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`       // "serving", "joining", "leaving", or "" in members
+	Excluded      string                 `protobuf:"bytes,4,opt,name=excluded,proto3" json:"excluded,omitempty"` // in known: why a serving member is not in the ring (its rules, protocol or placement differ); "" if it is
+	Version       string                 `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`   // in known: the member's binary version, as it publishes it
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -768,6 +770,20 @@ func (x *Member) GetAddr() string {
 func (x *Member) GetState() string {
 	if x != nil {
 		return x.State
+	}
+	return ""
+}
+
+func (x *Member) GetExcluded() string {
+	if x != nil {
+		return x.Excluded
+	}
+	return ""
+}
+
+func (x *Member) GetVersion() string {
+	if x != nil {
+		return x.Version
 	}
 	return ""
 }
@@ -895,6 +911,7 @@ type StatusResponse struct {
 	OwnedRecords        int64                  `protobuf:"varint,21,opt,name=owned_records,json=ownedRecords,proto3" json:"owned_records,omitempty"`                      // records in the partitions this node decides for (the rest are backups and copies)
 	LongestPauseMs      int64                  `protobuf:"varint,22,opt,name=longest_pause_ms,json=longestPauseMs,proto3" json:"longest_pause_ms,omitempty"`              // the longest a partition was closed here while this node owned it, since start
 	ReplicationLag      int64                  `protobuf:"varint,23,opt,name=replication_lag,json=replicationLag,proto3" json:"replication_lag,omitempty"`                // sends admitted here and not yet on their backup (async replication)
+	GossipBadPackets    int64                  `protobuf:"varint,24,opt,name=gossip_bad_packets,json=gossipBadPackets,proto3" json:"gossip_bad_packets,omitempty"`        // gossip packets and streams that did not decode or decrypt, since start
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -1086,6 +1103,13 @@ func (x *StatusResponse) GetLongestPauseMs() int64 {
 func (x *StatusResponse) GetReplicationLag() int64 {
 	if x != nil {
 		return x.ReplicationLag
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetGossipBadPackets() int64 {
+	if x != nil {
+		return x.GossipBadPackets
 	}
 	return 0
 }
@@ -1670,16 +1694,18 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\amembers\x18\x02 \x03(\v2\x13.freqring.v1.MemberR\amembers\x124\n" +
 	"\tplacement\x18\x03 \x01(\v2\x16.freqring.v1.PlacementR\tplacement\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12)\n" +
-	"\x05known\x18\x05 \x03(\v2\x13.freqring.v1.MemberR\x05known\"F\n" +
+	"\x05known\x18\x05 \x03(\v2\x13.freqring.v1.MemberR\x05known\"|\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
-	"\x05state\x18\x03 \x01(\tR\x05state\"w\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1a\n" +
+	"\bexcluded\x18\x04 \x01(\tR\bexcluded\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\"w\n" +
 	"\tPlacement\x12'\n" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
 	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
-	"\rStatusRequest\"\xd3\x06\n" +
+	"\rStatusRequest\"\x81\a\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
@@ -1705,7 +1731,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x10acquired_records\x18\x14 \x01(\x03R\x0facquiredRecords\x12#\n" +
 	"\rowned_records\x18\x15 \x01(\x03R\fownedRecords\x12(\n" +
 	"\x10longest_pause_ms\x18\x16 \x01(\x03R\x0elongestPauseMs\x12'\n" +
-	"\x0freplication_lag\x18\x17 \x01(\x03R\x0ereplicationLag\"{\n" +
+	"\x0freplication_lag\x18\x17 \x01(\x03R\x0ereplicationLag\x12,\n" +
+	"\x12gossip_bad_packets\x18\x18 \x01(\x03R\x10gossipBadPackets\"{\n" +
 	"\fDomainStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +

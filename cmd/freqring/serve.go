@@ -46,6 +46,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	replication := fs.String("replication", "sync", "replication of admitted sends to their partition's backup: sync (on the backup before the reply; one crash over-admits nothing), async (replies while at most --async-bound sends of a partition are unacknowledged; a crash over-admits at most that many per partition) or off")
 	asyncBound := fs.Int("async-bound", 64, "with --replication async: sends of one partition that may be admitted before their backup has them")
 	rejoin := fs.Duration("rejoin-interval", gossip.DefaultRejoinInterval, "how often to join the seeds again, to heal a split cluster (negative disables)")
+	grace := fs.Duration("shutdown-grace", node.ShutdownGrace, "on SIGTERM: the longest wait for in-flight calls (and half of it for handing partitions over); the node stops as soon as they are done")
+	var lim node.Limits
+	fs.IntVar(&lim.MaxRequestBytes, "max-request-bytes", node.MaxRequestBytes, "largest request message, bytes (at most the default); larger calls fail with RESOURCE_EXHAUSTED")
+	fs.IntVar(&lim.MaxContentBytes, "max-content-bytes", node.MaxContentBytes, "largest content of one item, bytes; larger items fail with INVALID_ARGUMENT")
+	maxStreams := fs.Uint("max-streams", 256, "concurrent calls per client connection; more wait in the client")
+	fs.DurationVar(&lim.KeepaliveMinTime, "keepalive-min-time", 10*time.Second, "shortest interval between a client's keepalive pings; a client pinging more often is disconnected")
+	fs.DurationVar(&lim.IdleTimeout, "idle-timeout", 15*time.Minute, "close a connection with no call for this long (negative: never)")
+	fs.DurationVar(&lim.PingInterval, "ping-interval", time.Minute, "ping a connection silent for this long, and close it if the ping is not answered within --ping-timeout")
+	fs.DurationVar(&lim.PingTimeout, "ping-timeout", 20*time.Second, "see --ping-interval")
+	fs.IntVar(&lim.MaxWatchers, "max-watchers", 4096, "concurrent ring watches (one per client); more fail with RESOURCE_EXHAUSTED")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring serve [flags]\n\nRuns a node until SIGINT or SIGTERM, then finishes in-flight calls and exits.\n\n")
 		fs.PrintDefaults()
@@ -91,7 +101,15 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usagef("replication %q is not one of sync, async, off", *replication)
 	}
+	if *maxStreams < 1 || *maxStreams > 1<<20 {
+		return usagef("--max-streams %d out of range [1, %d]", *maxStreams, 1<<20)
+	}
+	lim.MaxStreams = uint32(*maxStreams)
+	if *grace <= 0 {
+		return usagef("--shutdown-grace %v is not positive", *grace)
+	}
 	nc := node.Config{
+		Limits: lim, ShutdownGrace: *grace,
 		Replication: repl, AsyncBound: *asyncBound,
 		Rules: rs, SweepInterval: *sweep, Logger: logger,
 		DataDir: *dataDir, Sync: policy, SyncInterval: *syncInterval,

@@ -77,7 +77,15 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", row, st.PartitionsOwned-st.PartitionsMoving, st.PartitionsBacked,
 			st.PartitionsMoving, records, st.Checks, st.Admitted, st.Denied, st.ForwardedOut, st.ForwardedIn, repl, epoch)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, m := range rr.Known {
+		if m.Excluded != "" {
+			fmt.Fprintf(stdout, "%s (%s) is left out of the ring and owns no partitions: it %s\n", m.Name, m.Version, m.Excluded)
+		}
+	}
+	return nil
 }
 
 // withLimiter dials addr and makes one call with a deadline.

@@ -87,7 +87,10 @@ type Config struct {
 	// package comment lists the mock's limits.
 	Transport memberlist.Transport
 
-	Placement ring.Config  // placement parameters of the rings built; must match the whole cluster and its clients
+	Placement ring.Config // placement parameters of the rings built; must match the whole cluster and its clients
+	// Agreement is published with Placement; only the members that publish
+	// the agreement most members share are in the ring (see Agreement).
+	Agreement Agreement
 	Logger    *slog.Logger // nil means discard; memberlist's own lines go to it at Debug ([ERR] and [WARN] at Warn)
 
 	// Failure detection and dissemination (memberlist's SWIM with Lifeguard).
@@ -147,6 +150,9 @@ func (c Config) validate() error {
 	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
 		return fmt.Errorf("gossip: AdvertisePort %d out of range [0, 65535]", c.AdvertisePort)
 	}
+	if len(c.Agreement.Version) > maxVersion {
+		return fmt.Errorf("gossip: Agreement.Version is %d bytes, max %d", len(c.Agreement.Version), maxVersion)
+	}
 	if len(c.GRPCAddr) > maxGRPCAddr {
 		return fmt.Errorf("gossip: GRPCAddr is %d bytes, max %d", len(c.GRPCAddr), maxGRPCAddr)
 	}
@@ -199,6 +205,15 @@ type MemberState struct {
 	// under the same name has a new one. (memberlist keeps its incarnation
 	// numbers private, so this stands in for them.)
 	Boot uint64
+	// Rules, Protocol and Version are the member's published Agreement;
+	// Agreed is false for a binary that publishes none.
+	Agreed   bool
+	Rules    uint64
+	Protocol uint32
+	Version  string
+	// Excluded says why a serving member is not in the ring because it
+	// disagrees with it (see Agreement); "" otherwise.
+	Excluded string
 }
 
 // Membership tracks the members of the cluster through memberlist and keeps a
@@ -213,6 +228,8 @@ type Membership struct {
 	ml         *memberlist.Memberlist
 	gossipAddr string
 
+	logw *logWriter // memberlist's log lines go through it
+
 	metaMu sync.Mutex // guards meta, the local metadata
 	meta   meta
 
@@ -221,6 +238,9 @@ type Membership struct {
 	// from event callbacks, which run under memberlist's lock, because the
 	// *Node values that Members() returns are updated in place without it.
 	nodes map[string]nodeInfo
+	// excluded is, for each serving member left out of the ring because it
+	// disagrees with it, why; written by rebuild.
+	excluded map[string]string
 
 	changedCh chan struct{} // capacity 1; "nodes changed", drained by eventLoop
 	done      chan struct{} // closed by Close; stops eventLoop and rejoinLoop
@@ -259,9 +279,11 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		return nil, err
 	}
 	m := &Membership{
-		cfg:       cfg,
-		log:       cfg.Logger.With("node", cfg.NodeName),
-		meta:      meta{State: cfg.State, Boot: rand.Uint64(), GRPC: cfg.GRPCAddr},
+		cfg:  cfg,
+		log:  cfg.Logger.With("node", cfg.NodeName),
+		logw: &logWriter{log: cfg.Logger.With("node", cfg.NodeName)},
+		meta: meta{State: cfg.State, Boot: rand.Uint64(), GRPC: cfg.GRPCAddr, Agreed: true, Version: cfg.Agreement.Version,
+			Key: agreementKey{rules: cfg.Agreement.Rules, protocol: cfg.Agreement.Protocol, placement: effectivePlacement(cfg.Placement)}},
 		nodes:     make(map[string]nodeInfo),
 		changedCh: make(chan struct{}, 1),
 		done:      make(chan struct{}),
@@ -315,7 +337,7 @@ func (m *Membership) memberlistConfig() *memberlist.Config {
 	mc.Delegate = d
 	mc.Events = d
 	mc.Conflict = d
-	mc.Logger = log.New(logWriter{m.log}, "", 0)
+	mc.Logger = log.New(m.logw, "", 0)
 	return mc
 }
 
@@ -415,7 +437,7 @@ func (m *Membership) changed() {
 // epoch differs. Only Start (before eventLoop runs) and eventLoop call it.
 func (m *Membership) rebuild() {
 	m.nodesMu.Lock()
-	ms := make([]ring.Member, 0, len(m.nodes))
+	cands := make([]candidate, 0, len(m.nodes))
 	for name, n := range m.nodes {
 		md, err := decodeMeta(n.meta)
 		if err != nil {
@@ -425,9 +447,13 @@ func (m *Membership) rebuild() {
 		if md.State != StateServing {
 			continue // joining: not ready to decide; leaving: handing over
 		}
-		ms = append(ms, ring.Member{Name: name, Addr: md.GRPC})
+		cands = append(cands, candidate{name: name, addr: md.GRPC, key: md.Key, legacy: !md.Agreed})
 	}
+	ms, excluded := chooseRing(cands)
+	prevExcluded := m.excluded
+	m.excluded = excluded
 	m.nodesMu.Unlock()
+	m.logExclusions(prevExcluded, excluded)
 	r, err := ring.New(ms, m.cfg.Placement)
 	if err != nil {
 		// Names are unique in memberlist and Placement was validated.
@@ -493,6 +519,17 @@ func (m *Membership) Watch() (<-chan *ring.Ring, func()) {
 	}
 }
 
+// Stats are a Membership's counters since Start.
+type Stats struct {
+	// BadPackets counts gossip packets and streams that did not decode (or
+	// decrypt): random bytes on the gossip port, a member with another key.
+	// At most one a second is logged.
+	BadPackets int64
+}
+
+// Stats returns the counters. Safe for concurrent use.
+func (m *Membership) Stats() Stats { return Stats{BadPackets: m.logw.badPackets.Load()} }
+
 // Members returns the live members (alive or suspect), sorted by name.
 func (m *Membership) Members() []MemberState {
 	m.nodesMu.Lock()
@@ -501,6 +538,8 @@ func (m *Membership) Members() []MemberState {
 		s := MemberState{Name: name, GossipAddr: n.gossipAddr}
 		if md, err := decodeMeta(n.meta); err == nil {
 			s.GRPCAddr, s.State, s.Boot = md.GRPC, md.State, md.Boot
+			s.Agreed, s.Rules, s.Protocol, s.Version = md.Agreed, md.Key.rules, md.Key.protocol, md.Version
+			s.Excluded = m.excluded[name]
 		}
 		out = append(out, s)
 	}

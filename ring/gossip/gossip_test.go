@@ -386,7 +386,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestLogWriter(t *testing.T) {
 	var sb strings.Builder
-	w := logWriter{slog.New(slog.NewTextHandler(&sb, &slog.HandlerOptions{
+	w := &logWriter{log: slog.New(slog.NewTextHandler(&sb, &slog.HandlerOptions{
 		Level:       slog.LevelDebug,
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr { return cmpTime(a) },
 	}))}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // State is what a member announces about itself in its gossip metadata.
@@ -42,20 +43,41 @@ const metaVersion = 1
 // memberlist's MetaMaxSize (512 bytes).
 const maxGRPCAddr = 255
 
-// meta is a member's gossip metadata:
+// meta is a member's gossip metadata, little-endian:
 //
-//	| version u8 = 1 | state u8 | boot u64 LE | uvarint len | gRPC addr |
+//	| version u8 = 1 | state u8 | boot u64 | uvarint len | gRPC addr |
+//	| rules u64 | protocol u32 | partitions u32 | virtual nodes u32 | load f64 |
+//	| uvarint len | binary version |
+//
+// The second line on are the agreement (agree.go), appended by binaries since
+// issue 12; metadata that ends after the address has none (Agreed false).
 type meta struct {
-	State State
-	Boot  uint64 // random per Start
-	GRPC  string // gRPC host:port
+	State   State
+	Boot    uint64 // random per Start
+	GRPC    string // gRPC host:port
+	Agreed  bool   // the agreement fields are present
+	Key     agreementKey
+	Version string
 }
+
+// agreementBytes is the fixed part of the agreement fields.
+const agreementBytes = 8 + 4 + 4 + 4 + 8
 
 func (m meta) append(dst []byte) []byte {
 	dst = append(dst, metaVersion, byte(m.State))
 	dst = binary.LittleEndian.AppendUint64(dst, m.Boot)
 	dst = binary.AppendUvarint(dst, uint64(len(m.GRPC)))
-	return append(dst, m.GRPC...)
+	dst = append(dst, m.GRPC...)
+	if !m.Agreed {
+		return dst
+	}
+	dst = binary.LittleEndian.AppendUint64(dst, m.Key.rules)
+	dst = binary.LittleEndian.AppendUint32(dst, m.Key.protocol)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(m.Key.placement.PartitionCount))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(m.Key.placement.ReplicationFactor))
+	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(m.Key.placement.Load))
+	dst = binary.AppendUvarint(dst, uint64(len(m.Version)))
+	return append(dst, m.Version...)
 }
 
 func decodeMeta(b []byte) (meta, error) {
@@ -79,6 +101,29 @@ func decodeMeta(b []byte) (meta, error) {
 		return meta{}, fmt.Errorf("%w: address length %d, %d bytes left, max %d", ErrBadMeta, n, len(rest), maxGRPCAddr)
 	}
 	m.GRPC = string(rest[:n])
+	rest = rest[n:]
+	if len(rest) == 0 {
+		return m, nil // a binary from before the agreement fields
+	}
+	if len(rest) < agreementBytes {
+		return meta{}, fmt.Errorf("%w: agreement fields: %d bytes, want at least %d", ErrBadMeta, len(rest), agreementBytes)
+	}
+	m.Agreed = true
+	m.Key.rules = binary.LittleEndian.Uint64(rest)
+	m.Key.protocol = binary.LittleEndian.Uint32(rest[8:])
+	m.Key.placement.PartitionCount = int(binary.LittleEndian.Uint32(rest[12:]))
+	m.Key.placement.ReplicationFactor = int(binary.LittleEndian.Uint32(rest[16:]))
+	m.Key.placement.Load = math.Float64frombits(binary.LittleEndian.Uint64(rest[20:]))
+	rest = rest[agreementBytes:]
+	n, k = binary.Uvarint(rest)
+	if k <= 0 || k != uvarintLen(n) {
+		return meta{}, fmt.Errorf("%w: bad version length", ErrBadMeta)
+	}
+	rest = rest[k:]
+	if n > maxVersion || n > uint64(len(rest)) {
+		return meta{}, fmt.Errorf("%w: version length %d, %d bytes left, max %d", ErrBadMeta, n, len(rest), maxVersion)
+	}
+	m.Version = string(rest[:n])
 	return m, nil
 }
 

@@ -1,0 +1,79 @@
+package node_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/node/nodetest"
+)
+
+// TestShutdownEndsWatchers is issue 12's case 9: a client watching the ring
+// (every client does) kept a stopping node in GracefulStop for the whole
+// grace period. With a grace of ten minutes, Serve must return as soon as
+// the in-flight calls are done, ending the watch with UNAVAILABLE.
+func TestShutdownEndsWatchers(t *testing.T) {
+	for _, clustered := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "gossip"}[clustered], func(t *testing.T) {
+			cfg := node.Config{ShutdownGrace: 10 * time.Minute}
+			if clustered {
+				g := nodetest.FastGossip()
+				cfg.Cluster, cfg.Name = &g, "node-0"
+			}
+			n, err := node.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			served := make(chan error, 1)
+			go func() { served <- n.Serve(ctx, lis) }()
+			wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer wcancel()
+			if err := nodetest.WaitServing(wctx, lis.Addr().String()); err != nil {
+				t.Fatal(err)
+			}
+			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			watch, err := pb.NewLimiterClient(conn).WatchRing(wctx, &pb.RingRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := watch.Recv(); err != nil {
+				t.Fatalf("first ring: %v", err)
+			}
+			cancel()
+			select {
+			case err := <-served:
+				if err != nil {
+					t.Fatalf("Serve: %v", err)
+				}
+			case <-time.After(time.Minute): // far below the grace, far above a busy machine's shutdown
+				t.Fatal("Serve still waits for a ring watcher a minute after its context ended")
+			}
+			for {
+				if _, err = watch.Recv(); err != nil {
+					break
+				}
+			}
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("the watch ended with %v, want UNAVAILABLE", err)
+			}
+		})
+	}
+}
