@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 
@@ -44,8 +45,8 @@ func (m Mode) String() string {
 
 // Item is one message to check.
 type Item struct {
-	Domain    string // rule set; "" means "default"
-	Recipient string // who receives the message, 1 to 256 bytes; routes the item
+	Domain    string // rule set, UTF-8; "" means "default"
+	Recipient string // who receives the message, 1 to 256 bytes of UTF-8; routes the item
 	// Content is the message content; the client hashes it (ContentHash) and
 	// sends only the hash. Empty means no content: content rules do not apply.
 	// At most 64 KiB.
@@ -61,6 +62,8 @@ type Item struct {
 	// 0 means the client draws a random nonzero id for the call (and reuses it
 	// for the call's retry). Set it to keep an item idempotent across calls
 	// too, for example when the caller retries after ErrClosed or a crash.
+	// An id names one item: reused for the same recipient with another
+	// domain, content, cost or mode, it fails that item (ALREADY_EXISTS).
 	RequestID uint64
 }
 
@@ -186,6 +189,10 @@ func prepare(it *Item, i int) (prepared, *ItemError) {
 		return bad("Recipient: empty recipient")
 	case len(it.Recipient) > MaxRecipientBytes:
 		return bad("Recipient: %d bytes, more than %d", len(it.Recipient), MaxRecipientBytes)
+	case !utf8.ValidString(it.Recipient):
+		return bad("Recipient: %q is not valid UTF-8", it.Recipient)
+	case !utf8.ValidString(it.Domain):
+		return bad("Domain: %q is not valid UTF-8", it.Domain)
 	case len(it.Content) > 0 && it.ContentHash != 0:
 		return bad("Content and ContentHash: both set; set at most one")
 	case len(it.Content) > MaxContentBytes:

@@ -106,6 +106,8 @@ func TestPrepare(t *testing.T) {
 		{"negative cost", Item{Recipient: "a", Cost: -1}, "Cost: -1 out of range [1, 1000]"},
 		{"huge cost", Item{Recipient: "a", Cost: 1001}, "Cost: 1001 out of range"},
 		{"mode", Item{Recipient: "a", Mode: 3}, "Mode: unknown mode 3"},
+		{"recipient not UTF-8", Item{Recipient: "+86\xff"}, `Recipient: "+86\xff" is not valid UTF-8`},
+		{"domain not UTF-8", Item{Recipient: "a", Domain: "d\xc3("}, `Domain: "d\xc3(" is not valid UTF-8`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, e := prepare(&tc.it, 4)

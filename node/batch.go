@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -104,6 +106,9 @@ func checkShape(req *pb.CheckRequest) error {
 			return status.Errorf(codes.InvalidArgument, "%s: %d entries, want 0, 1 or %d (one per recipient)", c.name, c.len, n)
 		}
 	}
+	if len(req.RequestIds) == 1 && n > 1 {
+		return status.Errorf(codes.InvalidArgument, "request_ids: 1 entry for %d items, want 0 or %d: a request id names one item", n, n)
+	}
 	if len(req.Contents) > 0 && len(req.ContentHashes) > 0 {
 		return status.Error(codes.InvalidArgument, "contents and content_hashes: set at most one of them")
 	}
@@ -138,11 +143,17 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 	if len(rcp) > MaxRecipientBytes {
 		return nil, it, badItem("recipients[%d]: %d bytes, more than %d", i, len(rcp), MaxRecipientBytes)
 	}
+	if !utf8.ValidString(rcp) {
+		return nil, it, badItem("recipients[%d]: %s is not valid UTF-8", i, quote(rcp))
+	}
 	name := column(req.Domains, i, "")
 	if name == "" {
 		name = DefaultDomain
 	}
 	dv := v.domains[name]
+	if dv == nil && !utf8.ValidString(name) {
+		return nil, it, badItem("domains[%d]: %s is not valid UTF-8", i, quote(name))
+	}
 	if dv == nil {
 		return nil, it, badItem("domains[%d]: unknown domain %s (this node serves %v)", i, quote(name), v.names)
 	}
@@ -156,8 +167,11 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 		it.Content = column(req.ContentHashes, i, 0)
 	}
 	cost := column(req.Costs, i, 1)
-	if cost < 1 || cost > window.MaxCost {
-		return nil, it, badItem("costs[%d]: cost %d out of range [1, %d]", i, cost, window.MaxCost)
+	if cost == 0 {
+		cost = 1 // 0 is the proto3 default, as in the client and the CLI
+	}
+	if cost > window.MaxCost {
+		return nil, it, badItem("costs[%d]: cost %d out of range [1, %d] (0 means 1)", i, cost, window.MaxCost)
 	}
 	it.Cost = int(cost)
 	mode := column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD)
@@ -465,6 +479,9 @@ func (n *Node) applyError(rcp string, p int, r *ring.Ring, err error) *itemError
 			quote(rcp), p, n.cfg.Name, r.Epoch(), r.PartitionOwner(p).Name)}
 	case errors.Is(err, window.ErrInvalid):
 		return badItem("recipient %s: %s", quote(rcp), trimPrefix(err))
+	case errors.Is(err, store.ErrIDReused):
+		return &itemError{codes.AlreadyExists, fmt.Sprintf("request_ids: recipient %s: %s; not recorded (a retry repeats its item exactly)",
+			quote(rcp), strings.TrimPrefix(err.Error(), store.ErrIDReused.Error()+": "))}
 	case errors.Is(err, window.ErrFull):
 		return &itemError{codes.ResourceExhausted, fmt.Sprintf("recipient %s: %s", quote(rcp), trimPrefix(err))}
 	}

@@ -75,8 +75,7 @@ func TestCheckReportsBadItemsAndDecidesTheRest(t *testing.T) {
 		1: "recipients[1]: empty recipient",
 		2: "recipients[2]: 257 bytes, more than 256",
 		3: `domains[3]: unknown domain "nope" (this node serves [default])`,
-		4: "costs[4]: cost 0 out of range [1, 1000]",
-		5: "costs[5]: cost 1001 out of range [1, 1000]",
+		5: "costs[5]: cost 1001 out of range [1, 1000] (0 means 1)",
 		6: `recipient "ok-5": cost 16 exceeds limit 15 of rule "recipient-1m"`,
 		7: "modes[7]: unknown mode 7",
 	}
@@ -91,11 +90,14 @@ func TestCheckReportsBadItemsAndDecidesTheRest(t *testing.T) {
 			t.Errorf("failed item %d reported admitted=%v recorded=%v", e.Index, resp.Admitted[e.Index], resp.Recorded[e.Index])
 		}
 	}
-	if !resp.Admitted[0] || !resp.Recorded[0] || len(resp.Used) != 4 || resp.Used[0] != 1 {
+	if !resp.Admitted[0] || !resp.Recorded[0] || len(resp.Used) != 8 || resp.Used[0] != 1 {
 		t.Fatalf("good item: admitted=%v used=%v", resp.Admitted[0], resp.Used)
 	}
-	// Only the one good item was recorded.
-	if s := n.Stats(); s.Domains[0].Records != 1 || s.Checks != 8 || s.Failed != 7 || s.Admitted != 1 {
+	if !resp.Recorded[4] || resp.Used[4] != 1 { // cost 0 means 1, as in the client and the CLI
+		t.Fatalf("item of cost 0: recorded=%v used=%v", resp.Recorded[4], resp.Used[4:])
+	}
+	// Only the two good items were recorded.
+	if s := n.Stats(); s.Domains[0].Records != 2 || s.Checks != 8 || s.Failed != 6 || s.Admitted != 2 {
 		t.Fatalf("stats %+v", s)
 	}
 }

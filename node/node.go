@@ -126,7 +126,7 @@ type Config struct {
 	// IdempotencyWindow is how long the request id of a recorded item is
 	// remembered, so that a retry is not recorded twice; 0 means 1 minute.
 	IdempotencyWindow time.Duration
-	// IdempotencyCapacity bounds the ids remembered per domain (about 40
+	// IdempotencyCapacity bounds the ids remembered per domain (about 55
 	// bytes each); 0 means 1,048,576. Under a load of more than
 	// capacity/window recorded ids a second, ids are kept for less.
 	IdempotencyCapacity int

@@ -77,10 +77,10 @@ func (s peerServer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResp
 // health (NOT_SERVING until the caller sets it) and reflection registered,
 // and the health server. It enforces Config.Limits; opts come after them.
 func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
-	opts = append(n.cfg.Limits.serverOptions(), opts...)
+	opts = append(append(n.cfg.Limits.serverOptions(), grpc.ForceServerCodecV2(newServerCodec())), opts...) // codec.go
 	srv := grpc.NewServer(opts...)
-	pb.RegisterLimiterServer(srv, limiterServer{n: n})
-	pb.RegisterPeerServer(srv, peerServer{n: n})
+	srv.RegisterService(decodeInvalid(&pb.Limiter_ServiceDesc), limiterServer{n: n}) // codec.go
+	srv.RegisterService(decodeInvalid(&pb.Peer_ServiceDesc), peerServer{n: n})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	setHealth(hs, healthpb.HealthCheckResponse_NOT_SERVING)

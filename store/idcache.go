@@ -1,5 +1,11 @@
 package store
 
+import (
+	"fmt"
+
+	"github.com/freqring/freqring/window"
+)
+
 // idCache remembers the request ids of recorded items, so that a retried
 // item is answered from its first decision instead of being recorded again.
 // It keeps two generations of maps: a lookup checks both, and the current
@@ -8,12 +14,52 @@ package store
 // at most horizon (less under a load above capacity/horizon ids per second,
 // which Stats counts as early rotations). Keys mix the id with the
 // recipient's key hash: the same id sent for two recipients is two entries.
-// Maps of integers hold no pointers, so the collector does not scan them.
-// Not safe for concurrent use: the shard's lock guards it.
+// Each id keeps the fingerprint of its item (idPrint), so that an id reused
+// for another item is told from a retry. Maps of pointer-free values hold no
+// pointers, so the collector does not scan them. Not safe for concurrent
+// use: the shard's lock guards it.
 type idCache struct {
-	cur, prev map[uint64]int64 // mixed key -> decision time, unix ms
-	curStart  int64            // unix ms when cur became current
-	early     int64            // rotations forced by capacity before horizon/2
+	cur, prev map[uint64]idEntry // mixed key -> entry
+	curStart  int64              // unix ms when cur became current
+	early     int64              // rotations forced by capacity before horizon/2
+}
+
+// idEntry is a remembered id: when its item was decided, and what it was.
+type idEntry struct {
+	at int64 // decision time, unix ms
+	idPrint
+}
+
+// idPrint is what an id's item was. A zero field is unknown and matches
+// anything: ids merged from images carry no print, and the WAL carries no
+// mode.
+type idPrint struct {
+	content uint32 // low bits of the content hash, | 1 (so never 0 when known)
+	cost    uint16 // 1 to window.MaxCost
+	mode    uint8  // 1 + window.Mode
+}
+
+// printOf returns the print of it, with its mode unknown unless withMode.
+func printOf(it window.Item, withMode bool) idPrint {
+	p := idPrint{content: uint32(it.Content) | 1, cost: uint16(it.Cost)}
+	if withMode {
+		p.mode = 1 + uint8(it.Mode)
+	}
+	return p
+}
+
+// mismatch names the first field in which p, the print of a new item, and
+// q, the print remembered with its id, are known to differ; "" if none.
+func (p idPrint) mismatch(q idPrint) string {
+	switch {
+	case p.content != 0 && q.content != 0 && p.content != q.content:
+		return "contents"
+	case p.cost != 0 && q.cost != 0 && p.cost != q.cost:
+		return fmt.Sprintf("costs (first %d, now %d)", q.cost, p.cost)
+	case p.mode != 0 && q.mode != 0 && p.mode != q.mode:
+		return fmt.Sprintf("modes (first %v, now %v)", window.Mode(q.mode-1), window.Mode(p.mode-1))
+	}
+	return ""
 }
 
 // idKey mixes a request id with the recipient's key hash.
@@ -33,25 +79,25 @@ func (c *idCache) rotate(now, horizon int64, capacity int) {
 	} else {
 		c.prev = c.cur
 	}
-	c.cur = make(map[uint64]int64, min(capacity/2, 1024))
+	c.cur = make(map[uint64]idEntry, min(capacity/2, 1024))
 	c.curStart = now
 }
 
-// get returns the decision time of a remembered id.
-func (c *idCache) get(k uint64, now, horizon int64) (int64, bool) {
-	if at, ok := c.cur[k]; ok && now-at < horizon {
-		return at, true
+// get returns a remembered id's entry.
+func (c *idCache) get(k uint64, now, horizon int64) (idEntry, bool) {
+	if e, ok := c.cur[k]; ok && now-e.at < horizon {
+		return e, true
 	}
-	if at, ok := c.prev[k]; ok && now-at < horizon {
-		return at, true
+	if e, ok := c.prev[k]; ok && now-e.at < horizon {
+		return e, true
 	}
-	return 0, false
+	return idEntry{}, false
 }
 
-// put remembers k as decided at at.
-func (c *idCache) put(k uint64, at, now, horizon int64, capacity int) {
+// put remembers k as decided at at, for an item of print p.
+func (c *idCache) put(k uint64, at int64, p idPrint, now, horizon int64, capacity int) {
 	c.rotate(now, horizon, capacity)
-	c.cur[k] = at
+	c.cur[k] = idEntry{at, p}
 }
 
 func (c *idCache) len() int { return len(c.cur) + len(c.prev) }

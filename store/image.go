@@ -82,10 +82,10 @@ func (s *Store) appendImage(dst []byte, p int, close bool) ([]byte, int64) {
 		}
 		records += sp.records
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(sp.ids.len()))
-		for _, gen := range []map[uint64]int64{sp.ids.prev, sp.ids.cur} {
-			for k, at := range gen {
+		for _, gen := range []map[uint64]idEntry{sp.ids.prev, sp.ids.cur} {
+			for k, e := range gen {
 				dst = binary.LittleEndian.AppendUint64(dst, k)
-				dst = binary.LittleEndian.AppendUint64(dst, uint64(at))
+				dst = binary.LittleEndian.AppendUint64(dst, uint64(e.at))
 			}
 		}
 	}
@@ -352,7 +352,7 @@ func (s *Store) mergeIDs(p int, ref Ref, ids []byte, now int64, ms *MergeStats) 
 			continue
 		}
 		if _, ok := sp.ids.get(k, now, s.idHorizon); !ok {
-			sp.ids.put(k, at, now, s.idHorizon, s.idCap)
+			sp.ids.put(k, at, idPrint{}, now, s.idHorizon, s.idCap) // images carry no print
 		}
 		ms.IDs++
 	}

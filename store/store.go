@@ -20,7 +20,8 @@ type Config struct {
 	// 0 means 1 minute.
 	IDHorizon time.Duration
 	// IDCapacity bounds the request ids one domain remembers across all
-	// partitions (about 40 bytes each); 0 means 1,048,576.
+	// partitions (about 55 bytes each, with the print of its item); 0 means
+	// 1,048,576.
 	IDCapacity int
 }
 
@@ -206,7 +207,9 @@ func (pt *partition) space(id int, create bool) *space {
 // A nonzero id that the store recorded for this recipient within the id
 // horizon makes the item a duplicate: nothing is recorded, and dec is the
 // first decision (admitted, recorded, at its time) with per-rule counts as
-// of now.
+// of now. If that id was recorded with another item (other content, cost,
+// mode, or in another domain), Apply fails with ErrIDReused and changes
+// nothing. A peek neither consults nor remembers ids.
 func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (seq uint64, dup bool, err error) {
 	key = storedKey(key)
 	pt := &s.parts[p]
@@ -221,19 +224,27 @@ func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window
 	var other bool
 	if sp != nil {
 		pos, rec, other = sp.lookup(key, tag)
-		if id != 0 && it.Mode != window.Peek {
-			if at, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok {
+	}
+	if id != 0 && it.Mode != window.Peek {
+		if sp != nil {
+			if e, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok {
+				if f := printOf(it, true).mismatch(e.idPrint); f != "" {
+					return 0, false, fmt.Errorf("%w: request id %d was first used for an item of other %s", ErrIDReused, id, f)
+				}
 				peek := it
 				peek.Mode = window.Peek
 				if _, err := r.rules.Apply(&pt.scratch, rec, tag, now, peek, dec); err != nil {
 					return 0, false, err
 				}
-				dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At = true, true, -1, 0, at
+				dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At = true, true, -1, 0, e.at
 				for i := range dec.NumRules {
 					dec.Rules[i].RetryAfter = 0
 				}
 				return 0, true, nil
 			}
+		}
+		if d, ok := s.idElsewhere(pt, r.id, idKey(id, key), now); ok {
+			return 0, false, fmt.Errorf("%w: request id %d was first used in domain %q", ErrIDReused, id, d)
 		}
 	}
 	out, err := r.rules.Apply(&pt.scratch, rec, tag, now, it, dec)
@@ -248,10 +259,29 @@ func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window
 		return 0, false, err
 	}
 	if id != 0 {
-		sp.ids.put(idKey(id, key), dec.At, now, s.idHorizon, s.idCap)
+		sp.ids.put(idKey(id, key), dec.At, printOf(it, true), now, s.idHorizon, s.idCap)
 	}
 	pt.seq++
 	return pt.seq, false, nil
+}
+
+// ErrIDReused reports a request id that the store remembers for this
+// recipient with another item: other content, cost, mode or domain. Such an
+// item is neither a retry nor recorded.
+var ErrIDReused = errors.New("store: request id reused")
+
+// idElsewhere returns the name of a domain other than dom in which pt
+// remembers mixed id key k, if any. Called with pt's lock held.
+func (s *Store) idElsewhere(pt *partition, dom int, k uint64, now int64) (string, bool) {
+	for d, sp := range pt.spaces {
+		if d == dom || sp == nil || sp.ids.len() == 0 {
+			continue
+		}
+		if _, ok := sp.ids.get(k, now, s.idHorizon); ok {
+			return s.domainName(d), true
+		}
+	}
+	return "", false
 }
 
 // Insert records it as sent at time at (unix ms) without deciding
@@ -266,7 +296,7 @@ func (s *Store) Insert(p int, r Ref, key uint64, tag uint16, at int64, it window
 	pt.seq = max(pt.seq, seq)
 	sp := pt.space(r.id, true)
 	if id != 0 && now-at < s.idHorizon {
-		sp.ids.put(idKey(id, key), at, now, s.idHorizon, s.idCap)
+		sp.ids.put(idKey(id, key), at, printOf(it, false), now, s.idHorizon, s.idCap)
 	}
 	pos, rec, other := sp.lookup(key, tag)
 	out, err := r.rules.Insert(&pt.scratch, rec, tag, at, it)
@@ -293,7 +323,7 @@ func (s *Store) Record(p int, r Ref, key uint64, tag uint16, at int64, it window
 			return 0, true, nil
 		}
 		if now-at < s.idHorizon {
-			sp.ids.put(idKey(id, key), at, now, s.idHorizon, s.idCap)
+			sp.ids.put(idKey(id, key), at, printOf(it, false), now, s.idHorizon, s.idCap)
 		}
 	}
 	pos, rec, other := sp.lookup(key, tag)

@@ -84,9 +84,12 @@ func (Mode) EnumDescriptor() ([]byte, []int) {
 // per recipient.
 type CheckRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Recipients, 1 to 256 bytes each; 1 to 10,000 per request.
+	// Recipients, 1 to 256 bytes of valid UTF-8 each; 1 to 10,000 per
+	// request. The node decodes recipients and domains without protobuf's
+	// UTF-8 check, so that one that is not UTF-8 fails its item alone
+	// (INVALID_ARGUMENT naming the field and index), not the whole request.
 	Recipients []string `protobuf:"bytes,1,rep,name=recipients,proto3" json:"recipients,omitempty"`
-	// Domain (rule set) of each item. Default: "default".
+	// Domain (rule set) of each item, valid UTF-8. Default: "default".
 	Domains []string `protobuf:"bytes,2,rep,name=domains,proto3" json:"domains,omitempty"`
 	// Message content of each item, hashed by the node (xxhash64); empty means
 	// no content, so content rules do not apply. At most 64 KiB each.
@@ -94,12 +97,20 @@ type CheckRequest struct {
 	// Or the 64-bit hash of each item's content, computed by the caller; 0
 	// means no content. A request sets at most one of contents, content_hashes.
 	ContentHashes []uint64 `protobuf:"fixed64,4,rep,packed,name=content_hashes,json=contentHashes,proto3" json:"content_hashes,omitempty"`
-	// Sends each item counts as, 1 to 1000. Default: 1.
+	// Sends each item counts as, 1 to 1000; 0 means 1 (the default), as in
+	// the Go client and the CLI.
 	Costs []uint32 `protobuf:"varint,5,rep,packed,name=costs,proto3" json:"costs,omitempty"`
 	// Default: MODE_CHECK_AND_RECORD.
 	Modes []Mode `protobuf:"varint,6,rep,packed,name=modes,proto3,enum=freqring.v1.Mode" json:"modes,omitempty"`
-	// Request ids: a retried item with the same nonzero id is answered with
-	// the first decision and not recorded twice. 0 means none.
+	// Request ids, none or one per item (a single entry for several items is
+	// refused). A nonzero id names one item of one recipient: a retry (same
+	// id, recipient, domain, content, cost and mode) is answered with the
+	// first decision and not recorded twice; the same id and recipient with
+	// another domain, content, cost or mode fails that item with
+	// ALREADY_EXISTS and records nothing. The same id for another recipient
+	// is another item. A peek neither consults nor remembers ids. Ids are
+	// remembered for the node's idempotency window (1 minute by default).
+	// 0 means none.
 	RequestIds []uint64 `protobuf:"fixed64,7,rep,packed,name=request_ids,json=requestIds,proto3" json:"request_ids,omitempty"`
 	// The ring epoch the caller routed by; 0 when it does not know one. A node
 	// whose epoch differs answers anyway (forwarding what it does not own) and

@@ -36,10 +36,12 @@ const (
 // Limiter decides, before each message is sent, whether its recipient may
 // receive it.
 type LimiterClient interface {
-	// Check decides a batch of items. A malformed batch (too many items,
-	// columns of the wrong length) fails whole with INVALID_ARGUMENT; a bad item
-	// (empty recipient, unknown domain, cost out of range) is reported in
-	// CheckResponse.errors, is not recorded, and does not stop the others.
+	// Check decides a batch of items. A malformed batch (bytes that do not
+	// decode, too many items, columns of the wrong length) fails whole with
+	// INVALID_ARGUMENT; a bad item (empty recipient, recipient or domain not
+	// valid UTF-8, unknown domain, cost out of range, request id reused for
+	// another item) is reported in CheckResponse.errors, is not recorded, and
+	// does not stop the others.
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
 	// Rules lists the domains the node serves and their rules.
 	Rules(ctx context.Context, in *RulesRequest, opts ...grpc.CallOption) (*RulesResponse, error)
@@ -127,10 +129,12 @@ func (c *limiterClient) Status(ctx context.Context, in *StatusRequest, opts ...g
 // Limiter decides, before each message is sent, whether its recipient may
 // receive it.
 type LimiterServer interface {
-	// Check decides a batch of items. A malformed batch (too many items,
-	// columns of the wrong length) fails whole with INVALID_ARGUMENT; a bad item
-	// (empty recipient, unknown domain, cost out of range) is reported in
-	// CheckResponse.errors, is not recorded, and does not stop the others.
+	// Check decides a batch of items. A malformed batch (bytes that do not
+	// decode, too many items, columns of the wrong length) fails whole with
+	// INVALID_ARGUMENT; a bad item (empty recipient, recipient or domain not
+	// valid UTF-8, unknown domain, cost out of range, request id reused for
+	// another item) is reported in CheckResponse.errors, is not recorded, and
+	// does not stop the others.
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
 	// Rules lists the domains the node serves and their rules.
 	Rules(context.Context, *RulesRequest) (*RulesResponse, error)

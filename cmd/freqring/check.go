@@ -44,19 +44,20 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	addr := fs.String("addr", "127.0.0.1:7070", "comma-separated gRPC addresses of nodes; the client learns the ring from them and asks each recipient's owner")
 	domain := fs.String("domain", "default", "domain (rule set)")
 	content := fs.String("content", "", "message content (content rules apply only with content)")
-	cost := fs.Int("cost", 1, "sends each message counts as")
+	cost := fs.Int("cost", 1, "sends each message counts as, 1 to 1000; 0 means 1, as in the client and the API")
 	mode := fs.String("mode", "check", "check (check and record), peek (change nothing), or record (record without checking)")
 	asJSON := fs.Bool("json", false, "print one JSON object per recipient")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call; past it the failure policy answers")
 	fail := fs.String("fail", "open", "failure policy when no node answers in time: open (admit) or closed (deny); either way marked degraded")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: freqring check [flags] RECIPIENT...\n\nAsks the cluster whether a message may go to each recipient now, and prints each rule's state.\n\n")
+		fmt.Fprintf(fs.Output(), "Usage: freqring check [flags] RECIPIENT... [flags]\n\nAsks the cluster whether a message may go to each recipient now, and prints each rule's state.\nFlags may come before or after the recipients; after \"--\" every argument is a recipient.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args, stderr); err != nil {
+	recipients, err := parseInterspersed(fs, args, stderr)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() == 0 {
+	if len(recipients) == 0 {
 		return usagef("want at least one RECIPIENT")
 	}
 	modes := map[string]client.Mode{"check": client.CheckAndRecord, "peek": client.Peek, "record": client.RecordOnly}
@@ -72,8 +73,8 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		return usagef("--fail %q is not one of open, closed", *fail)
 	}
-	items := make([]client.Item, fs.NArg())
-	for i, r := range fs.Args() {
+	items := make([]client.Item, len(recipients))
+	for i, r := range recipients {
 		items[i] = client.Item{Domain: *domain, Recipient: r, Content: []byte(*content), Cost: *cost, Mode: m}
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)

@@ -7,6 +7,7 @@
 //	freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
 //	freqring rules validate FILE           check a rules file
 //	freqring rules default                 print the embedded default rules
+//	freqring version                       print the module version and commit
 //
 // Run a command with -h for its flags.
 package main
@@ -30,6 +31,7 @@ Usage:
   freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
   freqring rules validate FILE           check a rules file
   freqring rules default                 print the embedded default rules
+  freqring version                       print the module version and commit
 
 Run "freqring COMMAND -h" for a command's flags.
 `
@@ -59,6 +61,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cluster(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = benchCmd(ctx, args[1:], stdout, stderr)
+	case "version", "-version", "--version":
+		err = version(args[1:], stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -96,4 +100,26 @@ func parseFlags(fs *flag.FlagSet, args []string, w io.Writer) error {
 		return usageError{err.Error()}
 	}
 	return nil
+}
+
+// parseInterspersed parses args into fs as parseFlags does, except that
+// flags may also follow positional arguments ("check R1 --mode peek R2"):
+// it returns the positional arguments in order. "--" ends the flags: every
+// argument after it is positional, even one that starts with "-".
+func parseInterspersed(fs *flag.FlagSet, args []string, w io.Writer) ([]string, error) {
+	var pos []string
+	for {
+		if err := parseFlags(fs, args, w); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
 }

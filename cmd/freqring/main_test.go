@@ -127,8 +127,8 @@ func TestConfigFile(t *testing.T) {
 	}
 	for body, want := range map[string]string{
 		"lsten: x\n":         `unknown key "lsten"`,
-		"shards: many\n":     `shards: parse error`,
-		"sync_interval: 5\n": `sync_interval: parse error`,
+		"shards: many\n":     `key shards: value "many": want an integer`,
+		"sync_interval: 5\n": `key sync_interval: value "5": want a duration`,
 	} {
 		fs, _, _, _, _ := newFlags()
 		if err := applyConfigFile(fs, write(body)); err == nil || !strings.Contains(err.Error(), want) {

@@ -1,15 +1,26 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/freqring/freqring/rules"
 )
 
+const rulesUsage = `Usage:
+  freqring rules validate FILE   check a rules file and print its domains and rules
+  freqring rules default         print the embedded default rules (a starting point for a file)
+`
+
 func rulesCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return usagef("want a subcommand: validate FILE, or default")
+	}
+	if args[0] == "help" || slices.ContainsFunc(args, isHelp) {
+		fmt.Fprint(stdout, rulesUsage)
+		return flag.ErrHelp
 	}
 	switch args[0] {
 	case "validate":
@@ -34,3 +45,6 @@ func rulesCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	return usagef("unknown subcommand %q: want validate FILE, or default", args[0])
 }
+
+// isHelp reports whether a is a request for help.
+func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" }

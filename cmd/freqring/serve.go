@@ -186,7 +186,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 	for _, key := range slices.Sorted(maps.Keys(m)) {
 		name := strings.ReplaceAll(key, "_", "-")
 		if name == "config" || fs.Lookup(name) == nil {
-			return usagef("%s: unknown key %q", path, key)
+			return usagef("%s: unknown key %q; the keys are the flags' names with _ for -: %s", path, key, configKeys(fs))
 		}
 		if set[name] {
 			continue // the command line wins
@@ -205,7 +205,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 			v = fmt.Sprint(x)
 		}
 		if err := fs.Set(name, v); err != nil {
-			return usagef("%s: %s: %v", path, key, err)
+			return usagef("%s: key %s: value %q: want %s (flag --%s)", path, key, v, expectedForm(fs.Lookup(name), err), name)
 		}
 	}
 	return nil

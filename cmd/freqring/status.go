@@ -55,7 +55,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		inRing[m.Name] = true
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tOPEN\tBACKED\tMOVING\tRECORDS\tCHECKS\tFWD OUT\tFWD IN\tREPLICATION\tEPOCH")
+	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tOPEN\tBACKED\tMOVING\tRECORDS\tCHECKS\tADMITTED\tDENIED\tFWD OUT\tFWD IN\tREPLICATION\tEPOCH")
 	for _, m := range rr.Known {
 		row := fmt.Sprintf("%s\t%s\t%s\t%v\t%d", m.Name, m.Addr, m.State, inRing[m.Name], counts[m.Name])
 		st, err := withLimiter(ctx, m.Addr, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.StatusResponse, error) {
@@ -74,8 +74,8 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			epoch = fmt.Sprintf("%016x", st.RingEpoch)
 		}
 		repl := fmt.Sprintf("%s %d sent %d failed %d lag", st.Replication, st.ReplicatedSends, st.ReplicationFailures, st.ReplicationLag)
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", row, st.PartitionsOwned-st.PartitionsMoving, st.PartitionsBacked,
-			st.PartitionsMoving, records, st.Checks, st.ForwardedOut, st.ForwardedIn, repl, epoch)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", row, st.PartitionsOwned-st.PartitionsMoving, st.PartitionsBacked,
+			st.PartitionsMoving, records, st.Checks, st.Admitted, st.Denied, st.ForwardedOut, st.ForwardedIn, repl, epoch)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"flag"
+	"strings"
+	"time"
+)
+
+// expectedForm describes the values flag f takes, for an error about a
+// config-file value that f refused with err.
+func expectedForm(f *flag.Flag, err error) string {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return err.Error()
+	}
+	switch g.Get().(type) {
+	case int, int64:
+		return "an integer, such as " + f.DefValue
+	case uint, uint64:
+		return "a non-negative integer, such as " + f.DefValue
+	case float64:
+		return "a number, such as " + f.DefValue
+	case bool:
+		return "true or false"
+	case time.Duration:
+		return "a duration with its unit, such as 5ms, 10s or 1m"
+	}
+	return err.Error()
+}
+
+// configKeys lists the keys a config file may set: the names of fs's flags
+// with _ for -, except config itself.
+func configKeys(fs *flag.FlagSet) string {
+	var keys []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "config" {
+			keys = append(keys, strings.ReplaceAll(f.Name, "-", "_"))
+		}
+	})
+	return strings.Join(keys, ", ")
+}

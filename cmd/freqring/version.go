@@ -1,0 +1,44 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime/debug"
+)
+
+// version prints the main module's version, the VCS commit it was built
+// from (with "+dirty" for a modified tree) and the Go version.
+func version(args []string, stdout io.Writer) error {
+	if len(args) > 0 {
+		return usagef("usage: freqring version")
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return fmt.Errorf("no build information in this binary")
+	}
+	fmt.Fprintln(stdout, versionLine(bi))
+	return nil
+}
+
+// versionLine formats build information as one line:
+// "freqring v1.2.3 commit 0123abcd (2026-11-23T12:00:00Z) go1.26.0".
+func versionLine(bi *debug.BuildInfo) string {
+	v := bi.Main.Version
+	if v == "" {
+		v = "(unknown)"
+	}
+	commit, when, dirty := "unknown", "", ""
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			commit = s.Value
+		case "vcs.time":
+			when = " (" + s.Value + ")"
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	return fmt.Sprintf("freqring %s commit %s%s%s %s", v, commit, dirty, when, bi.GoVersion)
+}
