@@ -708,6 +708,7 @@ func (n *Node) mergeImages(ctx context.Context, imgs [][]byte, check func(store.
 	}
 	v := n.view.Load()
 	now := n.nowMs()
+	var unknown map[string]int64
 	for _, img := range imgs {
 		_, ms, err := n.store.MergeImage(img, now, v.bindName)
 		if err != nil {
@@ -715,6 +716,17 @@ func (n *Node) mergeImages(ctx context.Context, imgs [][]byte, check func(store.
 		}
 		records += ms.Records
 		nb += int64(len(img))
+		for d, k := range ms.Unknown {
+			if unknown == nil {
+				unknown = map[string]int64{}
+			}
+			unknown[d] += k
+		}
+	}
+	if len(unknown) > 0 {
+		// A peer with other rules (left out of the ring) held them: a
+		// rules change that removes a domain drops its history here.
+		n.log.Warn("partition images held records of domains these rules lack: dropped", "records_by_domain", unknown, "domains_served", v.names)
 	}
 	if n.dur != nil && len(imgs) > 0 {
 		if _, err := n.dur.log.Append(ctx, encodeImages(nil, imgs)); err != nil {
