@@ -261,8 +261,13 @@ func TestClusterLeaveAndKill(t *testing.T) {
 		close(stop)
 		wg.Wait()
 		t.Logf("%s: ring converged on %d members in %v", step.name, len(c.Up()), took)
+		// A converged ring may still be moving partitions (a check waits
+		// MoveWait for one, then fails as retryable): wait until it is done.
+		if err := c.WaitSettled(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 
-		// After convergence: everything is answered, without errors.
+		// After the moves: everything is answered, without errors.
 		for range 50 {
 			resp, err := entry.Check(context.Background(), clusterBatch(rand.New(rand.NewPCG(1, 2))))
 			if err != nil || len(resp.Errors) > 0 {
