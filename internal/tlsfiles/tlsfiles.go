@@ -230,6 +230,9 @@ type clientCreds struct {
 }
 
 func (c *clientCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	if c.serverName != "" {
+		authority = c.serverName // grpc's TLS credentials verify the authority's host
+	}
 	return credentials.NewTLS(c.r.ClientConfig(c.serverName)).ClientHandshake(ctx, authority, conn)
 }
 
