@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -46,6 +47,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	replication := fs.String("replication", "sync", "replication of admitted sends to their partition's backup: sync (on the backup before the reply; one crash over-admits nothing), async (replies while at most --async-bound sends of a partition are unacknowledged; a crash over-admits at most that many per partition) or off")
 	asyncBound := fs.Int("async-bound", 64, "with --replication async: sends of one partition that may be admitted before their backup has them")
 	rejoin := fs.Duration("rejoin-interval", gossip.DefaultRejoinInterval, "how often to join the seeds again, to heal a split cluster (negative disables)")
+	tf := addTLSFlags(fs, true)
+	gossipKeysPath := fs.String("gossip-keys", "", "file of gossip encryption keys, one base64 key (16, 24 or 32 bytes) a line, the primary first; encrypts and authenticates gossip, and is applied again when the file changes (key rotation: README, Security)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring serve [flags]\n\nRuns a node until SIGINT or SIGTERM, then finishes in-flight calls and exits.\n\n")
 		fs.PrintDefaults()
@@ -98,13 +101,32 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		SnapshotInterval: *snapInterval, SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt,
 		Name: *name, AdvertiseAddr: *advertise,
 	}
-	if *gossipBind != "" || len(seeds) > 0 {
+	clustered := *gossipBind != "" || len(seeds) > 0
+	var keyring *gossip.Keyring
+	if clustered {
 		gc, err := gossipConfig(*gossipBind, *gossipAdv, seeds, *rejoin)
 		if err != nil {
 			return err
 		}
 		nc.Cluster = gc
+		if *gossipKeysPath != "" {
+			keys, err := gossipKeys(*gossipKeysPath)
+			if err != nil {
+				return err
+			}
+			if keyring, err = gossip.NewKeyring(keys); err != nil {
+				return fmt.Errorf("--gossip-keys %s: %w", *gossipKeysPath, err)
+			}
+			gc.Keyring = keyring
+		}
+	} else if *gossipKeysPath != "" {
+		return usagef("--gossip-keys needs --gossip or --join")
 	}
+	nt, err := tf.nodeTLS(clustered, logger)
+	if err != nil {
+		return err
+	}
+	nt.apply(&nc)
 	n, err := node.New(nc)
 	if err != nil {
 		return err
@@ -115,6 +137,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if keyring != nil {
+		var watcher sync.WaitGroup
+		wctx, cancel := context.WithCancel(ctx)
+		watcher.Go(func() { watchGossipKeys(wctx, *gossipKeysPath, keyring, time.Second, logger) })
+		defer watcher.Wait()
+		defer cancel()
+	}
 	return n.Serve(ctx, lis)
 }
 
