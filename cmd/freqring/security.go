@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -144,9 +146,10 @@ func gossipKeys(path string) ([][]byte, error) {
 	return keys, nil
 }
 
-// watchGossipKeys applies the keys file at path to kr whenever its
-// modification time or size changes, checking every interval, until ctx is
-// done. A file that does not parse is logged and changes nothing.
+// watchGossipKeys applies the keys file at path to kr at its first tick and
+// whenever its modification time or size changes, checking every interval,
+// until ctx is done. A file that does not parse is logged and changes
+// nothing.
 func watchGossipKeys(ctx context.Context, path string, kr *gossip.Keyring, interval time.Duration, log *slog.Logger) {
 	stamp := func() (time.Time, int64) {
 		fi, err := os.Stat(path)
@@ -155,7 +158,8 @@ func watchGossipKeys(ctx context.Context, path string, kr *gossip.Keyring, inter
 		}
 		return fi.ModTime(), fi.Size()
 	}
-	mod, size := stamp()
+	var mod time.Time
+	size := int64(-2) // no stamp yet: the first tick reads the file
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -170,10 +174,14 @@ func watchGossipKeys(ctx context.Context, path string, kr *gossip.Keyring, inter
 		}
 		mod, size = m, s
 		keys, err := gossipKeys(path)
-		if err == nil {
-			err = kr.Set(keys)
-		}
 		if err != nil {
+			log.Error("gossip keys not changed", "err", err)
+			continue
+		}
+		if slices.EqualFunc(keys, kr.Keys(), bytes.Equal) {
+			continue
+		}
+		if err := kr.Set(keys); err != nil {
 			log.Error("gossip keys not changed", "err", err)
 			continue
 		}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/base64"
+	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 
 	"github.com/freqring/freqring/internal/testcert"
 	"github.com/freqring/freqring/node/nodetest"
+	"github.com/freqring/freqring/ring/gossip"
 )
 
 // TestServeTLS (issue 12, case 5): serve with the TLS flags answers check
@@ -104,4 +108,75 @@ func TestSecurityFlagErrors(t *testing.T) {
 			t.Errorf("%q: exit %d, %s; want exit %d and %q", tc.args, code, errOut, tc.code, tc.want)
 		}
 	}
+}
+
+// TestWatchGossipKeys: a keys file written anew is applied to the keyring
+// (rotation without a restart); one that does not parse changes nothing.
+func TestWatchGossipKeys(t *testing.T) {
+	b64 := func(b byte) string { return base64.StdEncoding.EncodeToString([]byte(strings.Repeat(string(rune('a'+b)), 32))) }
+	path := filepath.Join(t.TempDir(), "gossip.keys")
+	testcert.WriteFile(t, path, []byte(b64(1)+"\n"))
+	keys, err := gossipKeys(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kr, err := gossip.NewKeyring(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var logs syncBuffer
+	wg.Go(func() { watchGossipKeys(ctx, path, kr, 5*time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil))) })
+	defer wg.Wait()
+	defer cancel()
+	waitKeys := func(want ...string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var got []string
+			for _, k := range kr.Keys() {
+				got = append(got, base64.StdEncoding.EncodeToString(k))
+			}
+			if slices.Equal(got, want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("keys %v, want %v", got, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	testcert.WriteFile(t, path, []byte(b64(2)+"\n"+b64(1)+"\n"))
+	waitKeys(b64(2), b64(1))
+	testcert.WriteFile(t, path, []byte("not a key\n"))
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "gossip keys not changed"); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a bad keys file was not reported: %s", logs.String())
+		}
+	}
+	waitKeys(b64(2), b64(1))
+	if !strings.Contains(logs.String(), path) {
+		t.Fatalf("the report does not name the file: %s", logs.String())
+	}
+	testcert.WriteFile(t, path, []byte(b64(2)+"\n"))
+	waitKeys(b64(2))
+}
+
+// syncBuffer collects log lines; it is safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
