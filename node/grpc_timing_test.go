@@ -168,12 +168,3 @@ func benchGRPCWith(b *testing.B, cfg node.Config, creds grpc.DialOption) {
 		b.ReportMetric(float64(s.WAL.Appends)/float64(s.WAL.Batches), "wal-appends/batch")
 	}
 }
-
-// waitServingNode waits until the node at addr reports SERVING.
-func waitServingNode(tb testing.TB, addr string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := nodetest.WaitServing(ctx, addr); err != nil {
-		tb.Fatal(err)
-	}
-}

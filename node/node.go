@@ -123,6 +123,11 @@ type Config struct {
 	// certificate verified against TLS.ClientCAs. It needs TLS with
 	// ClientAuth at least tls.VerifyClientCertIfGiven.
 	PeerMTLS bool
+	// PeerName, with PeerMTLS, is a DNS name the Peer service also wants in
+	// the client certificate (its SANs), so that a client whose certificate
+	// the same CA signed is not taken for a peer; "" means any verified
+	// certificate.
+	PeerName string
 
 	// IdempotencyCapacity bounds the ids remembered per domain (about 40
 	// bytes each); 0 means 1,048,576. Under a load of more than

@@ -27,36 +27,41 @@ func (n *Node) serverOptions() []grpc.ServerOption {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
 	}
 	if n.cfg.PeerMTLS {
-		opts = append(opts, grpc.ChainUnaryInterceptor(requirePeerCert), grpc.ChainStreamInterceptor(requirePeerCertStream))
+		pa := peerAuth{name: n.cfg.PeerName}
+		opts = append(opts, grpc.ChainUnaryInterceptor(pa.unary), grpc.ChainStreamInterceptor(pa.stream))
 	}
 	return opts
 }
+
+// peerAuth keeps the Peer service to callers with a verified client
+// certificate, valid for name if name is set.
+type peerAuth struct{ name string }
 
 // peerService is the full name of the Peer service, the prefix of its
 // methods' names.
 var peerService = "/" + pb.Peer_ServiceDesc.ServiceName + "/"
 
-// requirePeerCert refuses a call to the Peer service (Forward, Acquire,
-// Release, Replicate, Fill) that did not come over TLS with a client
-// certificate verified against the node's client CAs: UNAUTHENTICATED.
-// Other services pass.
-func requirePeerCert(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if err := verifiedPeer(ctx, info.FullMethod); err != nil {
+// unary refuses a call to the Peer service (Forward, Acquire, Release,
+// Replicate, Fill) that did not come over TLS with a client certificate
+// verified against the node's client CAs (and valid for pa.name):
+// UNAUTHENTICATED. Other services pass.
+func (pa peerAuth) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := pa.check(ctx, info.FullMethod); err != nil {
 		return nil, err
 	}
 	return handler(ctx, req)
 }
 
-func requirePeerCertStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := verifiedPeer(ss.Context(), info.FullMethod); err != nil {
+func (pa peerAuth) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := pa.check(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
 	return handler(srv, ss)
 }
 
-// verifiedPeer returns nil unless method belongs to the Peer service and
-// the caller presented no verified client certificate.
-func verifiedPeer(ctx context.Context, method string) error {
+// check returns nil unless method belongs to the Peer service and the
+// caller presented no verified client certificate valid for pa.name.
+func (pa peerAuth) check(ctx context.Context, method string) error {
 	if len(method) < len(peerService) || method[:len(peerService)] != peerService {
 		return nil
 	}
@@ -70,6 +75,11 @@ func verifiedPeer(ctx context.Context, method string) error {
 	}
 	if len(ti.State.VerifiedChains) == 0 {
 		return status.Errorf(codes.Unauthenticated, "%s from %s: the Peer service needs a verified client certificate", method, p.Addr)
+	}
+	if pa.name != "" {
+		if err := ti.State.VerifiedChains[0][0].VerifyHostname(pa.name); err != nil {
+			return status.Errorf(codes.Unauthenticated, "%s from %s: the client certificate is not a peer's: %v", method, p.Addr, err)
+		}
 	}
 	return nil
 }

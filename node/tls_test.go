@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,7 +126,7 @@ func TestTLSListener(t *testing.T) {
 // still call Check.
 func TestPeerMTLS(t *testing.T) {
 	ca := testcert.NewCA(t, "freqring test CA")
-	nodeCert, clientCA := ca.Issue(t, "node"), testcert.NewCA(t, "clients CA")
+	nodeCert, clientCA := ca.Issue(t, "node", "freqring-peers"), testcert.NewCA(t, "clients CA")
 	serverTLS := &tls.Config{Certificates: []tls.Certificate{nodeCert.Cert}, ClientCAs: ca.Pool(),
 		ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12}
 	peerCreds := credentials.NewTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{nodeCert.Cert}})
@@ -133,7 +134,7 @@ func TestPeerMTLS(t *testing.T) {
 		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(peerCreds)},
 		Node: func(cfg *node.Config) {
 			cfg.SweepInterval = -1
-			cfg.TLS, cfg.PeerMTLS = serverTLS, true
+			cfg.TLS, cfg.PeerMTLS, cfg.PeerName = serverTLS, true, "freqring-peers"
 			cfg.Peers = node.GRPCPeers(grpc.WithTransportCredentials(peerCreds))
 		}})
 	if err != nil {
@@ -188,6 +189,12 @@ func TestPeerMTLS(t *testing.T) {
 	for method, err := range peerCalls(dial(t, b.Addr, credentials.NewTLS(presenting(ca, clientCA.Issue(t, "stranger"))))) {
 		if status.Code(err) != codes.Unavailable {
 			t.Errorf("%s with a certificate of another CA: %v, want UNAVAILABLE", method, err)
+		}
+	}
+	// A client certificate of the nodes' CA without the peers' name.
+	for method, err := range peerCalls(dial(t, b.Addr, credentials.NewTLS(presenting(ca, ca.Issue(t, "a client"))))) {
+		if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "not a peer's") {
+			t.Errorf("%s with a client certificate without the peer name: %v, want UNAUTHENTICATED", method, err)
 		}
 	}
 	if after := b.Node.Stats(); after.ForwardedIn != before.ForwardedIn || after.Checks != before.Checks {

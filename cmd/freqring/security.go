@@ -40,7 +40,7 @@ func addTLSFlags(fs *flag.FlagSet, serving bool) *tlsFlags {
 		f.key = fs.String("tls-key", "", "PEM private key of --tls-cert")
 		f.ca = fs.String("tls-ca", "", "PEM CA bundle that verifies peers' (and clients') certificates and that peers are dialled against; required with --tls-cert in a cluster, which then uses mTLS between peers. Reloaded when the file changes")
 		f.clientAuth = fs.String("tls-client-auth", "none", "client certificates on the Limiter service: none, verify-if-given, or require (verified against --tls-ca); the Peer service always requires one when --tls-ca is set")
-		f.serverName = fs.String("tls-server-name", "", "name the peers' certificates must carry when dialling them (default: the host of their advertised address)")
+		f.serverName = fs.String("tls-server-name", "", "name every node's certificate carries: peers are dialled expecting it, and the Peer service takes only client certificates valid for it (default: the host of a peer's advertised address, and any certificate --tls-ca verifies)")
 		return f
 	}
 	f.on = fs.Bool("tls", false, "dial nodes over TLS, verified against the system roots unless --tls-ca is given (implied by any --tls-* flag)")
@@ -91,12 +91,13 @@ var clientAuths = map[string]tls.ClientAuthType{
 type nodeTLS struct {
 	server   *tls.Config       // nil: plaintext
 	peerMTLS bool              // the Peer service requires verified client certificates
+	peerName string            // and, if set, valid for this name
 	dial     []grpc.DialOption // how peers (and the command's own calls) dial nodes
 }
 
 // apply sets the node's TLS, PeerMTLS and Peers.
 func (t nodeTLS) apply(cfg *node.Config) {
-	cfg.TLS, cfg.PeerMTLS = t.server, t.peerMTLS
+	cfg.TLS, cfg.PeerMTLS, cfg.PeerName = t.server, t.peerMTLS, t.peerName
 	if t.server != nil {
 		cfg.Peers = node.GRPCPeers(t.dial...)
 	}
@@ -122,7 +123,7 @@ func (f *tlsFlags) nodeTLS(clustered bool, log *slog.Logger) (nodeTLS, error) {
 	if err != nil {
 		return nodeTLS{}, err
 	}
-	t := nodeTLS{peerMTLS: *f.ca != ""}
+	t := nodeTLS{peerMTLS: *f.ca != "", peerName: *f.serverName}
 	if t.peerMTLS {
 		auth = max(auth, tls.VerifyClientCertIfGiven) // peers present theirs
 	}

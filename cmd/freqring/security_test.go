@@ -113,7 +113,9 @@ func TestSecurityFlagErrors(t *testing.T) {
 // TestWatchGossipKeys: a keys file written anew is applied to the keyring
 // (rotation without a restart); one that does not parse changes nothing.
 func TestWatchGossipKeys(t *testing.T) {
-	b64 := func(b byte) string { return base64.StdEncoding.EncodeToString([]byte(strings.Repeat(string(rune('a'+b)), 32))) }
+	b64 := func(b byte) string {
+		return base64.StdEncoding.EncodeToString([]byte(strings.Repeat(string(rune('a'+b)), 32)))
+	}
 	path := filepath.Join(t.TempDir(), "gossip.keys")
 	testcert.WriteFile(t, path, []byte(b64(1)+"\n"))
 	keys, err := gossipKeys(path)
