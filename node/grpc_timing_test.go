@@ -52,9 +52,11 @@ func BenchmarkGRPCCheckWAL(b *testing.B) {
 
 // BenchmarkGRPCCheckTLS is BenchmarkGRPCCheck in plaintext, over TLS, and
 // over TLS with a verified client certificate (mTLS), in one run; the
-// certificates are ECDSA P-256, made in the test.
+// certificates are ECDSA P-256, made in the test. Repeat whole runs (not
+// -count, which runs one variant's repeats back to back) so that a shared
+// machine's load changes hit all three alike:
 //
-//	go test -run '^$' -bench 'GRPCCheckTLS' -benchtime 100000x -count 3 ./node
+//	for i in 1 2 3; do go test -run '^$' -bench 'GRPCCheckTLS' -benchtime 100000x ./node; done
 func BenchmarkGRPCCheckTLS(b *testing.B) {
 	ca := testcert.NewCA(b, "bench CA")
 	srv, cli := ca.Issue(b, "node"), ca.Issue(b, "client")
