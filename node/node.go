@@ -113,6 +113,11 @@ type Config struct {
 	// IdempotencyWindow is how long the request id of a recorded item is
 	// remembered, so that a retry is not recorded twice; 0 means 1 minute.
 	IdempotencyWindow time.Duration
+	// IdempotencyCapacity bounds the ids remembered per domain (about 40
+	// bytes each); 0 means 1,048,576. Under a load of more than
+	// capacity/window recorded ids a second, ids are kept for less.
+	IdempotencyCapacity int
+
 	// TLS, if set, is the gRPC listener's TLS configuration (its
 	// certificate, and ClientAuth and ClientCAs for client certificates);
 	// nil means plaintext. The caller owns it (it may reload certificates
@@ -128,11 +133,6 @@ type Config struct {
 	// the same CA signed is not taken for a peer; "" means any verified
 	// certificate.
 	PeerName string
-
-	// IdempotencyCapacity bounds the ids remembered per domain (about 40
-	// bytes each); 0 means 1,048,576. Under a load of more than
-	// capacity/window recorded ids a second, ids are kept for less.
-	IdempotencyCapacity int
 }
 
 func (c *Config) fill() {

@@ -33,6 +33,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	shards := fs.Int("shards", 0, "deprecated and ignored: the store has one lock per ring partition")
 	sweep := fs.Duration("sweep-interval", time.Minute, "how often idle records are reclaimed (negative disables)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	tf := addTLSFlags(fs, true)
+	gossipKeysPath := fs.String("gossip-keys", "", "file of gossip encryption keys, one base64 key (16, 24 or 32 bytes) a line, the primary first; encrypts and authenticates gossip, and is applied again when the file changes (key rotation: README, Security)")
 	dataDir := fs.String("data-dir", "", "directory of the write-ahead log and snapshots (default: memory only, a restart forgets every send)")
 	syncPolicy := fs.String("sync", "batch", "WAL fsync policy: batch (fsync before each reply), interval (every --sync-interval), none (leave it to the OS)")
 	syncInterval := fs.Duration("sync-interval", 10*time.Millisecond, "fsync period with --sync interval")
@@ -47,8 +49,6 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	replication := fs.String("replication", "sync", "replication of admitted sends to their partition's backup: sync (on the backup before the reply; one crash over-admits nothing), async (replies while at most --async-bound sends of a partition are unacknowledged; a crash over-admits at most that many per partition) or off")
 	asyncBound := fs.Int("async-bound", 64, "with --replication async: sends of one partition that may be admitted before their backup has them")
 	rejoin := fs.Duration("rejoin-interval", gossip.DefaultRejoinInterval, "how often to join the seeds again, to heal a split cluster (negative disables)")
-	tf := addTLSFlags(fs, true)
-	gossipKeysPath := fs.String("gossip-keys", "", "file of gossip encryption keys, one base64 key (16, 24 or 32 bytes) a line, the primary first; encrypts and authenticates gossip, and is applied again when the file changes (key rotation: README, Security)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring serve [flags]\n\nRuns a node until SIGINT or SIGTERM, then finishes in-flight calls and exits.\n\n")
 		fs.PrintDefaults()

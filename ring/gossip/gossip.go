@@ -68,6 +68,12 @@ type Config struct {
 	// partition or a split start; 0 means 10s, negative disables.
 	RejoinInterval time.Duration
 
+	// Keyring, if set, encrypts and authenticates gossip: packets and
+	// streams no key opens are dropped (memberlist's GossipVerifyIncoming
+	// and GossipVerifyOutgoing). nil means plaintext gossip that anyone who
+	// reaches the port can join. Every member needs a key in common.
+	Keyring *Keyring
+
 	// Transport carries the gossip packets and streams; nil means
 	// memberlist's own UDP and TCP transport, bound to BindAddr:BindPort.
 	// With a Transport, BindAddr is not used and BindPort only gives the port
@@ -86,12 +92,6 @@ type Config struct {
 	// labels that no socket listens on and no DNS name resolves to. The
 	// package comment lists the mock's limits.
 	Transport memberlist.Transport
-
-	// Keyring, if set, encrypts and authenticates gossip: packets and
-	// streams no key opens are dropped (memberlist's GossipVerifyIncoming
-	// and GossipVerifyOutgoing). nil means plaintext gossip that anyone who
-	// reaches the port can join. Every member needs a key in common.
-	Keyring *Keyring
 
 	Placement ring.Config  // placement parameters of the rings built; must match the whole cluster and its clients
 	Logger    *slog.Logger // nil means discard; memberlist's own lines go to it at Debug ([ERR] and [WARN] at Warn)
