@@ -134,6 +134,32 @@ func (f *tlsFlags) nodeTLS(clustered bool, log *slog.Logger) (nodeTLS, error) {
 	return t, nil
 }
 
+// serveSecurity applies the TLS flags and the gossip keys file to cfg, a
+// cluster member if cfg.Cluster is set, and returns the gossip keyring
+// (nil without --gossip-keys) for watchGossipKeys.
+func serveSecurity(cfg *node.Config, tf *tlsFlags, keysPath string, log *slog.Logger) (*gossip.Keyring, error) {
+	var keyring *gossip.Keyring
+	if keysPath != "" {
+		if cfg.Cluster == nil {
+			return nil, usagef("--gossip-keys needs --gossip or --join")
+		}
+		keys, err := gossipKeys(keysPath)
+		if err != nil {
+			return nil, err
+		}
+		if keyring, err = gossip.NewKeyring(keys); err != nil {
+			return nil, fmt.Errorf("--gossip-keys %s: %w", keysPath, err)
+		}
+		cfg.Cluster.Keyring = keyring
+	}
+	nt, err := tf.nodeTLS(cfg.Cluster != nil, log)
+	if err != nil {
+		return nil, err
+	}
+	nt.apply(cfg)
+	return keyring, nil
+}
+
 // gossipKeys reads the gossip keys file at path (see gossip.ParseKeys).
 func gossipKeys(path string) ([][]byte, error) {
 	b, err := os.ReadFile(path)

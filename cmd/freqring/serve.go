@@ -101,32 +101,17 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		SnapshotInterval: *snapInterval, SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt,
 		Name: *name, AdvertiseAddr: *advertise,
 	}
-	clustered := *gossipBind != "" || len(seeds) > 0
-	var keyring *gossip.Keyring
-	if clustered {
+	if *gossipBind != "" || len(seeds) > 0 {
 		gc, err := gossipConfig(*gossipBind, *gossipAdv, seeds, *rejoin)
 		if err != nil {
 			return err
 		}
 		nc.Cluster = gc
-		if *gossipKeysPath != "" {
-			keys, err := gossipKeys(*gossipKeysPath)
-			if err != nil {
-				return err
-			}
-			if keyring, err = gossip.NewKeyring(keys); err != nil {
-				return fmt.Errorf("--gossip-keys %s: %w", *gossipKeysPath, err)
-			}
-			gc.Keyring = keyring
-		}
-	} else if *gossipKeysPath != "" {
-		return usagef("--gossip-keys needs --gossip or --join")
 	}
-	nt, err := tf.nodeTLS(clustered, logger)
+	keyring, err := serveSecurity(&nc, tf, *gossipKeysPath, logger)
 	if err != nil {
 		return err
 	}
-	nt.apply(&nc)
 	n, err := node.New(nc)
 	if err != nil {
 		return err
