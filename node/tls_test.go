@@ -49,7 +49,7 @@ func serveTLS(t *testing.T, n *node.Node, creds credentials.TransportCredentials
 	return lis.Addr().String()
 }
 
-func dial(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
+func dialCreds(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
@@ -92,11 +92,11 @@ func TestTLSListener(t *testing.T) {
 			withCert := credentials.NewTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{cli.Cert}})
 			addr := serveTLS(t, n, withCert)
 
-			if resp, err := checkOne(dial(t, addr, withCert)); err != nil || !resp.Admitted[0] {
+			if resp, err := checkOne(dialCreds(t, addr, withCert)); err != nil || !resp.Admitted[0] {
 				t.Fatalf("TLS client with a certificate: %v, %v", resp, err)
 			}
 			noCert := credentials.NewTLS(&tls.Config{RootCAs: ca.Pool()})
-			_, err = checkOne(dial(t, addr, noCert))
+			_, err = checkOne(dialCreds(t, addr, noCert))
 			if auth == tls.RequireAndVerifyClientCert {
 				if status.Code(err) != codes.Unavailable {
 					t.Fatalf("client without a certificate under %v: %v, want UNAVAILABLE (handshake refused)", auth, err)
@@ -104,15 +104,15 @@ func TestTLSListener(t *testing.T) {
 			} else if err != nil {
 				t.Fatalf("client without a certificate under %v: %v", auth, err)
 			}
-			if _, err := checkOne(dial(t, addr, insecure.NewCredentials())); status.Code(err) != codes.Unavailable {
+			if _, err := checkOne(dialCreds(t, addr, insecure.NewCredentials())); status.Code(err) != codes.Unavailable {
 				t.Fatalf("plaintext client: %v, want UNAVAILABLE", err)
 			}
-			if _, err := checkOne(dial(t, addr, credentials.NewTLS(&tls.Config{RootCAs: other.Pool()}))); status.Code(err) != codes.Unavailable {
+			if _, err := checkOne(dialCreds(t, addr, credentials.NewTLS(&tls.Config{RootCAs: other.Pool()}))); status.Code(err) != codes.Unavailable {
 				t.Fatalf("client trusting another CA: %v, want UNAVAILABLE", err)
 			}
 			if auth >= tls.VerifyClientCertIfGiven {
 				creds := credentials.NewTLS(presenting(ca, other.Issue(t, "stranger")))
-				if _, err := checkOne(dial(t, addr, creds)); status.Code(err) != codes.Unavailable {
+				if _, err := checkOne(dialCreds(t, addr, creds)); status.Code(err) != codes.Unavailable {
 					t.Fatalf("client certificate of another CA under %v: %v, want UNAVAILABLE", auth, err)
 				}
 			}
@@ -160,7 +160,7 @@ func TestPeerMTLS(t *testing.T) {
 	noCert := credentials.NewTLS(&tls.Config{RootCAs: ca.Pool()})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := pb.NewLimiterClient(dial(t, a.Addr, noCert)).Check(ctx, &req)
+	resp, err := pb.NewLimiterClient(dialCreds(t, a.Addr, noCert)).Check(ctx, &req)
 	if err != nil || len(resp.Errors) > 0 {
 		t.Fatalf("Check through a of items b owns: %v, %v", err, resp.GetErrors())
 	}
@@ -181,18 +181,18 @@ func TestPeerMTLS(t *testing.T) {
 		return out
 	}
 	before := b.Node.Stats()
-	for method, err := range peerCalls(dial(t, b.Addr, noCert)) {
+	for method, err := range peerCalls(dialCreds(t, b.Addr, noCert)) {
 		if status.Code(err) != codes.Unauthenticated {
 			t.Errorf("%s without a client certificate: %v, want UNAUTHENTICATED", method, err)
 		}
 	}
-	for method, err := range peerCalls(dial(t, b.Addr, credentials.NewTLS(presenting(ca, clientCA.Issue(t, "stranger"))))) {
+	for method, err := range peerCalls(dialCreds(t, b.Addr, credentials.NewTLS(presenting(ca, clientCA.Issue(t, "stranger"))))) {
 		if status.Code(err) != codes.Unavailable {
 			t.Errorf("%s with a certificate of another CA: %v, want UNAVAILABLE", method, err)
 		}
 	}
 	// A client certificate of the nodes' CA without the peers' name.
-	for method, err := range peerCalls(dial(t, b.Addr, credentials.NewTLS(presenting(ca, ca.Issue(t, "a client"))))) {
+	for method, err := range peerCalls(dialCreds(t, b.Addr, credentials.NewTLS(presenting(ca, ca.Issue(t, "a client"))))) {
 		if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "not a peer's") {
 			t.Errorf("%s with a client certificate without the peer name: %v, want UNAUTHENTICATED", method, err)
 		}
@@ -202,7 +202,7 @@ func TestPeerMTLS(t *testing.T) {
 	}
 	// A peer's certificate passes the interceptor (and reaches the handler,
 	// which answers for itself).
-	if _, err := pb.NewPeerClient(dial(t, b.Addr, peerCreds)).Forward(ctx, &req); err != nil {
+	if _, err := pb.NewPeerClient(dialCreds(t, b.Addr, peerCreds)).Forward(ctx, &req); err != nil {
 		t.Fatalf("Forward with the node certificate: %v", err)
 	}
 }
@@ -245,7 +245,7 @@ func TestRotatedCertificateServed(t *testing.T) {
 	served := func() string {
 		t.Helper()
 		var p peer.Peer
-		if _, err := checkOne(dial(t, addr, creds), grpc.Peer(&p)); err != nil { // a new connection: a new handshake
+		if _, err := checkOne(dialCreds(t, addr, creds), grpc.Peer(&p)); err != nil { // a new connection: a new handshake
 			t.Fatal(err)
 		}
 		return p.AuthInfo.(credentials.TLSInfo).State.PeerCertificates[0].Subject.CommonName
