@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
@@ -17,6 +18,7 @@ import (
 // as a single Check (which the client coalesces with other callers').
 type FreqringTarget struct {
 	c      *client.Client
+	dial   []grpc.DialOption // of the Status calls: the client's credentials
 	domain string
 	hashes []uint64
 }
@@ -28,7 +30,14 @@ func NewFreqringTarget(ctx context.Context, seeds []string, domain string, templ
 	if err != nil {
 		return nil, err
 	}
-	t := &FreqringTarget{c: c, domain: domain}
+	t := &FreqringTarget{c: c, domain: domain, dial: cfg.DialOptions}
+	if t.dial == nil {
+		creds := insecure.NewCredentials()
+		if cfg.TLS != nil {
+			creds = credentials.NewTLS(cfg.TLS)
+		}
+		t.dial = []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	}
 	for i := range templates {
 		t.hashes = append(t.hashes, TemplateHash(uint16(i)))
 	}
@@ -82,7 +91,7 @@ func result(d client.Decision, err error) Result {
 func (t *FreqringTarget) Memory(ctx context.Context) (int64, int64, error) {
 	var bytes, records int64
 	for _, m := range t.c.Ring().Members() {
-		conn, err := grpc.NewClient(m.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(m.Addr, t.dial...)
 		if err != nil {
 			return 0, 0, err
 		}

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -76,10 +78,15 @@ type Config struct {
 	// the default; at most 100ms. Note that Go timers shorter than a
 	// millisecond may fire a millisecond late.
 	MaxDelay time.Duration
-	// DialOptions are used for every connection to a node. nil means
-	// insecure transport credentials; a non-nil list replaces that default,
-	// so it must set credentials itself.
+	// DialOptions are used for every connection to a node. nil means TLS
+	// with the TLS field if set, else plaintext; a non-nil list replaces
+	// that default, so it must set credentials itself.
 	DialOptions []grpc.DialOption
+	// TLS, if set, dials every node over TLS with this configuration (its
+	// RootCAs verify the nodes; Certificates or GetClientCertificate give a
+	// client certificate if the nodes ask for one). nil means plaintext.
+	// Set it or DialOptions, not both.
+	TLS *tls.Config
 	// Logger receives ring changes (Info), degraded answers (Warn, at most
 	// once a second) and watch errors (Debug). nil means discard.
 	Logger *slog.Logger
@@ -105,7 +112,11 @@ func (c Config) withDefaults() Config {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
-	if c.DialOptions == nil {
+	switch {
+	case c.DialOptions != nil:
+	case c.TLS != nil:
+		c.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(c.TLS))}
+	default:
 		c.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
 	if c.Logger == nil {
@@ -183,6 +194,9 @@ type Client struct {
 // another epoch than the node's. The Client then follows ring changes on its
 // own until Close.
 func New(ctx context.Context, cfg Config) (*Client, error) {
+	if cfg.TLS != nil && cfg.DialOptions != nil {
+		return nil, errors.New("client: TLS and DialOptions are both set: set TLS, or credentials in DialOptions")
+	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err

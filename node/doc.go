@@ -57,6 +57,17 @@
 //	removed.go    history of domains the rules lack: refuse, or drop when told
 //	walrec.go     the WAL payload of one Check
 //	server.go     the gRPC services, health, reflection, Serve
+//	security.go   TLS on the listener; the Peer service kept to verified peers
+//
+// # Transport security
+//
+// Config.TLS puts the listener on TLS; the node never reads certificate
+// files (cmd/freqring does, and reloads them through the tls.Config's
+// callbacks). With Config.PeerMTLS the Peer service answers UNAUTHENTICATED
+// unless the caller's client certificate was verified (and, with PeerName,
+// is valid for that name); the Limiter service asks for client certificates
+// as TLS.ClientAuth says. Peers dial each other through Config.Peers, which
+// GRPCPeers with TLS credentials makes.
 //
 // # Memory
 //

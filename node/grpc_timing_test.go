@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -11,9 +12,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/internal/testcert"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/wal"
@@ -47,7 +50,44 @@ func BenchmarkGRPCCheckWAL(b *testing.B) {
 	}
 }
 
+// BenchmarkGRPCCheckTLS is BenchmarkGRPCCheck in plaintext, over TLS, and
+// over TLS with a verified client certificate (mTLS), in one run; the
+// certificates are ECDSA P-256, made in the test. Repeat whole runs (not
+// -count, which runs one variant's repeats back to back) so that a shared
+// machine's load changes hit all three alike:
+//
+//	for i in 1 2 3; do go test -run '^$' -bench 'GRPCCheckTLS' -benchtime 100000x ./node; done
+func BenchmarkGRPCCheckTLS(b *testing.B) {
+	ca := testcert.NewCA(b, "bench CA")
+	srv, cli := ca.Issue(b, "node"), ca.Issue(b, "client")
+	for _, tc := range []struct {
+		name string
+		auth tls.ClientAuthType
+		cert bool
+	}{{"off", 0, false}, {"tls", tls.NoClientCert, false}, {"mtls", tls.RequireAndVerifyClientCert, true}} {
+		b.Run("tls="+tc.name, func(b *testing.B) {
+			if tc.name == "off" {
+				benchGRPC(b, node.Config{})
+				return
+			}
+			cfg := node.Config{TLS: &tls.Config{Certificates: []tls.Certificate{srv.Cert}, ClientCAs: ca.Pool(),
+				ClientAuth: tc.auth, MinVersion: tls.VersionTLS12}}
+			ctls := &tls.Config{RootCAs: ca.Pool()}
+			if tc.cert {
+				ctls.Certificates = []tls.Certificate{cli.Cert}
+			}
+			benchGRPCWith(b, cfg, grpc.WithTransportCredentials(credentials.NewTLS(ctls)))
+		})
+	}
+}
+
 func benchGRPC(b *testing.B, cfg node.Config) {
+	benchGRPCWith(b, cfg, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// benchGRPCWith runs the load of BenchmarkGRPCCheck on a node of cfg,
+// dialling it with creds.
+func benchGRPCWith(b *testing.B, cfg node.Config, creds grpc.DialOption) {
 	const (
 		batch      = 100
 		callers    = 64
@@ -68,7 +108,7 @@ func benchGRPC(b *testing.B, cfg node.Config) {
 	defer func() { cancel(); <-served }()
 	var clients []pb.LimiterClient
 	for range conns {
-		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(lis.Addr().String(), creds)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -80,7 +120,11 @@ func benchGRPC(b *testing.B, cfg node.Config) {
 		templates[i] = node.ContentHash(fmt.Appendf(nil, "template %d: your code is ####", i))
 	}
 
-	waitServingNode(b, lis.Addr().String())
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := nodetest.WaitServingWith(wctx, lis.Addr().String(), creds); err != nil {
+		b.Fatal(err)
+	}
 	var mu sync.Mutex
 	var lat []time.Duration
 	b.SetParallelism(callers / 2) // 64 goroutines on the 2 Ps of this machine
@@ -124,14 +168,5 @@ func benchGRPC(b *testing.B, cfg node.Config) {
 	b.ReportMetric(float64(s.Denied)/float64(s.Checks)*100, "denied-%")
 	if s.WAL.Batches > 0 {
 		b.ReportMetric(float64(s.WAL.Appends)/float64(s.WAL.Batches), "wal-appends/batch")
-	}
-}
-
-// waitServingNode waits until the node at addr reports SERVING.
-func waitServingNode(tb testing.TB, addr string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := nodetest.WaitServing(ctx, addr); err != nil {
-		tb.Fatal(err)
 	}
 }

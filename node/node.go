@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"hash/crc32"
 	"log/slog"
@@ -98,7 +99,8 @@ type Config struct {
 	// must use the same. The zero value means package ring's defaults. The
 	// store has one lock per partition (Placement.PartitionCount).
 	Placement ring.Config
-	// Peers reaches other nodes; nil means gRPC (GRPCPeers). In-process
+	// Peers reaches other nodes; nil means gRPC in plaintext (GRPCPeers()).
+	// Peers over TLS are GRPCPeers(grpc.WithTransportCredentials(...)). In-process
 	// clusters pass a LocalNetwork's peers.
 	Peers Peers
 	// Replication says whether an admitted send is on its partition's
@@ -130,6 +132,22 @@ type Config struct {
 	// bytes each); 0 means 1,048,576. Under a load of more than
 	// capacity/window recorded ids a second, ids are kept for less.
 	IdempotencyCapacity int
+
+	// TLS, if set, is the gRPC listener's TLS configuration (its
+	// certificate, and ClientAuth and ClientCAs for client certificates);
+	// nil means plaintext. The caller owns it (it may reload certificates
+	// through GetConfigForClient); the node never reads files.
+	TLS *tls.Config
+	// PeerMTLS makes the Peer service (Forward, Acquire, Release,
+	// Replicate, Fill) answer UNAUTHENTICATED to a caller without a client
+	// certificate verified against TLS.ClientCAs. It needs TLS with
+	// ClientAuth at least tls.VerifyClientCertIfGiven.
+	PeerMTLS bool
+	// PeerName, with PeerMTLS, is a DNS name the Peer service also wants in
+	// the client certificate (its SANs), so that a client whose certificate
+	// the same CA signed is not taken for a peer; "" means any verified
+	// certificate.
+	PeerName string
 }
 
 func (c *Config) fill() {
@@ -196,6 +214,9 @@ func (c *Config) validate() error {
 	}
 	if c.AsyncBound < 1 || c.AsyncBound > 1<<20 {
 		return fmt.Errorf("node: AsyncBound %d out of range [1, %d]", c.AsyncBound, 1<<20)
+	}
+	if c.PeerMTLS && (c.TLS == nil || c.TLS.ClientAuth < tls.VerifyClientCertIfGiven) {
+		return fmt.Errorf("node: PeerMTLS needs TLS with ClientAuth at least VerifyClientCertIfGiven (have TLS %v)", c.TLS != nil)
 	}
 	if c.IdempotencyCapacity < 0 {
 		return fmt.Errorf("node: IdempotencyCapacity %d is negative", c.IdempotencyCapacity)

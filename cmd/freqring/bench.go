@@ -45,6 +45,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	policy := fs.String("fail", "open", "freqring client failure policy: open or closed")
 	maxDelay := fs.Duration("max-delay", 0, "freqring client: how long single checks wait to share an RPC (0: the client's default, 200µs; negative: send at once)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
+	tf := addTLSFlags(fs, false)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring bench [flags]\n\nRuns the seed's workload against freqring and/or Redis running the seed's design, and prints\ndecisions/s, latency percentiles, memory per recipient and the over-admission count.\nIt starts nothing unless --start-cluster or --start-redis asks.\n\n")
 		fs.PrintDefaults()
@@ -96,6 +97,13 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		switch name {
 		case "freqring":
 			seeds := strings.Split(*addr, ",")
+			dial, derr := tf.dialOptions(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+			if derr != nil {
+				return derr
+			}
+			if *startCluster > 0 && tf.enabled() {
+				return usagef("the --tls-* flags are for the nodes at --addr; --start-cluster starts plaintext nodes")
+			}
 			if *startCluster > 0 {
 				if *startCluster > 50 {
 					return usagef("--start-cluster %d out of range [1, 50]", *startCluster)
@@ -115,7 +123,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				seeds = lc.Addrs()
 				fmt.Fprintf(stdout, "started a local cluster of %d nodes: %s\n", *startCluster, strings.Join(seeds, ", "))
 			}
-			t, err = bench.NewFreqringTarget(ctx, seeds, *domain, *templates, client.Config{FailurePolicy: fp, MaxDelay: *maxDelay})
+			t, err = bench.NewFreqringTarget(ctx, seeds, *domain, *templates, client.Config{FailurePolicy: fp, MaxDelay: *maxDelay, DialOptions: dial})
 		case "redis", "redis-per-rule":
 			raddr := *redisAddr
 			if *startRedis {

@@ -49,6 +49,7 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object per recipient")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call; past it the failure policy answers")
 	fail := fs.String("fail", "open", "failure policy when no node answers in time: open (admit) or closed (deny); either way marked degraded")
+	tf := addTLSFlags(fs, false)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring check [flags] RECIPIENT... [flags]\n\nAsks the cluster whether a message may go to each recipient now, and prints each rule's state.\nFlags may come before or after the recipients; after \"--\" every argument is a recipient.\n\n")
 		fs.PrintDefaults()
@@ -80,7 +81,11 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := client.New(ctx, client.Config{Seeds: strings.Split(*addr, ","), Timeout: *timeout, FailurePolicy: policy, Logger: logger})
+	dial, err := tf.dialOptions(logger)
+	if err != nil {
+		return err
+	}
+	c, err := client.New(ctx, client.Config{Seeds: strings.Split(*addr, ","), Timeout: *timeout, FailurePolicy: policy, Logger: logger, DialOptions: dial})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *addr, err)
 	}

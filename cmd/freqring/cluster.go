@@ -24,6 +24,7 @@ func cluster(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rulesPath := fs.String("rules", "", "rules file (default: the embedded default rules)")
 	dataDir := fs.String("data-dir", "", "if set, node i keeps its WAL and snapshots in DIR/node-i")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
+	tf := addTLSFlags(fs, true)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring cluster [flags]\n\nRuns a local cluster on 127.0.0.1 until SIGINT or SIGTERM.\n\n")
 		fs.PrintDefaults()
@@ -46,10 +47,15 @@ func cluster(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
+	nt, err := tf.nodeTLS(true, logger)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	lc, err := nodetest.Start(ctx, nodetest.Config{
 		Size: *size, Rules: rs, DataDir: *dataDir, Logger: logger, BasePort: *port,
+		DialOptions: nt.dial, Node: nt.apply,
 		Gossip: &gossip.Config{BindAddr: "127.0.0.1"},
 	})
 	if err != nil {

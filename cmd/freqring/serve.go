@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,6 +33,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	shards := fs.Int("shards", 0, "deprecated and ignored: the store has one lock per ring partition")
 	sweep := fs.Duration("sweep-interval", time.Minute, "how often idle records are reclaimed (negative disables)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	tf := addTLSFlags(fs, true)
+	gossipKeysPath := fs.String("gossip-keys", "", "file of gossip encryption keys, one base64 key (16, 24 or 32 bytes) a line, the primary first; encrypts and authenticates gossip, and is applied again when the file changes (key rotation: README, Security)")
 	dataDir := fs.String("data-dir", "", "directory of the write-ahead log and snapshots (default: memory only, a restart forgets every send)")
 	syncPolicy := fs.String("sync", "batch", "WAL fsync policy: batch (fsync before each reply), interval (every --sync-interval), none (leave it to the OS)")
 	syncInterval := fs.Duration("sync-interval", 10*time.Millisecond, "fsync period with --sync interval")
@@ -125,6 +128,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		nc.Cluster = gc
 	}
+	keyring, err := serveSecurity(&nc, tf, *gossipKeysPath, logger)
+	if err != nil {
+		return err
+	}
 	n, err := node.New(nc)
 	if err != nil {
 		return err
@@ -135,6 +142,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if keyring != nil {
+		var watcher sync.WaitGroup
+		wctx, cancel := context.WithCancel(ctx)
+		watcher.Go(func() { watchGossipKeys(wctx, *gossipKeysPath, keyring, time.Second, logger) })
+		defer watcher.Wait()
+		defer cancel()
+	}
 	return n.Serve(ctx, lis)
 }
 

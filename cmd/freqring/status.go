@@ -5,11 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"text/tabwriter"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
@@ -19,6 +19,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:7070", "gRPC address of any node")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
+	tf := addTLSFlags(fs, false)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring status [flags]\n\nShows the ring as one node sees it, and each member's state, partitions, records and counters.\n\n")
 		fs.PrintDefaults()
@@ -29,7 +30,11 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
-	rr, err := withLimiter(ctx, *addr, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.RingResponse, error) {
+	dial, err := tf.dialOptions(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		return err
+	}
+	rr, err := withLimiter(ctx, *addr, dial, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.RingResponse, error) {
 		return c.Ring(ctx, &pb.RingRequest{})
 	})
 	if err != nil {
@@ -58,7 +63,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tOPEN\tBACKED\tMOVING\tRECORDS\tCHECKS\tADMITTED\tDENIED\tFWD OUT\tFWD IN\tREPLICATION\tEPOCH")
 	for _, m := range rr.Known {
 		row := fmt.Sprintf("%s\t%s\t%s\t%v\t%d", m.Name, m.Addr, m.State, inRing[m.Name], counts[m.Name])
-		st, err := withLimiter(ctx, m.Addr, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.StatusResponse, error) {
+		st, err := withLimiter(ctx, m.Addr, dial, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.StatusResponse, error) {
 			return c.Status(ctx, &pb.StatusRequest{})
 		})
 		if err != nil {
@@ -88,10 +93,10 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return nil
 }
 
-// withLimiter dials addr and makes one call with a deadline.
-func withLimiter[T any](ctx context.Context, addr string, timeout time.Duration, call func(context.Context, pb.LimiterClient) (T, error)) (T, error) {
+// withLimiter dials addr with dial and makes one call with a deadline.
+func withLimiter[T any](ctx context.Context, addr string, dial []grpc.DialOption, timeout time.Duration, call func(context.Context, pb.LimiterClient) (T, error)) (T, error) {
 	var zero T
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return zero, err
 	}

@@ -52,6 +52,10 @@ type Config struct {
 	// InMemory connects the nodes through a node.LocalNetwork instead of
 	// gRPC; they serve no gRPC and Addr is a name, not an address.
 	InMemory bool
+	// DialOptions are what the cluster's own calls (its waits for a node to
+	// serve) dial nodes with; nil means plaintext. A cluster whose Node hook
+	// turns TLS on passes its TLS credentials here.
+	DialOptions []grpc.DialOption
 	// Node, if set, adjusts each node's config last.
 	Node func(cfg *node.Config)
 	// StartTimeout bounds the wait for a node to serve and for rings to
@@ -233,7 +237,7 @@ func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
 	m.cancel = stop
 	m.served = make(chan error, 1)
 	go func() { m.served <- n.Serve(runCtx, m.lis) }()
-	if err := waitServing(sctx, m.Addr, m.served); err != nil {
+	if err := waitServing(sctx, m.Addr, m.served, c.cfg.DialOptions...); err != nil {
 		stop()
 		m.down.Store(true)
 		return fmt.Errorf("nodetest: %s: %w", m.Name, err)
@@ -467,10 +471,20 @@ func freePort() (int, error) {
 // first check: Serve answers NOT_SERVING while the node recovers.
 func WaitServing(ctx context.Context, addr string) error { return waitServing(ctx, addr, nil) }
 
+// WaitServingWith is WaitServing dialling with opts (a node serving TLS
+// needs TLS credentials); no opts means plaintext.
+func WaitServingWith(ctx context.Context, addr string, opts ...grpc.DialOption) error {
+	return waitServing(ctx, addr, nil, opts...)
+}
+
 // waitServing waits until the node at addr reports SERVING through gRPC
-// health, or Serve returns (served; nil never does).
-func waitServing(ctx context.Context, addr string, served <-chan error) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// health, or Serve returns (served; nil never does). No opts means
+// plaintext.
+func waitServing(ctx context.Context, addr string, served <-chan error, opts ...grpc.DialOption) error {
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return err
 	}

@@ -93,6 +93,12 @@
 // memberlist's own lines go to the same logger at Debug, or at Warn for its
 // [ERR] and [WARN] lines. A nil Logger discards everything.
 //
-// Gossip is neither encrypted nor authenticated (memberlist's keyring is not
-// configured): keep the gossip port on a private network.
+// # Encryption
+//
+// Without Config.Keyring, gossip is neither encrypted nor authenticated:
+// anyone who reaches the gossip port can join. With a Keyring (AES-GCM,
+// memberlist's keyring), every packet and stream is encrypted with the
+// primary key and one that no key opens is dropped, so a node without a
+// shared key cannot join. Keyring.Set rotates keys on a running member; the
+// Keyring comment gives the three steps.
 package gossip

@@ -68,6 +68,12 @@ type Config struct {
 	// partition or a split start; 0 means 10s, negative disables.
 	RejoinInterval time.Duration
 
+	// Keyring, if set, encrypts and authenticates gossip: packets and
+	// streams no key opens are dropped (memberlist's GossipVerifyIncoming
+	// and GossipVerifyOutgoing). nil means plaintext gossip that anyone who
+	// reaches the port can join. Every member needs a key in common.
+	Keyring *Keyring
+
 	// Transport carries the gossip packets and streams; nil means
 	// memberlist's own UDP and TCP transport, bound to BindAddr:BindPort.
 	// With a Transport, BindAddr is not used and BindPort only gives the port
@@ -309,7 +315,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	if len(cfg.Join) > 0 && cfg.RejoinInterval > 0 {
 		m.wg.Go(m.rejoinLoop)
 	}
-	m.log.Info("gossip: started", "gossip_addr", m.gossipAddr, "grpc_addr", cfg.GRPCAddr,
+	m.log.Info("gossip: started", "gossip_addr", m.gossipAddr, "encrypted", cfg.Keyring != nil, "grpc_addr", cfg.GRPCAddr,
 		"state", cfg.State, "members", m.Ring().Len(), "epoch", fmt.Sprintf("%016x", m.Ring().Epoch()))
 	return m, nil
 }
@@ -333,6 +339,10 @@ func (m *Membership) memberlistConfig() *memberlist.Config {
 	mc.TCPTimeout = c.TCPTimeout
 	mc.DeadNodeReclaimTime = max(c.DeadNodeReclaimTime, 0) // memberlist: 0 means never
 	mc.Transport = c.Transport                             // nil: memberlist binds BindAddr:BindPort
+	if c.Keyring != nil {
+		mc.Keyring = c.Keyring.kr
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
 	d := delegate{m}
 	mc.Delegate = d
 	mc.Events = d

@@ -37,9 +37,11 @@ import (
 
 // Paths from this directory.
 const (
-	k8sDir     = ".."                             // deploy/k8s, the kustomization
-	dockerfile = "../../Dockerfile"               // deploy/Dockerfile
-	serveGo    = "../../../cmd/freqring/serve.go" // the flags of freqring serve
+	k8sDir     = ".."                                // deploy/k8s, the kustomization
+	dockerfile = "../../Dockerfile"                  // deploy/Dockerfile
+	serveGo    = "../../../cmd/freqring/serve.go"    // the flags of freqring serve
+	securityGo = "../../../cmd/freqring/security.go" // and its --tls-* flags
+	tlsDir     = "../../k8s-tls"                     // the TLS overlay
 )
 
 // objects are the Kubernetes objects of one set of manifests, by kind.
@@ -99,11 +101,14 @@ func loadKustomization(t *testing.T) *types.Kustomization {
 
 // build runs kustomize on deploy/k8s, as `kubectl apply -k` would, and
 // decodes every object it emits strictly.
-func build(t *testing.T) *objects {
+func build(t *testing.T) *objects { return buildDir(t, k8sDir) }
+
+// buildDir runs kustomize on dir.
+func buildDir(t *testing.T, dir string) *objects {
 	t.Helper()
-	rm, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), k8sDir)
+	rm, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
 	if err != nil {
-		t.Fatalf("kustomize build deploy/k8s: %v", err)
+		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
 	objs := &objects{}
 	for _, r := range rm.Resources() {
@@ -133,16 +138,27 @@ func generatorFiles(g types.ConfigMapArgs) map[string]string {
 }
 
 // serveFlags returns the names of the flags `freqring serve` defines, read
-// from cmd/freqring/serve.go: every fs.String("name", ...), fs.Int(...) and
-// so on. Compiling the command would be slower and would reach for code
+// from cmd/freqring/serve.go and security.go (the --tls-* flags): every
+// fs.String("name", ...), fs.Int(...) and so on. Compiling the command would be slower and would reach for code
 // this module has no business building.
 func serveFlags(t *testing.T) map[string]bool {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), serveGo, nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	flags := map[string]bool{}
+	for _, file := range []string{serveGo, securityGo} {
+		f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inspectFlags(f, flags)
+	}
+	if len(flags) < 10 || !flags["listen"] || !flags["join"] || !flags["tls-cert"] {
+		t.Fatalf("%s, %s: found only flags %v; has the flag set stopped being called fs?", serveGo, securityGo, flags)
+	}
+	return flags
+}
+
+// inspectFlags adds to flags the names of the flags f defines on fs.
+func inspectFlags(f *ast.File, flags map[string]bool) {
 	ast.Inspect(f, func(n ast.Node) bool {
 		call, ok := n.(*ast.CallExpr)
 		if !ok || len(call.Args) == 0 {
@@ -167,10 +183,6 @@ func serveFlags(t *testing.T) map[string]bool {
 		}
 		return true
 	})
-	if len(flags) < 10 || !flags["listen"] || !flags["join"] {
-		t.Fatalf("%s: found only flags %v; has the flag set stopped being called fs?", serveGo, flags)
-	}
-	return flags
 }
 
 // parseServeArgs parses a `serve` command line of the forms --k=v, --k v and

@@ -97,9 +97,12 @@ var downward = map[string]string{
 	"status.podIP":       "10.1.2.3",
 }
 
-func load(t *testing.T) *deployment {
+func load(t *testing.T) *deployment { return loadDir(t, k8sDir) }
+
+// loadDir is load of the kustomization in dir.
+func loadDir(t *testing.T, dir string) *deployment {
 	t.Helper()
-	d := &deployment{objs: build(t)}
+	d := &deployment{objs: buildDir(t, dir)}
 	if n := len(d.objs.statefulSets); n != 1 {
 		t.Fatalf("%d StatefulSets, want 1", n)
 	}
@@ -582,4 +585,44 @@ func keys2(m map[string]bool) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestTLSOverlay: deploy/k8s-tls builds, its serve flags exist, and every
+// file they name is in a Secret mounted read-only, under the key the
+// Secret is documented to hold.
+func TestTLSOverlay(t *testing.T) {
+	d := loadDir(t, tlsDir)
+	spec := d.sts.Spec.Template.Spec
+	for flag, want := range map[string]struct{ secret, key string }{
+		"tls-cert": {"freqring-tls", "tls.crt"}, "tls-key": {"freqring-tls", "tls.key"},
+		"tls-ca": {"freqring-tls", "ca.crt"}, "gossip-keys": {"freqring-gossip-keys", "keys"},
+	} {
+		file, ok := d.flags[flag]
+		if !ok {
+			t.Errorf("--%s not set", flag)
+			continue
+		}
+		found := false
+		for _, m := range d.ctr.VolumeMounts {
+			if path.Dir(file) != m.MountPath {
+				continue
+			}
+			for _, v := range spec.Volumes {
+				if v.Name == m.Name && v.Secret != nil && v.Secret.SecretName == want.secret && m.ReadOnly && path.Base(file) == want.key {
+					found = true
+				}
+			}
+		}
+		if !found {
+			t.Errorf("--%s=%s is not key %s of Secret %s mounted read-only", flag, file, want.key, want.secret)
+		}
+	}
+	for name, p := range map[string]*corev1.Probe{"startup": d.ctr.StartupProbe, "readiness": d.ctr.ReadinessProbe, "liveness": d.ctr.LivenessProbe} {
+		if p == nil || p.TCPSocket == nil || p.TCPSocket.Port.IntValue() != int(d.grpcPort) {
+			t.Errorf("%s probe %+v: want TCP on the gRPC port (gRPC probes are plaintext)", name, p)
+		}
+	}
+	if d.flags["tls-client-auth"] == "" || d.flags["tls-server-name"] == "" {
+		t.Errorf("flags %v: want --tls-client-auth and --tls-server-name", d.flags)
+	}
 }
