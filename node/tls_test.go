@@ -178,6 +178,7 @@ func TestPeerMTLS(t *testing.T) {
 		_, out["Release"] = pc.Release(ctx, &pb.ReleaseRequest{Node: a.Name})
 		_, out["Replicate"] = pc.Replicate(ctx, &pb.ReplicateRequest{Node: a.Name, RingEpoch: r.Epoch()})
 		_, out["Fill"] = pc.Fill(ctx, &pb.FillRequest{Node: a.Name, RingEpoch: r.Epoch()})
+		_, out["Handback"] = pc.Handback(ctx, &pb.HandbackRequest{Node: a.Name, RingEpoch: r.Epoch()})
 		return out
 	}
 	before := b.Node.Stats()
