@@ -94,14 +94,10 @@ type handoff struct {
 	owed          []bool
 	handbackSent  []bool
 	handbackEpoch uint64
-	// pulledFrom is, per partition, the epoch of the last completed pull
-	// from each member: a handback from a member pulled from under the
-	// current ring brings nothing new.
-	pulledFrom []map[string]uint64
-	open       []atomic.Bool // per partition: open in the store (a hint for waitMoving)
-	kick       chan struct{} // wakes the mover
-	changed    chan struct{} // closed (and replaced) when the mover sees a new ring
-	leaving    atomic.Bool   // set by drain
+	open          []atomic.Bool // per partition: open in the store (a hint for waitMoving)
+	kick          chan struct{} // wakes the mover
+	changed       chan struct{} // closed (and replaced) when the mover sees a new ring
+	leaving       atomic.Bool   // set by drain
 
 	// Majority (rule 5): counted holds the members seen serving that have
 	// not announced leaving since, with when each was last present; seen is
@@ -118,7 +114,7 @@ type handoff struct {
 func newHandoff(parts int) *handoff {
 	h := &handoff{
 		opened: make([]chan struct{}, parts), pullAll: make([]bool, parts), from: make([]map[string]bool, parts),
-		fill: make([]bool, parts), handed: make([]bool, parts), owed: make([]bool, parts), handbackSent: make([]bool, parts), pulledFrom: make([]map[string]uint64, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
+		fill: make([]bool, parts), handed: make([]bool, parts), owed: make([]bool, parts), handbackSent: make([]bool, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
 		counted: map[string]time.Time{}, closedAt: make([]time.Time, parts), changed: make(chan struct{}),
 	}
 	h.majority.Store(true)
@@ -606,18 +602,6 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 	}
 	wg.Wait()
 	same := n.clus.Load().ring().Epoch() == r.Epoch()
-	h.mu.Lock()
-	for name, parts := range ask {
-		for _, p := range parts {
-			if failed[p] == nil {
-				if h.pulledFrom[p] == nil {
-					h.pulledFrom[p] = map[string]uint64{}
-				}
-				h.pulledFrom[p][name] = r.Epoch()
-			}
-		}
-	}
-	h.mu.Unlock()
 	for _, p := range chunk {
 		if failed[p] != nil {
 			continue
@@ -859,12 +843,6 @@ func (n *Node) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.Handb
 			continue // a newer owner pulls from every member anyway
 		}
 		h.mu.Lock()
-		if n.store.IsOpen(int(p)) && h.pulledFrom[p][req.Node] == r.Epoch() {
-			// Pulled from the caller under this ring, which closed it
-			// there for good: nothing decided since.
-			h.mu.Unlock()
-			continue
-		}
 		h.pullAll[p] = true
 		if h.closedAt[p].IsZero() {
 			h.closedAt[p] = time.Now()

@@ -1,0 +1,151 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/ring/gossip"
+	"github.com/freqring/freqring/window"
+)
+
+// startLocal starts a memory-only cluster member on ln, with gossip on
+// 127.0.0.1 joining join, and waits until it serves.
+func startLocal(t *testing.T, ln *LocalNetwork, name string, join ...string) *Node {
+	t.Helper()
+	g := gossip.Config{BindAddr: "127.0.0.1", Join: join, RejoinInterval: -1, DeadNodeReclaimTime: 200 * time.Millisecond,
+		ProbeInterval: 300 * time.Millisecond, ProbeTimeout: 250 * time.Millisecond, GossipInterval: 50 * time.Millisecond}
+	addr := name + ".in-memory:1"
+	n, err := New(Config{Name: name, AdvertiseAddr: addr, Cluster: &g, Peers: ln.Peers(), SweepInterval: -1, Replication: ReplicationOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Register(addr, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		lctx, lcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer lcancel()
+		n.Leave(lctx)
+		ln.Unregister(addr)
+		n.Close()
+	})
+	return n
+}
+
+// poll calls cond every 5 ms until it returns nil, or fails the test after
+// 30 s with its last error.
+func poll(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestHandbackBringsBackWhatWasDecidedElsewhere checks rule 7's mechanics:
+// b holds a send of a partition a owns (as b would after deciding for it
+// while it saw a gone) and owes it; b's handback makes a close the
+// partition, acquire it again from every member, and count the send.
+func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
+	ln := NewLocalNetwork()
+	a := startLocal(t, ln, "node-a")
+	b := startLocal(t, ln, "node-b", a.clus.Load().ms.GossipAddr())
+	settled := func() error {
+		ra, rb := a.Ring(), b.Ring()
+		if ra.Len() != 2 || ra.Epoch() != rb.Epoch() {
+			return fmt.Errorf("rings of %d and %d members, epochs %x and %x", ra.Len(), rb.Len(), ra.Epoch(), rb.Epoch())
+		}
+		for p := range a.store.Partitions() {
+			owner := a
+			if ra.PartitionOwner(p).Name == "node-b" {
+				owner = b
+			}
+			if !owner.store.IsOpen(p) {
+				return fmt.Errorf("partition %d is not open on its owner %s", p, owner.cfg.Name)
+			}
+		}
+		return nil
+	}
+	poll(t, "two nodes settle", settled)
+	r := a.Ring()
+	var rcp string
+	var p int
+	for i := 0; rcp == ""; i++ {
+		k := fmt.Sprintf("+86151%08d", i)
+		key, _ := KeyOf(k)
+		if p = r.PartitionHash(key); r.PartitionOwner(p).Name == "node-a" {
+			rcp = k
+		}
+	}
+	ctx := context.Background()
+	used := func() uint32 {
+		t.Helper()
+		resp, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+		if err != nil || len(resp.Errors) > 0 {
+			t.Fatalf("peek: %v %v", err, resp.GetErrors())
+		}
+		return resp.Used[0]
+	}
+	if resp, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}}); err != nil || !resp.Admitted[0] {
+		t.Fatalf("first send: %v %v", err, resp)
+	}
+
+	// What b decided for p under a ring that made it the owner.
+	key, tag := KeyOf(rcp)
+	dv := b.view.Load().domains[DefaultDomain]
+	// A second earlier: records merge as a union of sends per millisecond.
+	if _, _, err := b.store.Record(p, dv.ref, key, tag, b.nowMs()-1000, window.Item{Cost: 1}, 0, b.nowMs()); err != nil {
+		t.Fatal(err)
+	}
+	if got := used(); got != 1 {
+		t.Fatalf("a counts %d sends before the handback, want 1", got)
+	}
+	b.ho.mu.Lock()
+	b.ho.owed[p], b.ho.handed[p] = true, false
+	b.ho.mu.Unlock()
+	if err := b.handback(ctx, r, map[string][]uint32{"node-a": {uint32(p)}}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "a acquires the partition again", settled)
+	if got := used(); got != 2 {
+		t.Fatalf("a counts %d sends after the handback, want 2 (its own and b's)", got)
+	}
+	b.ho.mu.Lock()
+	owed := b.ho.owed[p]
+	b.ho.mu.Unlock()
+	if owed {
+		t.Fatal("b still owes the partition after a acquired it")
+	}
+
+	// Even from a member a pulled from under this very ring: b may have
+	// decided for the partition under another ring since, and come back to
+	// this one (an epoch names a member set, which recurs).
+	st := a.ho.moves.Load()
+	if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-b", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "a acquires the partition again", settled)
+	if a.ho.moves.Load() == st {
+		t.Fatal("a took the handback of a partition it had pulled under the same ring without acquiring it again")
+	}
+	// One from a stranger, or under another ring, is refused.
+	if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-x", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}}); err == nil {
+		t.Fatal("a handback from a stranger was taken")
+	}
+	if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-b", RingEpoch: r.Epoch() + 1, Partitions: []uint32{uint32(p)}}); err == nil {
+		t.Fatal("a handback under another ring was taken")
+	}
+}
