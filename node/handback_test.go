@@ -103,7 +103,10 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 		t.Fatalf("first send: %v %v", err, resp)
 	}
 
-	// What b decided for p under a ring that made it the owner.
+	// What b decided for p under a ring that made it the owner: it opened
+	// p, recorded a send, and closed p again when the rings healed.
+	b.openPartition(p)
+	defer b.closePartition(p)
 	key, tag := KeyOf(rcp)
 	dv := b.view.Load().domains[DefaultDomain]
 	// A second earlier: records merge as a union of sends per millisecond.
@@ -113,6 +116,7 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 	if got := used(); got != 1 {
 		t.Fatalf("a counts %d sends before the handback, want 1", got)
 	}
+	b.closePartition(p)
 	b.ho.mu.Lock()
 	b.ho.owed[p], b.ho.handed[p] = true, false
 	b.ho.mu.Unlock()
@@ -130,16 +134,27 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 		t.Fatal("b still owes the partition after a acquired it")
 	}
 
-	// Even from a member a pulled from under this very ring: b may have
-	// decided for the partition under another ring since, and come back to
-	// this one (an epoch names a member set, which recurs).
-	st := a.ho.moves.Load()
-	if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-b", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}}); err != nil {
-		t.Fatal(err)
+	// A handback at the generation a merged (b opened nothing since) is
+	// skipped; one at a later generation is taken even under the same ring:
+	// an epoch names a member set, which recurs after a flap.
+	a.ho.mu.Lock()
+	g := a.ho.pulledGen[p]["node-b"]
+	a.ho.mu.Unlock()
+	moves := a.ho.moves.Load()
+	hb := func(gen uint64) {
+		t.Helper()
+		if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-b", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}, Generations: []uint64{gen}}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	hb(g)
+	if !a.store.IsOpen(p) || a.ho.moves.Load() != moves {
+		t.Fatal("a handback at the generation merged closed the partition again")
+	}
+	hb(g + 1)
 	poll(t, "a acquires the partition again", settled)
-	if a.ho.moves.Load() == st {
-		t.Fatal("a took the handback of a partition it had pulled under the same ring without acquiring it again")
+	if a.ho.moves.Load() == moves {
+		t.Fatal("a handback at a later generation was not taken")
 	}
 	// One from a stranger, or under another ring, is refused.
 	if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-x", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}}); err == nil {

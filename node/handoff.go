@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -63,7 +64,11 @@ import (
 //     saw it back) would otherwise never ask for what they decided. Until
 //     the owner has acquired it, the node keeps the partition (a drain
 //     waits for it too) and tells the owner again after each failure and
-//     each new ring.
+//     each new ring. A handback names the generation of each partition (how
+//     many times its sender opened it); an owner that merged the sender's
+//     copy at that generation and kept the partition open since skips it,
+//     so the usual race of a ring change (the old owner hands back what the
+//     new one is acquiring from it) costs no second move.
 
 // MoveWait bounds how long a check waits for its partition to be acquired
 // by this node, its new owner, before it fails as retryable.
@@ -94,10 +99,16 @@ type handoff struct {
 	owed          []bool
 	handbackSent  []bool
 	handbackEpoch uint64
-	open          []atomic.Bool // per partition: open in the store (a hint for waitMoving)
-	kick          chan struct{} // wakes the mover
-	changed       chan struct{} // closed (and replaced) when the mover sees a new ring
-	leaving       atomic.Bool   // set by drain
+	// gen counts, per partition, the times this node opened it, from a
+	// random start (so that a restarted node's counts do not repeat);
+	// pulledGen is, per partition and member, the gen of the member's copy
+	// this node last merged: a handback at that gen brings nothing new.
+	gen       []uint64
+	pulledGen []map[string]uint64
+	open      []atomic.Bool // per partition: open in the store (a hint for waitMoving)
+	kick      chan struct{} // wakes the mover
+	changed   chan struct{} // closed (and replaced) when the mover sees a new ring
+	leaving   atomic.Bool   // set by drain
 
 	// Majority (rule 5): counted holds the members seen serving that have
 	// not announced leaving since, with when each was last present; seen is
@@ -114,10 +125,15 @@ type handoff struct {
 func newHandoff(parts int) *handoff {
 	h := &handoff{
 		opened: make([]chan struct{}, parts), pullAll: make([]bool, parts), from: make([]map[string]bool, parts),
-		fill: make([]bool, parts), handed: make([]bool, parts), owed: make([]bool, parts), handbackSent: make([]bool, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
+		fill: make([]bool, parts), handed: make([]bool, parts), owed: make([]bool, parts), handbackSent: make([]bool, parts),
+		gen: make([]uint64, parts), pulledGen: make([]map[string]uint64, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
 		counted: map[string]time.Time{}, closedAt: make([]time.Time, parts), changed: make(chan struct{}),
 	}
 	h.majority.Store(true)
+	base := rand.Uint64() >> 1 // room to count opens
+	for p := range h.gen {
+		h.gen[p] = base
+	}
 	for p := range h.opened {
 		h.opened[p] = make(chan struct{})
 		h.open[p].Store(true) // stores start open
@@ -169,6 +185,7 @@ func (n *Node) openPartition(p int) {
 	}
 	h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
 	h.owed[p] = false // it decides here again, with what it held
+	h.gen[p]++
 	h.mu.Unlock()
 }
 
@@ -375,11 +392,13 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			work = append(work, p)
 		}
 	}
-	herr := n.handback(ctx, r, owedTo)
-	if len(work) == 0 {
-		return herr
+	var aerr error
+	if len(work) > 0 {
+		aerr = n.acquire(ctx, r, work, members)
 	}
-	return errors.Join(n.acquire(ctx, r, work, members), herr)
+	// After this node's own moves, which checks wait for; the owners of
+	// what it hands back are acquiring those partitions meanwhile.
+	return errors.Join(aerr, n.handback(ctx, r, owedTo))
 }
 
 // handback tells each owner under r of the partitions this node decided for
@@ -411,7 +430,13 @@ func (n *Node) handback(ctx context.Context, r *ring.Ring, owedTo map[string][]u
 				}
 				hctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
 				defer cancel()
-				_, err = cli.Handback(hctx, &pb.HandbackRequest{Node: n.cfg.Name, RingEpoch: r.Epoch(), Partitions: parts})
+				req := &pb.HandbackRequest{Node: n.cfg.Name, RingEpoch: r.Epoch(), Partitions: parts}
+				n.ho.mu.Lock()
+				for _, p := range parts {
+					req.Generations = append(req.Generations, n.ho.gen[p])
+				}
+				n.ho.mu.Unlock()
+				_, err = cli.Handback(hctx, req)
 				return err
 			}()
 			mu.Lock()
@@ -657,6 +682,16 @@ func (n *Node) pullFrom(ctx context.Context, r *ring.Ring, m ring.Member, ps []i
 		}
 		return nil
 	})
+	if err == nil && len(resp.Generations) == len(ps) {
+		n.ho.mu.Lock()
+		for i, p := range ps {
+			if n.ho.pulledGen[p] == nil {
+				n.ho.pulledGen[p] = map[string]uint64{}
+			}
+			n.ho.pulledGen[p][m.Name] = resp.Generations[i]
+		}
+		n.ho.mu.Unlock()
+	}
 	return records, nb, err
 }
 
@@ -777,6 +812,7 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 		resp.Images = append(resp.Images, img)
 		n.ho.mu.Lock()
 		n.ho.handed[p], n.ho.owed[p] = true, false
+		resp.Generations = append(resp.Generations, n.ho.gen[p])
 		n.ho.mu.Unlock()
 	}
 	return resp, nil
@@ -838,11 +874,19 @@ func (n *Node) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.Handb
 		}
 	}
 	h := n.ho
-	for _, p := range req.Partitions {
+	var taken []uint32
+	for i, p := range req.Partitions {
 		if r.PartitionOwner(int(p)).Name != n.cfg.Name {
 			continue // a newer owner pulls from every member anyway
 		}
 		h.mu.Lock()
+		if len(req.Generations) == len(req.Partitions) && n.store.IsOpen(int(p)) && h.pulledGen[p][req.Node] == req.Generations[i] {
+			// Merged from the caller at this generation, open since: the
+			// caller decided nothing for it after this node's pull.
+			h.mu.Unlock()
+			continue
+		}
+		taken = append(taken, p)
 		h.pullAll[p] = true
 		if h.closedAt[p].IsZero() {
 			h.closedAt[p] = time.Now()
@@ -852,8 +896,10 @@ func (n *Node) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.Handb
 			n.closePartition(int(p))
 		}
 	}
-	n.log.Info("partitions handed back", "from", req.Node, "partitions", req.Partitions, "epoch", r.Epoch())
-	h.wake()
+	if len(taken) > 0 {
+		n.log.Info("partitions handed back: acquiring them again", "from", req.Node, "partitions", taken, "epoch", r.Epoch())
+		h.wake()
+	}
 	return &pb.HandbackResponse{}, nil
 }
 

@@ -1287,9 +1287,13 @@ func (x *AcquireRequest) GetPartitions() []uint32 {
 }
 
 type AcquireResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Images        [][]byte               `protobuf:"bytes,2,rep,name=images,proto3" json:"images,omitempty"` // a store image per requested partition that holds anything
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Node   string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Images [][]byte               `protobuf:"bytes,2,rep,name=images,proto3" json:"images,omitempty"` // a store image per requested partition that holds anything
+	// generations[i] counts the times this node opened requests' partitions[i]
+	// (from a random start per process): unchanged means it decided nothing for
+	// it since (see HandbackRequest).
+	Generations   []uint64 `protobuf:"fixed64,3,rep,packed,name=generations,proto3" json:"generations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1334,6 +1338,13 @@ func (x *AcquireResponse) GetNode() string {
 func (x *AcquireResponse) GetImages() [][]byte {
 	if x != nil {
 		return x.Images
+	}
+	return nil
+}
+
+func (x *AcquireResponse) GetGenerations() []uint64 {
+	if x != nil {
+		return x.Generations
 	}
 	return nil
 }
@@ -1635,10 +1646,14 @@ func (*FillResponse) Descriptor() ([]byte, []int) {
 }
 
 type HandbackRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                             // the caller's name
-	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"` // the ring under which the receiver owns the partitions
-	Partitions    []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Node       string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                             // the caller's name
+	RingEpoch  uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"` // the ring under which the receiver owns the partitions
+	Partitions []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	// generations[i]: as in AcquireResponse, for partitions[i]. A receiver that
+	// acquired the partition from the caller at this generation and holds it
+	// open since already has everything the caller decided.
+	Generations   []uint64 `protobuf:"fixed64,4,rep,packed,name=generations,proto3" json:"generations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1690,6 +1705,13 @@ func (x *HandbackRequest) GetRingEpoch() uint64 {
 func (x *HandbackRequest) GetPartitions() []uint32 {
 	if x != nil {
 		return x.Partitions
+	}
+	return nil
+}
+
+func (x *HandbackRequest) GetGenerations() []uint64 {
+	if x != nil {
+		return x.Generations
 	}
 	return nil
 }
@@ -1845,10 +1867,11 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x03 \x03(\rR\n" +
-	"partitions\"=\n" +
+	"partitions\"_\n" +
 	"\x0fAcquireResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
-	"\x06images\x18\x02 \x03(\fR\x06images\"c\n" +
+	"\x06images\x18\x02 \x03(\fR\x06images\x12 \n" +
+	"\vgenerations\x18\x03 \x03(\x06R\vgenerations\"c\n" +
 	"\x0eReleaseRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
 	"\n" +
@@ -1869,14 +1892,15 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
 	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x16\n" +
 	"\x06images\x18\x03 \x03(\fR\x06images\"\x0e\n" +
-	"\fFillResponse\"d\n" +
+	"\fFillResponse\"\x86\x01\n" +
 	"\x0fHandbackRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x03 \x03(\rR\n" +
-	"partitions\"\x12\n" +
+	"partitions\x12 \n" +
+	"\vgenerations\x18\x04 \x03(\x06R\vgenerations\"\x12\n" +
 	"\x10HandbackResponse*F\n" +
 	"\x04Mode\x12\x19\n" +
 	"\x15MODE_CHECK_AND_RECORD\x10\x00\x12\r\n" +
