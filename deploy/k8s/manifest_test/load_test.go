@@ -151,7 +151,7 @@ func serveFlags(t *testing.T) map[string]bool {
 		}
 		inspectFlags(f, flags)
 	}
-	if len(flags) < 10 || !flags["listen"] || !flags["join"] || !flags["tls-cert"] {
+	if len(flags) < 10 || !flags["listen"] || !flags["join"] || !flags["tls-cert"] || !flags["max-streams"] || !flags["idle-timeout"] {
 		t.Fatalf("%s, %s: found only flags %v; has the flag set stopped being called fs?", serveGo, securityGo, flags)
 	}
 	return flags
@@ -171,12 +171,18 @@ func inspectFlags(f *ast.File, flags map[string]bool) {
 		if x, ok := sel.X.(*ast.Ident); !ok || x.Name != "fs" {
 			return true
 		}
+		name := 0 // the argument that names the flag
 		switch sel.Sel.Name {
 		case "String", "Int", "Int64", "Uint", "Uint64", "Bool", "Duration", "Float64":
+		case "StringVar", "IntVar", "Int64Var", "UintVar", "Uint64Var", "BoolVar", "DurationVar", "Float64Var":
+			name = 1 // fs.IntVar(&v, "name", ...)
 		default:
 			return true
 		}
-		if lit, ok := call.Args[0].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+		if len(call.Args) <= name {
+			return true
+		}
+		if lit, ok := call.Args[name].(*ast.BasicLit); ok && lit.Kind == token.STRING {
 			if name, err := strconv.Unquote(lit.Value); err == nil {
 				flags[name] = true
 			}
