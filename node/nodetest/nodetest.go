@@ -511,7 +511,16 @@ func waitServing(ctx context.Context, addr string, served <-chan error, opts ...
 	}()
 	select {
 	case err := <-got:
-		return err
+		if err == nil || served == nil {
+			return err
+		}
+		// The watch ends when Serve stops the server: its error says why.
+		select {
+		case serr := <-served:
+			return fmt.Errorf("stopped before serving: %v (health watch: %v)", serr, err)
+		case <-ctx.Done():
+			return err
+		}
 	case err := <-served:
 		return fmt.Errorf("stopped before serving: %v", err)
 	}
