@@ -87,6 +87,7 @@ func (n *Node) startCluster(ctx context.Context) error {
 		}
 	})
 	n.loops.Go(func() { n.moverLoop(n.moverCtx, rings) })
+	n.loops.Go(func() { n.handbackLoop(n.moverCtx) })
 	return nil
 }
 

@@ -64,7 +64,8 @@ import (
 //     saw it back) would otherwise never ask for what they decided. Until
 //     the owner has acquired it, the node keeps the partition (a drain
 //     waits for it too) and tells the owner again after each failure and
-//     each new ring. A handback names the generation of each partition (how
+//     each new ring, from a loop of its own (handbackLoop), so that a slow
+//     owner never holds up the mover. A handback names the generation of each partition (how
 //     many times its sender opened it); an owner that merged the sender's
 //     copy at that generation and kept the partition open since skips it,
 //     so the usual race of a ring change (the old owner hands back what the
@@ -107,6 +108,7 @@ type handoff struct {
 	pulledGen []map[string]uint64
 	open      []atomic.Bool // per partition: open in the store (a hint for waitMoving)
 	kick      chan struct{} // wakes the mover
+	hbKick    chan struct{} // wakes the handback loop
 	changed   chan struct{} // closed (and replaced) when the mover sees a new ring
 	leaving   atomic.Bool   // set by drain
 
@@ -126,7 +128,7 @@ func newHandoff(parts int) *handoff {
 	h := &handoff{
 		opened: make([]chan struct{}, parts), pullAll: make([]bool, parts), from: make([]map[string]bool, parts),
 		fill: make([]bool, parts), handed: make([]bool, parts), owed: make([]bool, parts), handbackSent: make([]bool, parts),
-		gen: make([]uint64, parts), pulledGen: make([]map[string]uint64, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1),
+		gen: make([]uint64, parts), pulledGen: make([]map[string]uint64, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1), hbKick: make(chan struct{}, 1),
 		counted: map[string]time.Time{}, closedAt: make([]time.Time, parts), changed: make(chan struct{}),
 	}
 	h.majority.Store(true)
@@ -333,13 +335,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	}
 
 	var work []int
-	owedTo := map[string][]uint32{} // rule 7: handbacks to send, by owner
-	h.mu.Lock()
-	if h.handbackEpoch != r.Epoch() {
-		h.handbackEpoch = r.Epoch()
-		clear(h.handbackSent)
-	}
-	h.mu.Unlock()
+	owes := false // rule 7: handbacks for the handback loop to send
 	for p := range n.store.Partitions() {
 		owner := r.PartitionOwner(p).Name == self
 		if !owner {
@@ -352,10 +348,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			if wasOpen {
 				h.owed[p], h.handed[p] = true, false
 			}
-			if h.owed[p] && !h.handed[p] && !h.handbackSent[p] {
-				o := r.PartitionOwner(p).Name
-				owedTo[o] = append(owedTo[o], uint32(p))
-			}
+			owes = owes || h.owed[p] && !h.handed[p]
 			h.mu.Unlock()
 			continue
 		}
@@ -392,13 +385,65 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			work = append(work, p)
 		}
 	}
-	var aerr error
-	if len(work) > 0 {
-		aerr = n.acquire(ctx, r, work, members)
+	if owes {
+		h.wakeHandback()
 	}
-	// After this node's own moves, which checks wait for; the owners of
-	// what it hands back are acquiring those partitions meanwhile.
-	return errors.Join(aerr, n.handback(ctx, r, owedTo))
+	if len(work) == 0 {
+		return nil
+	}
+	return n.acquire(ctx, r, work, members)
+}
+
+// wakeHandback asks the handback loop to look for partitions to hand back.
+func (h *handoff) wakeHandback() {
+	select {
+	case h.hbKick <- struct{}{}:
+	default:
+	}
+}
+
+// handbackLoop sends the handbacks of rule 7 apart from the mover, so that a
+// slow or unreachable owner never holds up this node's own moves: on each
+// wake-up and new ring, and after a failure every acquireRetry, it tells
+// each owner under the current ring of the partitions this node owes it,
+// until ctx is done.
+func (n *Node) handbackLoop(ctx context.Context) {
+	h := n.ho
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.hbKick:
+		case <-h.ringChanged():
+		case <-retry:
+		}
+		retry = nil
+		c := n.clus.Load()
+		r := c.ring()
+		owedTo := map[string][]uint32{}
+		h.mu.Lock()
+		if h.handbackEpoch != r.Epoch() {
+			h.handbackEpoch = r.Epoch()
+			clear(h.handbackSent)
+		}
+		for p := range n.store.Partitions() {
+			if !h.owed[p] || h.handed[p] || h.handbackSent[p] {
+				continue
+			}
+			if o := r.PartitionOwner(p).Name; o != "" && o != c.self.Name {
+				owedTo[o] = append(owedTo[o], uint32(p))
+			}
+		}
+		h.mu.Unlock()
+		if len(owedTo) == 0 {
+			continue
+		}
+		if err := n.handback(ctx, r, owedTo); err != nil && ctx.Err() == nil {
+			n.log.Debug("handbacks incomplete; retrying", "epoch", r.Epoch(), "err", err)
+			retry = time.After(acquireRetry)
+		}
+	}
 }
 
 // handback tells each owner under r of the partitions this node decided for
