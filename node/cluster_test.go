@@ -157,11 +157,11 @@ func testClusterDecidesAsOneNode(t *testing.T, inMemory bool) {
 			name      string
 			got, want any
 		}{
+			{"errors", fmt.Sprint(got.Errors), fmt.Sprint(want.Errors)}, // first: a failed item is also "not admitted"
 			{"admitted", got.Admitted, want.Admitted}, {"denied_by", got.DeniedBy, want.DeniedBy},
 			{"retry_after_ms", got.RetryAfterMs, want.RetryAfterMs}, {"decided_at_ms", got.DecidedAtMs, want.DecidedAtMs},
 			{"used", got.Used, want.Used}, {"remaining", got.Remaining, want.Remaining},
 			{"rule_retry_after_ms", got.RuleRetryAfterMs, want.RuleRetryAfterMs}, {"rule_counts", got.RuleCounts, want.RuleCounts},
-			{"errors", fmt.Sprint(got.Errors), fmt.Sprint(want.Errors)},
 		} {
 			if !reflect.DeepEqual(f.got, f.want) {
 				t.Fatalf("batch %d via %s: %s differs\ncluster %v\n single %v", b, entry.Name, f.name, f.got, f.want)
