@@ -170,8 +170,24 @@ func TestKillNineLosesNothing(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(time.Duration(150+rng.IntN(600)) * time.Millisecond) // a random moment
-		if err := child.Process.Kill(); err != nil {                    // SIGKILL
+		// A random moment, counted in admitted sends rather than time, so
+		// that a busy machine loads the node as much as an idle one.
+		mu.Lock()
+		target, deadline := len(admitted)+100+rng.IntN(200), time.Now().Add(time.Minute)
+		mu.Unlock()
+		for {
+			mu.Lock()
+			n := len(admitted)
+			mu.Unlock()
+			if n >= target {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %d admitted sends after a minute, want %d", round, n, target)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if err := child.Process.Kill(); err != nil { // SIGKILL
 			t.Fatal(err)
 		}
 		child.Wait()
