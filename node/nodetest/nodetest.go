@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -117,6 +118,14 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+		// FREQRING_NODETEST_LOG names a file that the nodes of every
+		// cluster without a Logger append their logs to (debug level), to
+		// read a test failure.
+		if path := os.Getenv("FREQRING_NODETEST_LOG"); path != "" {
+			if f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
+				cfg.Logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			}
+		}
 	}
 	if cfg.Gossip == nil {
 		g := FastGossip()
