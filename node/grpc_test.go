@@ -43,6 +43,14 @@ const testRules = `domains:
 // startServer serves n over gRPC on 127.0.0.1 and returns a client.
 func startServer(t *testing.T, n *node.Node) pb.LimiterClient {
 	t.Helper()
+	return pb.NewLimiterClient(dialNode(t, serveNode(t, n)))
+}
+
+// serveNode serves n on 127.0.0.1 until the test ends, waits until its
+// health reports SERVING (asked over opts; plaintext without them) and
+// returns its address.
+func serveNode(t *testing.T, n *node.Node, opts ...grpc.DialOption) string {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -56,17 +64,27 @@ func startServer(t *testing.T, n *node.Node) pb.LimiterClient {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := nodetest.WaitServingWith(wctx, lis.Addr().String(), opts...); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	return lis.Addr().String()
+}
+
+// dialNode returns a connection to addr, closed when the test ends; without
+// opts it is plaintext.
+func dialNode(t *testing.T, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer wcancel()
-	if err := nodetest.WaitServing(wctx, lis.Addr().String()); err != nil {
-		t.Fatalf("health: %v", err)
-	}
-	return pb.NewLimiterClient(conn)
+	return conn
 }
 
 // TestConcurrentChecksNeverOverAdmit: 64 goroutines hammer 6 recipients in

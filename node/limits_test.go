@@ -2,7 +2,6 @@ package node_test
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -10,12 +9,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/node"
-	"github.com/freqring/freqring/node/nodetest"
 )
 
 // serveLimited serves a memory-only node with limits and returns its address.
@@ -25,34 +22,12 @@ func serveLimited(t *testing.T, l node.Limits) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Serve(ctx, lis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer wcancel()
-	if err := nodetest.WaitServing(wctx, lis.Addr().String()); err != nil {
-		t.Fatal(err)
-	}
-	return lis.Addr().String()
+	return serveNode(t, n)
 }
 
 func dial(t *testing.T, addr string) (*grpc.ClientConn, pb.LimiterClient) {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := dialNode(t, addr)
 	return conn, pb.NewLimiterClient(conn)
 }
 

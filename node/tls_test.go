@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,35 +27,12 @@ import (
 // serves, asking its health over creds. It returns the address.
 func serveTLS(t *testing.T, n *node.Node, creds credentials.TransportCredentials) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Serve(ctx, lis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer wcancel()
-	if err := nodetest.WaitServingWith(wctx, lis.Addr().String(), grpc.WithTransportCredentials(creds)); err != nil {
-		t.Fatalf("health over TLS: %v", err)
-	}
-	return lis.Addr().String()
+	return serveNode(t, n, grpc.WithTransportCredentials(creds))
 }
 
 func dialCreds(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return dialNode(t, addr, grpc.WithTransportCredentials(creds))
 }
 
 // checkOne checks one recipient with a 10s deadline.
