@@ -815,24 +815,33 @@ func (n *Node) refuse(format string, args ...any) error {
 // and Fill check ownership under this node's ring instead, which a ring
 // change that moves nothing (a member flapping) leaves alone.
 func (n *Node) peerRing(caller string, epoch uint64, sameEpoch bool) (*ring.Ring, error) {
-	if !n.ready.Load() {
-		return nil, status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
-	}
-	c := n.clus.Load()
-	if c == nil || c.ms == nil {
-		return nil, n.refuse("not a cluster member")
-	}
-	if caller == "" {
-		return nil, status.Error(codes.InvalidArgument, "node: the caller's name is empty")
-	}
-	r := c.ring()
-	if sameEpoch && r.Epoch() != epoch {
-		return nil, n.refuse("ring epoch %d, the caller %s has %d; retry once rings agree", r.Epoch(), caller, epoch)
+	_, r, err := n.peerView(caller, epoch, sameEpoch)
+	if err != nil {
+		return nil, err
 	}
 	if !r.Has(caller) {
 		return nil, n.refuse("the caller %s is not in the ring of epoch %d", caller, r.Epoch())
 	}
 	return r, nil
+}
+
+// peerView is peerRing without the check that the caller is in the ring.
+func (n *Node) peerView(caller string, epoch uint64, sameEpoch bool) (*cluster, *ring.Ring, error) {
+	if !n.ready.Load() {
+		return nil, nil, status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
+	}
+	c := n.clus.Load()
+	if c == nil || c.ms == nil {
+		return nil, nil, n.refuse("not a cluster member")
+	}
+	if caller == "" {
+		return nil, nil, status.Error(codes.InvalidArgument, "node: the caller's name is empty")
+	}
+	r := c.ring()
+	if sameEpoch && r.Epoch() != epoch {
+		return nil, nil, n.refuse("ring epoch %d, the caller %s has %d; retry once rings agree", r.Epoch(), caller, epoch)
+	}
+	return c, r, nil
 }
 
 // Acquire answers Peer.Acquire (rule 2): it closes each partition and
@@ -895,16 +904,9 @@ func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Release
 // acquired again from every member. The caller may be out of the ring (left
 // out for other rules, or leaving), but must be a member.
 func (n *Node) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
-	if !n.ready.Load() {
-		return nil, status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
-	}
-	c := n.clus.Load()
-	if c == nil || c.ms == nil {
-		return nil, n.refuse("not a cluster member")
-	}
-	r := c.ring()
-	if r.Epoch() != req.RingEpoch {
-		return nil, n.refuse("ring epoch %d, the caller %s has %d; retry once rings agree", r.Epoch(), req.Node, req.RingEpoch)
+	c, r, err := n.peerView(req.Node, req.RingEpoch, true)
+	if err != nil {
+		return nil, err
 	}
 	known := false
 	for _, m := range c.ms.Members() {
