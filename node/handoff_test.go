@@ -290,6 +290,13 @@ func testMembershipChangesUnderLoad(t *testing.T, inMemory bool) {
 	close(stop)
 	wg.Wait()
 
+	wantExact(t, rs, s, rec, population)
+}
+
+// wantExact audits the load (auditLoad), logs the counts, and fails the test
+// on any over-admission or forgotten send.
+func wantExact(t *testing.T, rs *rules.Set, s *sender, rec *loadRecord, population int) {
+	t.Helper()
 	v, forgotten, extra := auditLoad(t, rs, s, rec, population)
 	t.Logf("%d decided, %d admitted, %d over-admitted, %d forgotten, %d counted beyond the admitted (recorded, then failed)",
 		rec.decided.Load(), len(rec.sends), len(v), forgotten, extra)
