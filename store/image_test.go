@@ -62,6 +62,8 @@ func bindTo(refs ...Ref) func(string) (Ref, bool) {
 // TestImageRoundTrip moves every partition of one store into an empty one
 // through images, under the same and under another partition count: every
 // recipient answers the same, and (same count) retried ids stay duplicates.
+// Images of version 1 (records in window's format 1, for older peers) move
+// the same state.
 func TestImageRoundTrip(t *testing.T) {
 	d, _ := window.NewDomain("default", window.DefaultRules())
 	rng := rand.New(rand.NewPCG(1, 1))
@@ -69,16 +71,20 @@ func TestImageRoundTrip(t *testing.T) {
 	rcps := fill(t, src, sref, rng, 500, 5000, t0)
 	now := t0 + 5000
 	want := peekAll(t, src, sref, rcps, now)
-	for _, parts := range []int{16, 7} {
+	for _, tc := range []struct{ parts, version int }{{16, ImageVersion}, {7, ImageVersion}, {16, 1}, {7, 1}} {
+		parts := tc.parts
 		dst, dref := newTestStore(t, d, parts)
 		var total int64
 		for p := range src.Partitions() {
-			img, n := src.AppendImage(nil, p)
+			img, n, err := src.AppendImageVersion(nil, p, false, tc.version)
+			if err != nil {
+				t.Fatal(err)
+			}
 			h, ms, err := dst.MergeImage(img, now, bindTo(dref))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if h.Partition != p || h.Partitions != 16 || h.Seq != src.Seq(p) || ms.Records != n {
+			if h.Version != tc.version || h.Partition != p || h.Partitions != 16 || h.Seq != src.Seq(p) || ms.Records != n {
 				t.Fatalf("partition %d: header %+v stats %+v, want %d records", p, h, ms, n)
 			}
 			if parts != 16 && ms.DroppedIDs == 0 && ms.IDs != 0 {
@@ -90,11 +96,14 @@ func TestImageRoundTrip(t *testing.T) {
 			t.Fatalf("%d partitions: %d records, want %d", parts, s.Records, total)
 		}
 		if got := peekAll(t, dst, dref, rcps, now); fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("%d partitions: answers differ after the move", parts)
+			t.Fatalf("%d partitions, image version %d: answers differ after the move", parts, tc.version)
 		}
 		if parts == 16 && src.Stats(sref).IDs != dst.Stats(dref).IDs {
 			t.Fatalf("ids: %d moved, want %d", dst.Stats(dref).IDs, src.Stats(sref).IDs)
 		}
+	}
+	if _, _, err := src.AppendImageVersion(nil, 0, false, 3); err == nil {
+		t.Fatal("AppendImageVersion wrote version 3")
 	}
 }
 
@@ -236,6 +245,8 @@ func FuzzMergeImage(f *testing.F) {
 	for p := range 2 {
 		img, _ := src.AppendImage(nil, p)
 		f.Add(img)
+		old, _, _ := src.AppendImageVersion(nil, p, false, 1)
+		f.Add(old)
 	}
 	f.Fuzz(func(t *testing.T, img []byte) {
 		dst, _ := New(Config{Partitions: 2})

@@ -73,6 +73,7 @@ type partition struct {
 	mu      sync.Mutex     // guards every field below and the spaces
 	spaces  []*space       // by domain id; nil until the domain has a record here
 	scratch window.Scratch // working memory of window.Apply
+	conv    []byte         // a record converted from an older format, being merged
 	seq     uint64         // sends recorded in this partition, ever; numbers each one for the WAL
 	closed  bool           // Apply refuses: another node may hold newer history (see Close)
 	_       [64]byte       // keep neighbouring partitions' locks off one cache line
