@@ -707,7 +707,7 @@ func (n *Node) pullFrom(ctx context.Context, r *ring.Ring, m ring.Member, ps []i
 	if err != nil {
 		return 0, 0, err
 	}
-	req := &pb.AcquireRequest{Node: n.cfg.Name, RingEpoch: r.Epoch()}
+	req := &pb.AcquireRequest{Node: n.cfg.Name, RingEpoch: r.Epoch(), ImageVersion: store.ImageVersion}
 	for _, p := range ps {
 		req.Partitions = append(req.Partitions, uint32(p))
 	}
@@ -845,7 +845,9 @@ func (n *Node) peerView(caller string, epoch uint64, sameEpoch bool) (*cluster, 
 }
 
 // Acquire answers Peer.Acquire (rule 2): it closes each partition and
-// returns its image.
+// returns its image, in the newest image version the caller reads: a
+// member left out of the ring for its older protocol still acquires from
+// this node while the majority has not yet changed binaries.
 func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
 	r, err := n.peerRing(req.Node, req.RingEpoch, true)
 	if err != nil {
@@ -859,10 +861,11 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 			return nil, n.refuse("partition %d is owned by %s under epoch %d, not by %s", p, o.Name, r.Epoch(), req.Node)
 		}
 	}
+	version := min(max(int(req.ImageVersion), 1), store.ImageVersion)
 	resp := &pb.AcquireResponse{Node: n.cfg.Name}
 	for _, p := range req.Partitions {
 		n.closePartition(int(p)) // wakes nobody; makes waiters wait for a next open
-		img, _ := n.store.CloseAndAppendImage(nil, int(p))
+		img, _, _ := n.store.AppendImageVersion(nil, int(p), true, version) // version is valid
 		resp.Images = append(resp.Images, img)
 		n.ho.mu.Lock()
 		n.ho.handed[p], n.ho.owed[p] = true, false

@@ -1227,10 +1227,14 @@ func (x *RulesResponse) GetDomains() []*Domain {
 }
 
 type AcquireRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                             // the caller's name
-	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"` // the ring under which the caller owns the partitions
-	Partitions    []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Node       string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                             // the caller's name
+	RingEpoch  uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"` // the ring under which the caller owns the partitions
+	Partitions []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	// The newest store image version the caller reads; 0 means 1 (releases
+	// before image version 2 do not set it). Images come in that version, or
+	// the receiver's newest if older.
+	ImageVersion  uint32 `protobuf:"varint,4,opt,name=image_version,json=imageVersion,proto3" json:"image_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1284,6 +1288,13 @@ func (x *AcquireRequest) GetPartitions() []uint32 {
 		return x.Partitions
 	}
 	return nil
+}
+
+func (x *AcquireRequest) GetImageVersion() uint32 {
+	if x != nil {
+		return x.ImageVersion
+	}
+	return 0
 }
 
 type AcquireResponse struct {
@@ -1860,14 +1871,15 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
 	"heap_bytes\x18\x04 \x01(\x03R\theapBytes\">\n" +
 	"\rRulesResponse\x12-\n" +
-	"\adomains\x18\x01 \x03(\v2\x13.freqring.v1.DomainR\adomains\"c\n" +
+	"\adomains\x18\x01 \x03(\v2\x13.freqring.v1.DomainR\adomains\"\x88\x01\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x03 \x03(\rR\n" +
-	"partitions\"_\n" +
+	"partitions\x12#\n" +
+	"\rimage_version\x18\x04 \x01(\rR\fimageVersion\"_\n" +
 	"\x0fAcquireResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06images\x18\x02 \x03(\fR\x06images\x12 \n" +
