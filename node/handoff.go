@@ -865,7 +865,8 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 	resp := &pb.AcquireResponse{Node: n.cfg.Name}
 	for _, p := range req.Partitions {
 		n.closePartition(int(p)) // wakes nobody; makes waiters wait for a next open
-		img, _, _ := n.store.AppendImageVersion(nil, int(p), true, version) // version is valid
+		// version is 1 or ImageVersion: AppendImageVersion cannot fail.
+		img, _, _ := n.store.AppendImageVersion(nil, int(p), true, version)
 		resp.Images = append(resp.Images, img)
 		n.ho.mu.Lock()
 		n.ho.handed[p], n.ho.owed[p] = true, false
