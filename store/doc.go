@@ -12,7 +12,7 @@
 // number and its window.Scratch. A check takes exactly one lock. Within a
 // partition each domain has its own space: an open-addressing index (linear
 // probing, backward-shift deletion) of 12-byte entries (a 64-bit key hash
-// and a 32-bit slot reference, grown by half when 85% full) and one slab per
+// and a 32-bit slot reference, grown by a quarter when 85% full) and one slab per
 // size class (4-byte steps to 256 bytes, then ~1/8 steps to
 // window.MaxRecordBytes), of pointer-free chunks that double from 1 KiB to
 // 64 KiB; a record moves to another class when its size does. Nothing per

@@ -83,6 +83,9 @@ type slab struct {
 	size   int      // bytes per slot
 	first  uint     // log2 of slots in chunk 0
 	grow   uint     // chunks that double before sizes stay constant
+	base   uint32   // slots in the doubling chunks: 2^first * (2^grow - 1)
+	per    uint32   // slots in each later chunk: maxChunkBytes / size
+	magic  uint64   // ceil(2^64 / per) (0 for per 1), to divide by per with a multiply
 	chunks [][]byte // chunk k holds slots [start(k), start(k+1))
 	next   uint32   // slots handed out so far
 	free   []uint32 // released slots, reused first
@@ -91,22 +94,28 @@ type slab struct {
 func newSlab(size int) slab {
 	first := uint(bits.Len(uint(max(minChunkBytes/size, 1)))) - 1
 	grow := uint(bits.Len(uint(max(maxChunkBytes/(size<<first), 1)))) - 1
-	return slab{size: size, first: first, grow: grow}
+	per := uint32(max(maxChunkBytes/size, 1))
+	return slab{size: size, first: first, grow: grow,
+		base: uint32(1<<first) * (1<<grow - 1), per: per, magic: ^uint64(0)/uint64(per) + 1}
 }
 
 // locate returns the chunk and byte offset of slot i. Chunk k < grow holds
-// 2^(first+k) slots starting at 2^first*(2^k-1); later chunks all hold
-// 2^(first+grow) slots.
+// 2^(first+k) slots starting at 2^first*(2^k-1); later chunks all hold per
+// slots, filling maxChunkBytes as nearly as the slot size allows: the
+// allocator rounds a large object up to whole 8 KiB pages, so a chunk of a
+// power-of-two number of 116-byte slots would waste a tenth of itself.
 func (s *slab) locate(i uint32) (chunk, off int) {
+	if i >= s.base {
+		j := uint64(i - s.base)
+		q, _ := bits.Mul64(s.magic, j) // j / per, exact for 32-bit j (Lemire)
+		if s.per == 1 {                // magic would be 2^64
+			q = j
+		}
+		return int(s.grow) + int(q), int(j-q*uint64(s.per)) * s.size
+	}
 	q := uint(i)>>s.first + 1
 	k := uint(bits.Len(q)) - 1
-	if k < s.grow {
-		return int(k), (int(i) - (1<<s.first)*(1<<k-1)) * s.size
-	}
-	base := uint(1<<s.first) * (1<<s.grow - 1)
-	per := s.first + s.grow
-	j := uint(i) - base
-	return int(s.grow + j>>per), int(j&(1<<per-1)) * s.size
+	return int(k), (int(i) - (1<<s.first)*(1<<k-1)) * s.size
 }
 
 // bytes returns the slot's memory.
@@ -127,7 +136,10 @@ func (s *slab) alloc() (uint32, error) {
 	}
 	i := s.next
 	if c, _ := s.locate(i); c == len(s.chunks) {
-		per := uint(1) << (s.first + min(uint(c), s.grow))
+		per := uint(s.per)
+		if uint(c) < s.grow {
+			per = 1 << (s.first + uint(c))
+		}
 		s.chunks = append(s.chunks, make([]byte, per*uint(s.size)))
 	}
 	s.next++
