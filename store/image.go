@@ -492,3 +492,133 @@ func (r *imageReader) take(n int) []byte {
 	r.b = r.b[n:]
 	return v
 }
+
+// SplitImage returns img as one or more images of at most maxBytes each
+// (maxBytes at least MinImagePart), together holding exactly its records and
+// request ids, each with img's header: merging them, in any order, is
+// merging img, since MergeImage is a set union. An image that fits is
+// returned as is. Peer messages and WAL records are bounded (16 MiB), and a
+// partition of 100,000 recipients takes more. An error wraps ErrBadImage.
+func SplitImage(img []byte, maxBytes int) ([][]byte, error) {
+	if maxBytes < MinImagePart {
+		return nil, fmt.Errorf("store: image part of %d bytes, less than %d", maxBytes, MinImagePart)
+	}
+	return splitImage(img, maxBytes)
+}
+
+// splitImage is SplitImage for any maxBytes that holds each item with its
+// domain's header (tests split small images into many parts).
+func splitImage(img []byte, maxBytes int) ([][]byte, error) {
+	if _, err := CheckImage(img); err != nil {
+		return nil, err
+	}
+	if len(img) <= maxBytes {
+		return [][]byte{img}, nil
+	}
+	sp := splitter{head: img[:imageHeaderLen], max: maxBytes}
+	r := imageReader{b: img[imageHeaderLen:]}
+	nd := int(r.u16())
+	for range nd {
+		sp.name = r.take(int(r.u16()))
+		sp.ids, sp.cnt = false, -1
+		nrec := int(r.u32())
+		for range nrec {
+			start := r.b
+			r.u64()
+			r.take(int(r.u16()))
+			sp.add(start[:len(start)-len(r.b)], true)
+		}
+		sp.endRecords()
+		nid := int(r.u32())
+		for range nid {
+			sp.add(r.take(16), false)
+		}
+		sp.cnt = -1
+	}
+	sp.flush()
+	return sp.parts, nil
+}
+
+// MinImagePart is the smallest part SplitImage makes: room for the header,
+// a domain name and the largest record.
+const MinImagePart = imageHeaderLen + 2 + 2 + 1<<16 + 4 + 8 + 2 + window.MaxRecordBytes + 4
+
+// splitter builds the parts of SplitImage. The part being built is cur, its
+// domain count at offset imageHeaderLen; within the open domain, cnt is the
+// offset of the count (records or ids) being written.
+type splitter struct {
+	head  []byte
+	max   int
+	parts [][]byte
+	cur   []byte
+	name  []byte
+	cnt   int  // offset in cur of the open count, -1 when no domain is open
+	ids   bool // the open count is of ids (the records are closed)
+}
+
+// open starts a new part if there is none, and the domain in it if it is
+// not open, with its records closed already when ids are being added.
+func (sp *splitter) open() {
+	if sp.cur == nil {
+		sp.cur = append(append(make([]byte, 0, sp.max), sp.head...), 0, 0)
+		sp.cnt = -1
+	}
+	if sp.cnt >= 0 {
+		return
+	}
+	binary.LittleEndian.PutUint16(sp.cur[imageHeaderLen:], binary.LittleEndian.Uint16(sp.cur[imageHeaderLen:])+1)
+	sp.cur = binary.LittleEndian.AppendUint16(sp.cur, uint16(len(sp.name)))
+	sp.cur = append(sp.cur, sp.name...)
+	if sp.ids {
+		sp.cur = binary.LittleEndian.AppendUint32(sp.cur, 0) // no records in this part
+	}
+	sp.cnt = len(sp.cur)
+	sp.cur = binary.LittleEndian.AppendUint32(sp.cur, 0)
+}
+
+// add appends one record (key, length, bytes) or id (16 bytes), starting a
+// new part first if it would not fit with what opens and closes its domain.
+func (sp *splitter) add(item []byte, record bool) {
+	need := len(item)
+	if record {
+		need += 4 // the ids count that closes the domain
+	}
+	if sp.cnt < 0 {
+		need += 2 + len(sp.name) + 4
+		if sp.ids {
+			need += 4
+		}
+	}
+	if sp.cur != nil && len(sp.cur)+need > sp.max {
+		sp.closePart()
+	}
+	sp.open()
+	sp.cur = append(sp.cur, item...)
+	binary.LittleEndian.PutUint32(sp.cur[sp.cnt:], binary.LittleEndian.Uint32(sp.cur[sp.cnt:])+1)
+}
+
+// endRecords closes the domain's records, in the part being built if the
+// domain is open there, and makes what follows ids.
+func (sp *splitter) endRecords() {
+	if sp.cnt >= 0 {
+		sp.cnt = len(sp.cur)
+		sp.cur = binary.LittleEndian.AppendUint32(sp.cur, 0)
+	}
+	sp.ids = true
+}
+
+// closePart finishes the part being built: a domain open in it gets an
+// empty ids count if its records are still open.
+func (sp *splitter) closePart() {
+	if sp.cnt >= 0 && !sp.ids {
+		sp.cur = binary.LittleEndian.AppendUint32(sp.cur, 0)
+	}
+	sp.parts = append(sp.parts, sp.cur)
+	sp.cur, sp.cnt = nil, -1
+}
+
+func (sp *splitter) flush() {
+	if sp.cur != nil {
+		sp.closePart()
+	}
+}

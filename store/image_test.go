@@ -268,3 +268,71 @@ func FuzzMergeImage(f *testing.F) {
 		}
 	})
 }
+
+// TestSplitImage splits images of two domains (records and request ids) at
+// many sizes: every part fits, checks, and the parts merged in any order
+// answer as the whole image does, with the same records and ids.
+func TestSplitImage(t *testing.T) {
+	d1, _ := window.NewDomain("default", window.DefaultRules())
+	d2, _ := window.NewDomain("second-domain", window.DefaultRules())
+	src, err := New(Config{Partitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, r2 := src.Bind(d1), src.Bind(d2)
+	rng := rand.New(rand.NewPCG(8, 8))
+	rcps := fill(t, src, r1, rng, 1500, 15000, t0)
+	var dec window.Decision
+	for i := range 10000 { // the second domain: other request ids
+		key, tag := keyOf(rcps[rng.IntN(1000)])
+		if _, _, err := apply(src, r2, key, tag, t0+15000+int64(i), window.Item{Content: uint64(rng.IntN(3))}, uint64(100_000+i), &dec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := t0 + 25000
+	img, n := src.AppendImage(nil, 0)
+	want1, want2 := peekAll(t, src, r1, rcps, now), peekAll(t, src, r2, rcps[:1000], now)
+	wantStats := src.Stats(r1).plus(src.Stats(r2))
+	if _, err := SplitImage(img, MinImagePart-1); err == nil {
+		t.Fatal("a part smaller than MinImagePart was accepted")
+	}
+	if _, err := SplitImage(img[:len(img)-1], MinImagePart); !errors.Is(err, ErrBadImage) {
+		t.Fatalf("a truncated image: %v, want ErrBadImage", err)
+	}
+	if len(img) < 2*MinImagePart {
+		t.Fatalf("an image of %d bytes: too small to split at MinImagePart", len(img))
+	}
+	// Below MinImagePart through the unexported path: small parts exercise
+	// every boundary.
+	for _, limit := range []int{len(img), len(img) - 1, len(img) / 2, MinImagePart, 250, 333, 1000, 4096} {
+		{
+			parts, err := splitImage(img, limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(img) <= limit && (len(parts) != 1 || &parts[0][0] != &img[0]) {
+				t.Fatalf("limit %d: an image that fits was split into %d", limit, len(parts))
+			}
+			dst, _ := New(Config{Partitions: 1})
+			d1r, d2r := dst.Bind(d1), dst.Bind(d2)
+			var recs int64
+			for _, i := range rng.Perm(len(parts)) {
+				if len(parts[i]) > limit {
+					t.Fatalf("limit %d: part of %d bytes", limit, len(parts[i]))
+				}
+				_, ms, err := dst.MergeImage(parts[i], now, bindTo(d1r, d2r))
+				if err != nil {
+					t.Fatalf("limit %d part %d: %v", limit, i, err)
+				}
+				recs += ms.Records
+			}
+			got := dst.Stats(d1r).plus(dst.Stats(d2r))
+			if recs != n || got.Records != wantStats.Records || got.IDs != wantStats.IDs {
+				t.Fatalf("limit %d, %d parts: %d records merged, %+v; want %d, %+v", limit, len(parts), recs, got, n, wantStats)
+			}
+			if fmt.Sprint(peekAll(t, dst, d1r, rcps, now)) != fmt.Sprint(want1) || fmt.Sprint(peekAll(t, dst, d2r, rcps[:1000], now)) != fmt.Sprint(want2) {
+				t.Fatalf("limit %d: parts answer otherwise than the whole image", limit)
+			}
+		}
+	}
+}
