@@ -493,22 +493,14 @@ func (r *imageReader) take(n int) []byte {
 	return v
 }
 
-// SplitImage returns img as one or more images of at most maxBytes each
-// (maxBytes at least MinImagePart), together holding exactly its records and
-// request ids, each with img's header: merging them, in any order, is
-// merging img, since MergeImage is a set union. An image that fits is
+// SplitImage returns img as images of at most maxBytes each, together
+// holding exactly its records and request ids, each with img's header:
+// merging them, in any order, is merging img, since MergeImage is a set
+// union. A part exceeds maxBytes only if one record with its domain's header
+// does (a record is at most window.MaxRecordBytes). An image that fits is
 // returned as is. Peer messages and WAL records are bounded (16 MiB), and a
 // partition of 100,000 recipients takes more. An error wraps ErrBadImage.
 func SplitImage(img []byte, maxBytes int) ([][]byte, error) {
-	if maxBytes < MinImagePart {
-		return nil, fmt.Errorf("store: image part of %d bytes, less than %d", maxBytes, MinImagePart)
-	}
-	return splitImage(img, maxBytes)
-}
-
-// splitImage is SplitImage for any maxBytes that holds each item with its
-// domain's header (tests split small images into many parts).
-func splitImage(img []byte, maxBytes int) ([][]byte, error) {
 	if _, err := CheckImage(img); err != nil {
 		return nil, err
 	}
@@ -538,10 +530,6 @@ func splitImage(img []byte, maxBytes int) ([][]byte, error) {
 	sp.flush()
 	return sp.parts, nil
 }
-
-// MinImagePart is the smallest part SplitImage makes: room for the header,
-// a domain name and the largest record.
-const MinImagePart = imageHeaderLen + 2 + 2 + 1<<16 + 4 + 8 + 2 + window.MaxRecordBytes + 4
 
 // splitter builds the parts of SplitImage. The part being built is cur, its
 // domain count at offset imageHeaderLen; within the open domain, cnt is the

@@ -258,6 +258,21 @@ func FuzzMergeImage(f *testing.F) {
 			}
 			return
 		}
+		// Its parts merge as it does.
+		parts, err := SplitImage(img, 300)
+		if err != nil {
+			t.Fatalf("an image MergeImage took does not split: %v", err)
+		}
+		split, _ := New(Config{Partitions: 2})
+		sref := split.Bind(d)
+		for _, part := range parts {
+			if _, _, err := split.MergeImage(part, t0+100, bindTo(sref)); err != nil {
+				t.Fatalf("a part does not merge: %v", err)
+			}
+		}
+		if a, b := split.Stats(sref), dst.Stats(ref); a.Records != b.Records || a.IDs != b.IDs {
+			t.Fatalf("parts merge to %+v, the whole image to %+v", a, b)
+		}
 		// What was merged can be exported and merged again.
 		for p := range 2 {
 			out, _ := dst.AppendImage(nil, p)
@@ -281,32 +296,25 @@ func TestSplitImage(t *testing.T) {
 	}
 	r1, r2 := src.Bind(d1), src.Bind(d2)
 	rng := rand.New(rand.NewPCG(8, 8))
-	rcps := fill(t, src, r1, rng, 1500, 15000, t0)
+	rcps := fill(t, src, r1, rng, 300, 3000, t0)
 	var dec window.Decision
-	for i := range 10000 { // the second domain: other request ids
-		key, tag := keyOf(rcps[rng.IntN(1000)])
-		if _, _, err := apply(src, r2, key, tag, t0+15000+int64(i), window.Item{Content: uint64(rng.IntN(3))}, uint64(100_000+i), &dec); err != nil {
+	for i := range 2000 { // the second domain: other request ids
+		key, tag := keyOf(rcps[rng.IntN(200)])
+		if _, _, err := apply(src, r2, key, tag, t0+3000+int64(i), window.Item{Content: uint64(rng.IntN(3))}, uint64(100_000+i), &dec); err != nil {
 			t.Fatal(err)
 		}
 	}
-	now := t0 + 25000
+	now := t0 + 5000
 	img, n := src.AppendImage(nil, 0)
-	want1, want2 := peekAll(t, src, r1, rcps, now), peekAll(t, src, r2, rcps[:1000], now)
+	want1, want2 := peekAll(t, src, r1, rcps, now), peekAll(t, src, r2, rcps[:200], now)
 	wantStats := src.Stats(r1).plus(src.Stats(r2))
-	if _, err := SplitImage(img, MinImagePart-1); err == nil {
-		t.Fatal("a part smaller than MinImagePart was accepted")
-	}
-	if _, err := SplitImage(img[:len(img)-1], MinImagePart); !errors.Is(err, ErrBadImage) {
+	if _, err := SplitImage(img[:len(img)-1], 1<<20); !errors.Is(err, ErrBadImage) {
 		t.Fatalf("a truncated image: %v, want ErrBadImage", err)
 	}
-	if len(img) < 2*MinImagePart {
-		t.Fatalf("an image of %d bytes: too small to split at MinImagePart", len(img))
-	}
-	// Below MinImagePart through the unexported path: small parts exercise
-	// every boundary.
-	for _, limit := range []int{len(img), len(img) - 1, len(img) / 2, MinImagePart, 250, 333, 1000, 4096} {
+	// Small parts exercise every boundary; records here take under 200 bytes.
+	for _, limit := range []int{len(img), len(img) - 1, len(img) / 2, 250, 333, 1000, 4096} {
 		{
-			parts, err := splitImage(img, limit)
+			parts, err := SplitImage(img, limit)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -330,7 +338,7 @@ func TestSplitImage(t *testing.T) {
 			if recs != n || got.Records != wantStats.Records || got.IDs != wantStats.IDs {
 				t.Fatalf("limit %d, %d parts: %d records merged, %+v; want %d, %+v", limit, len(parts), recs, got, n, wantStats)
 			}
-			if fmt.Sprint(peekAll(t, dst, d1r, rcps, now)) != fmt.Sprint(want1) || fmt.Sprint(peekAll(t, dst, d2r, rcps[:1000], now)) != fmt.Sprint(want2) {
+			if fmt.Sprint(peekAll(t, dst, d1r, rcps, now)) != fmt.Sprint(want1) || fmt.Sprint(peekAll(t, dst, d2r, rcps[:200], now)) != fmt.Sprint(want2) {
 				t.Fatalf("limit %d: parts answer otherwise than the whole image", limit)
 			}
 		}
