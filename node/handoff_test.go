@@ -635,3 +635,78 @@ func answers(t *testing.T, img []byte, now int64) map[uint64]string {
 	}
 	return out
 }
+
+// TestMovesInParts moves partitions whose images exceed a peer message
+// (Limits.MaxRequestBytes of 4 KiB here, 16 MiB in production: 100,000
+// recipients a partition) through a join, a leave, a kill and a restart,
+// over gRPC with WALs, under load: images travel in parts and Fill in
+// several calls, and the oracle finds every admitted send counted and none
+// over-admitted. Before parts, a Fill of 16 partitions over the bound was
+// refused and the partitions never opened.
+func TestMovesInParts(t *testing.T) {
+	rs, err := rules.Parse("churn", []byte(churnRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 3, Rules: rs, DataDir: t.TempDir(),
+		Node: func(cfg *node.Config) {
+			cfg.SweepInterval, cfg.ForgetDeadAfter = -1, time.Second
+			cfg.Limits.MaxRequestBytes = 4 << 10 // parts of 1 KiB
+			cfg.Limits.MaxContentBytes = 1 << 10
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := newSender(c, 7)
+	const population = 8000
+	rec := &loadRecord{}
+	for i := range population { // a record for every recipient: ~30 per partition
+		rcp := fmt.Sprintf("+86137%08d", i)
+		if admitted, at := s.sendContent(t, rcp, 1); admitted {
+			rec.sends = append(rec.sends, bench.Send{Domain: "default", Recipient: rcp, Content: 1, Cost: 1, At: at, Checked: true})
+		}
+	}
+	big := 0
+	for p := range 271 {
+		if img, _ := c.Up()[0].Node.Image(p); len(img) > 1<<10 {
+			big++
+		}
+	}
+	if big == 0 {
+		t.Fatal("no partition image on node-0 exceeds a part: the test moves nothing in parts")
+	}
+	stop := make(chan struct{})
+	wg := runLoad(t, s, 16, population, stop, rec)
+	waitDecided(t, rec, 500)
+	steps := []struct {
+		name string
+		do   func() error
+		size int
+	}{
+		{"join", func() error { _, err := c.Add(context.Background()); return err }, 4},
+		{"leave", func() error { return c.Stop(c.Up()[1]) }, 3},
+		{"kill", func() error { return c.Kill(c.Up()[0]) }, 2},
+		{"restart", func() error {
+			for _, m := range c.Members() {
+				if m.Down() && m.Name == "node-0" {
+					return c.Restart(context.Background(), m)
+				}
+			}
+			return fmt.Errorf("node-0 is not down")
+		}, 3},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if err := c.WaitConverged(context.Background(), st.size); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		waitSettled(t, c)
+		waitDecided(t, rec, 500)
+	}
+	close(stop)
+	wg.Wait()
+	wantExact(t, rs, s, rec, population)
+}
