@@ -82,7 +82,7 @@ func checkTable(t *testing.T, tb *table, want map[ref]uint64) {
 
 func TestSlabSlotsAreDisjoint(t *testing.T) {
 	for _, size := range []int{8, 136, 256, 4112, classSizes[len(classSizes)-1]} {
-		s := newSlab(size)
+		s := newSlab(size, nil)
 		size := s.size
 		seen := map[[2]int]bool{}
 		n := 3 * maxChunkBytes / size * 3 // well past the doubling chunks
