@@ -77,4 +77,12 @@
 // domain's longest window holds nothing any rule counts; Serve sweeps them
 // every SweepInterval, one partition at a time and at most sweepBudget index
 // entries per lock hold.
+//
+// Config.MaxMemory bounds the store at StoreBudget of it (memlimit.go): past
+// that, the store refuses items that would create a record, which fail
+// alone with RESOURCE_EXHAUSTED, counted and logged at most once a second,
+// while known recipients are decided as always; replay, replication and
+// partition moves are never refused. Setting the Go runtime's memory limit
+// is left to the caller: it is one per process, and a process may run
+// several nodes (package nodetest).
 package node
