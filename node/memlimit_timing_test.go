@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
 	"testing"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
@@ -75,5 +77,64 @@ func BenchmarkMemoryOverhead(b *testing.B) {
 				a.Close()
 			}
 		})
+	}
+}
+
+// BenchmarkFillToLimit sends batches of 1000 new recipients (one send
+// each) to a node with MaxMemory 256 MiB, which is also the Go memory limit
+// for the run, until 10 batches in a row are refused whole, then decides a
+// batch of known recipients. It reports the recipients admitted, the
+// store's bytes against its limit, and the Go runtime's peak of mapped
+// memory (runtime/metrics, sampled after each batch) against the budget.
+//
+//	go test -run '^$' -bench FillToLimit -benchtime 1x ./node
+func BenchmarkFillToLimit(b *testing.B) {
+	const budget = 256 << 20
+	old := debug.SetMemoryLimit(budget)
+	defer debug.SetMemoryLimit(old)
+	samples := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	goMemory := func() int64 {
+		metrics.Read(samples)
+		return int64(samples[0].Value.Uint64() - samples[1].Value.Uint64())
+	}
+	for b.Loop() {
+		runtime.GC()
+		clk := &testClock{}
+		clk.set(t0)
+		a := openNode(b, Config{Clock: clk, MaxMemory: budget, SweepInterval: -1})
+		req := &pb.CheckRequest{Recipients: make([]string, 1000)}
+		var admitted, peak int64
+		next := 0
+		for refusedRun := 0; refusedRun < 10; {
+			for i := range req.Recipients {
+				req.Recipients[i] = fmt.Sprintf("+86%011d", next)
+				next++
+			}
+			resp, err := a.Check(context.Background(), req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(resp.Errors) == len(req.Recipients) {
+				refusedRun++
+			} else {
+				refusedRun = 0
+			}
+			admitted += int64(len(req.Recipients) - len(resp.Errors))
+			peak = max(peak, goMemory())
+		}
+		for i := range req.Recipients {
+			req.Recipients[i] = fmt.Sprintf("+86%011d", i) // known
+		}
+		resp, err := a.Check(context.Background(), req)
+		if err != nil || len(resp.Errors) != 0 {
+			b.Fatalf("known recipients at the limit: %d errors, %v", len(resp.Errors), err)
+		}
+		m := a.Stats().Memory
+		b.ReportMetric(float64(admitted), "admitted")
+		b.ReportMetric(float64(m.Refused), "refused")
+		b.ReportMetric(float64(m.HeldBytes)/(1<<20), "store-MiB")
+		b.ReportMetric(float64(m.MaxBytes)/(1<<20), "store-limit-MiB")
+		b.ReportMetric(float64(peak)/(1<<20), "go-peak-MiB")
+		a.Close()
 	}
 }
