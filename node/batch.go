@@ -482,6 +482,8 @@ func (n *Node) applyError(rcp string, p int, r *ring.Ring, err error) *itemError
 	case errors.Is(err, store.ErrIDReused):
 		return &itemError{codes.AlreadyExists, fmt.Sprintf("request_ids: recipient %s: %s; not recorded (a retry repeats its item exactly)",
 			quote(rcp), strings.TrimPrefix(err.Error(), store.ErrIDReused.Error()+": "))}
+	case errors.Is(err, store.ErrMemoryLimit):
+		return n.refusedAtLimit(rcp)
 	case errors.Is(err, window.ErrFull):
 		return &itemError{codes.ResourceExhausted, fmt.Sprintf("recipient %s: %s", quote(rcp), trimPrefix(err))}
 	}

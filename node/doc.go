@@ -55,6 +55,7 @@
 //	snapshot.go   the snapshot file: partition images, older formats read, verification
 //	lock.go       one process per data directory (flock of DATA_DIR/LOCK)
 //	removed.go    history of domains the rules lack: refuse, or drop when told
+//	memlimit.go   the memory limit: the store's budget, refusals at it
 //	walrec.go     the WAL payload of one Check
 //	server.go     the gRPC services, health, reflection, Serve
 //	security.go   TLS on the listener; the Peer service kept to verified peers
@@ -77,4 +78,12 @@
 // domain's longest window holds nothing any rule counts; Serve sweeps them
 // every SweepInterval, one partition at a time and at most sweepBudget index
 // entries per lock hold.
+//
+// Config.MaxMemory bounds the store at StoreBudget of it (memlimit.go): past
+// that, the store refuses items that would create a record, which fail
+// alone with RESOURCE_EXHAUSTED, counted and logged at most once a second,
+// while known recipients are decided as always; replay, replication and
+// partition moves are never refused. Setting the Go runtime's memory limit
+// is left to the caller: it is one per process, and a process may run
+// several nodes (package nodetest).
 package node

@@ -52,6 +52,23 @@
 // checking the whole image before it changes anything. Snapshots are a
 // series of images; partition handoff will move them between nodes.
 //
+// # Memory limit
+//
+// A store counts the heap it holds (Memory): every index table, slab chunk
+// and free list as it is allocated and freed, and its request ids at an
+// estimated idBytes each, in one atomic counter that changes only when
+// memory does (a chunk, a resize, 64 ids), so checks do not contend on it.
+// With Config.MaxBytes, Apply refuses, with ErrMemoryLimit and changing
+// nothing, an item that would create a record (its recipient has none in
+// the domain) once the store holds MaxBytes or more, unless the record fits
+// room already held: a free slot of its size class (left by a reclaimed
+// record) and room in the index. Known recipients are decided as always and
+// their records may grow: the limit bounds new recipients, not history.
+// Replay (Insert), backups (Record) and merges (MergeImage, MergeRecord)
+// never refuse: they carry sends another node or this one admitted, and
+// losing those is worse than holding more; what they create past the limit
+// is counted (MemoryStats.Overshoots).
+//
 // # Idle records
 //
 // A record whose newest send is older than its domain's longest window holds

@@ -406,6 +406,7 @@ func (s *Store) Drop(p int) int64 {
 	for _, sp := range pt.spaces {
 		if sp != nil {
 			n += sp.records
+			pt.mem.held.Add(-sp.heldBytes())
 		}
 	}
 	pt.spaces = nil

@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"math/bits"
+	"sync/atomic"
 
 	"github.com/freqring/freqring/window"
 )
@@ -89,14 +90,25 @@ type slab struct {
 	chunks [][]byte // chunk k holds slots [start(k), start(k+1))
 	next   uint32   // slots handed out so far
 	free   []uint32 // released slots, reused first
+	// held is the store's heap account (nil: none), to which the slab adds
+	// the bytes of the chunks and free-list capacity it allocates (see
+	// reserved) and from which trim takes them back.
+	held *atomic.Int64
 }
 
-func newSlab(size int) slab {
+func newSlab(size int, held *atomic.Int64) slab {
 	first := uint(bits.Len(uint(max(minChunkBytes/size, 1)))) - 1
 	grow := uint(bits.Len(uint(max(maxChunkBytes/(size<<first), 1)))) - 1
 	per := uint32(max(maxChunkBytes/size, 1))
-	return slab{size: size, first: first, grow: grow,
+	return slab{size: size, first: first, grow: grow, held: held,
 		base: uint32(1<<first) * (1<<grow - 1), per: per, magic: ^uint64(0)/uint64(per) + 1}
+}
+
+// addHeld adds d bytes to the heap account held, if there is one.
+func addHeld(held *atomic.Int64, d int64) {
+	if held != nil && d != 0 {
+		held.Add(d)
+	}
 }
 
 // locate returns the chunk and byte offset of slot i. Chunk k < grow holds
@@ -141,24 +153,43 @@ func (s *slab) alloc() (uint32, error) {
 			per = 1 << (s.first + uint(c))
 		}
 		s.chunks = append(s.chunks, make([]byte, per*uint(s.size)))
+		addHeld(s.held, int64(per*uint(s.size)))
 	}
 	s.next++
 	return i, nil
 }
 
 // release returns slot i to the free list.
-func (s *slab) release(i uint32) { s.free = append(s.free, i) }
+func (s *slab) release(i uint32) {
+	c := cap(s.free)
+	s.free = append(s.free, i)
+	addHeld(s.held, int64(cap(s.free)-c)*4)
+}
+
+// hasRoom reports whether alloc would hand out a slot without allocating.
+func (s *slab) hasRoom() bool {
+	if len(s.free) > 0 {
+		return true
+	}
+	if s.next == maxSlots {
+		return false
+	}
+	c, _ := s.locate(s.next)
+	return c < len(s.chunks)
+}
 
 // trim gives all the slab's memory back if no slot is in use. Records pass
 // through the small classes as they grow and leave them empty; the sweep
 // trims them, not release, so that a class in steady use keeps its chunk.
 func (s *slab) trim() {
 	if len(s.free) == int(s.next) {
+		addHeld(s.held, -s.reserved())
 		s.chunks, s.free, s.next = nil, nil, 0
 	}
 }
 
-// reserved returns the bytes the slab holds from the heap.
+// reserved returns the bytes the slab holds from the heap: what it has
+// added to its heap account.
 func (s *slab) reserved() int64 {
 	var n int64
 	for _, c := range s.chunks {

@@ -157,6 +157,7 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 				b.ReportMetric(float64(s.IndexBytes)/float64(tc.n), "index-B/recipient")
 				b.ReportMetric(float64(s.LiveBytes)/float64(tc.n), "slot-B/recipient")
 				b.ReportMetric(float64(s.SlabBytes)/float64(tc.n), "slab-B/recipient")
+				b.ReportMetric(float64(st.Memory().HeldBytes)/float64(tc.n), "held-B/recipient")
 				b.ReportMetric(float64(gc.Microseconds())/1000, "gc-ms")
 				b.ReportMetric(float64(pause)/1000, "gc-pause-µs")
 				if s.Records != int64(tc.n) {
