@@ -221,6 +221,9 @@ func TestApplyBatchConcurrent(t *testing.T) {
 
 // TestApplyBatchAllocs: a warm ApplyBatch allocates nothing.
 func TestApplyBatchAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("-race: sync.Pool drops its items at random")
+	}
 	d, _ := window.NewDomain("default", window.DefaultRules())
 	st, ref := newTestStore(t, d, 0)
 	now := t0 + 86_400_000
