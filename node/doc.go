@@ -15,9 +15,11 @@
 // partition. Items another member owns are forwarded in one Peer.Forward per
 // owner, in parallel (forward.go); the rest are decided in decide, at one
 // clock reading, which is the one place an item meets its partition's state:
-// store.Apply takes that partition's lock, decides with window.Apply and
-// writes the record back. The sends it recorded go to the WAL in one append
-// before the reply (durable.go, walrec.go).
+// store.ApplyBatch takes each partition's lock once, decides its items in
+// request order with window.Apply and writes the records back, with the
+// cache misses of later partitions in flight meanwhile. The sends it
+// recorded go to the WAL in one append, in request order, before the reply
+// (durable.go, walrec.go).
 //
 // # Rules
 //

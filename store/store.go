@@ -267,10 +267,16 @@ func (pt *partition) space(id int, create bool) *space {
 // mode, or in another domain), Apply fails with ErrIDReused and changes
 // nothing. A peek neither consults nor remembers ids.
 func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (seq uint64, dup bool, err error) {
-	key = storedKey(key)
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	return s.apply(pt, p, &pt.scratch, r, key, tag, now, it, id, dec)
+}
+
+// apply is Apply with partition p's lock held; pt is &s.parts[p]. The
+// engine works in ws: the partition's scratch, or one the caller owns.
+func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (seq uint64, dup bool, err error) {
+	key = storedKey(key)
 	if pt.closed {
 		return 0, false, fmt.Errorf("%w: partition %d", ErrClosed, p)
 	}
@@ -289,7 +295,7 @@ func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window
 				}
 				peek := it
 				peek.Mode = window.Peek
-				if _, err := r.rules.Apply(&pt.scratch, rec, tag, now, peek, dec); err != nil {
+				if _, err := r.rules.Apply(ws, rec, tag, now, peek, dec); err != nil {
 					return 0, false, err
 				}
 				dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At = true, true, -1, 0, e.at
@@ -303,7 +309,7 @@ func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window
 			return 0, false, fmt.Errorf("%w: request id %d was first used in domain %q", ErrIDReused, id, d)
 		}
 	}
-	out, err := r.rules.Apply(&pt.scratch, rec, tag, now, it, dec)
+	out, err := r.rules.Apply(ws, rec, tag, now, it, dec)
 	if err != nil || out == nil {
 		return 0, false, err
 	}
