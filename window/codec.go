@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
-	"slices"
 )
 
 // ErrCorruptRecord reports record bytes that the codec did not write.
@@ -341,28 +340,11 @@ func ConvertRecord(s *Scratch, rec []byte, from, to int) ([]byte, error) {
 	return s.out, nil
 }
 
-// gammaMaxZeros bounds the leading zeros of a gamma code: positions in a
-// recipient log are below maxCount+1 < 2^12.
+// gammaMaxZeros bounds the leading zeros of a gamma code (z zeros, a one,
+// then the low z bits of a value of width z+1, least significant bit
+// first): positions in a recipient log are below maxCount+1 < 2^12.
 const gammaMaxZeros = 11
 
-// writeGamma writes v >= 1 as an Elias gamma code, least significant bit
-// first: z zeros, a one, then the low z bits of v, where z+1 is v's width.
-func (w *bitWriter) writeGamma(v uint64) {
-	z := widthOf(int64(v)) - 1
-	w.write(1<<z|(v&(1<<z-1))<<(z+1), 2*z+1)
-}
-
-// readGamma reads a gamma code, or returns 0 for one of more than
-// gammaMaxZeros zeros (no code this package writes).
-func (r *bitReader) readGamma() uint64 {
-	word := binary.LittleEndian.Uint64(r.b[r.pos>>3:]) >> (r.pos & 7)
-	z := uint(bits.TrailingZeros64(word))
-	if z > gammaMaxZeros {
-		return 0
-	}
-	r.pos += 2*z + 1
-	return 1<<z | word>>(z+1)&(1<<z-1)
-}
 
 // Format 2 content logs, after the count k of logs:
 //
@@ -387,6 +369,7 @@ func (s *state) encodeContent(w *bitWriter) {
 	// Match every entry first: the explicit values' width comes first.
 	s.match = s.match[:0]
 	var or int64
+	refs := false
 	for _, c := range s.clogs {
 		e := s.ctimes[c.off : c.off+c.n]
 		cur, prev := len(s.recip), s.newest
@@ -398,6 +381,7 @@ func (s *state) encodeContent(w *bitWriter) {
 			if cur > 0 && s.recip[cur-1] == t {
 				cur--
 				s.match = append(s.match, int32(cur))
+				refs = true
 			} else {
 				s.match = append(s.match, -1)
 				or |= prev - t
@@ -405,30 +389,34 @@ func (s *state) encodeContent(w *bitWriter) {
 			prev = t
 		}
 	}
-	if or == 0 && !slices.ContainsFunc(s.match, func(p int32) bool { return p >= 0 }) {
+	if !refs {
 		// Nothing to refer to (a domain without recipient rules keeps no
 		// recipient log): format 1's logs, without a bit per entry.
 		w.write(0, 1)
 		s.encodeContentV1(w)
 		return
 	}
-	w.write(1, 1)
 	wd := widthOf(or)
-	w.write(uint64(wd), widthBits)
+	w.write(1|uint64(wd)<<1, 1+widthBits)
 	k := 0
 	for _, c := range s.clogs {
 		e := s.ctimes[c.off : c.off+c.n]
-		w.write(uint64(c.fp), fpBits)
-		w.count(len(e))
+		if len(e) < countEscape {
+			w.write(uint64(c.fp)|uint64(len(e))<<fpBits, fpBits+countBits)
+		} else {
+			w.write(uint64(c.fp), fpBits)
+			w.count(len(e))
+		}
 		q, prev := int32(len(s.recip)), s.newest
 		for i := len(e) - 1; i >= 0; i-- {
 			if p := s.match[k]; p >= 0 {
-				w.write(1, 1)
-				w.writeGamma(uint64(q - p))
+				// The kind bit 1, then the gamma code of q-p.
+				d := uint64(q - p)
+				z := widthOf(int64(d)) - 1
+				w.write(1|(1<<z|(d&(1<<z-1))<<(z+1))<<1, 2*z+2)
 				q = p
 			} else {
-				w.write(0, 1)
-				w.write(uint64(prev-e[i]), wd)
+				w.write(uint64(prev-e[i])<<1, 1+wd)
 			}
 			prev = e[i]
 			k++
@@ -459,9 +447,16 @@ func (s *state) decodeContent(r *bitReader, nc, size int) error {
 			if r.overrun(0) {
 				return fmt.Errorf("%w: content log %d overruns %d bytes", ErrCorruptRecord, j, size)
 			}
-			if r.read(1) == 1 {
-				d := int(r.readGamma())
-				if d == 0 || d > q {
+			// One load for the kind bit and what follows it.
+			word := binary.LittleEndian.Uint64(r.b[r.pos>>3:]) >> (r.pos & 7)
+			if word&1 == 1 {
+				z := uint(bits.TrailingZeros64(word >> 1))
+				if z > gammaMaxZeros {
+					return fmt.Errorf("%w: content log %d refers past the recipient log", ErrCorruptRecord, j)
+				}
+				r.pos += 2*z + 2
+				d := int(1<<z | word>>(z+2)&(1<<z-1))
+				if d > q {
 					return fmt.Errorf("%w: content log %d refers past the recipient log", ErrCorruptRecord, j)
 				}
 				q -= d
@@ -470,6 +465,7 @@ func (s *state) decodeContent(r *bitReader, nc, size int) error {
 				}
 				t = s.recip[q]
 			} else {
+				r.pos++
 				t -= int64(r.read(w))
 			}
 			s.ctimes[i] = t
