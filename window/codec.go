@@ -345,7 +345,6 @@ func ConvertRecord(s *Scratch, rec []byte, from, to int) ([]byte, error) {
 // first): positions in a recipient log are below maxCount+1 < 2^12.
 const gammaMaxZeros = 11
 
-
 // Format 2 content logs, after the count k of logs:
 //
 //	refs    1 bit   0: the logs follow as in format 1 (no entry is in the
