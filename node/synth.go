@@ -41,7 +41,7 @@ type SynthConfig struct {
 	// SynthRecipient(0) to SynthRecipient(N-1).
 	Recipients int
 	// Seed picks the sends; 0 means 1. The same seed, N and Now give the
-	// same snapshot, whatever Workers is.
+	// same records, whatever Workers is.
 	Seed uint64
 	// Rules are the rules the node will serve; nil means the defaults. Every
 	// domain with a recipient rule gets a record for every recipient.
