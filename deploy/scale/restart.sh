@@ -50,7 +50,17 @@ stop_node() {
 	fi
 }
 trap stop_node EXIT
-"$bin" status --addr "$addr" --wait 30m >/dev/null
+"$bin" status --addr "$addr" --wait 30m >/dev/null &
+waiter=$!
+# Whichever ends first: the wait for SERVING, or the node (a failed start).
+wait -n "$pid" "$waiter" || true
+if ! kill -0 "$pid" 2>/dev/null; then
+	kill "$waiter" 2>/dev/null || true
+	echo "freqring serve exited before SERVING; its log:" >&2
+	cat "$log" >&2
+	exit 1
+fi
+wait "$waiter"
 serving=$(date +%s.%N)
 grep -m1 'msg="recovery done"' "$log"
 
@@ -61,14 +71,14 @@ fi
 stop_node
 trap - EXIT
 
-echo "== snapshots written while serving (before shutdown), then at shutdown"
-awk '/msg="shutting down"/ {print "-- shutdown"} /msg="snapshot written"/' "$log"
+echo "== snapshots: every one but the last was taken while serving (the last is the shutdown's)"
+grep 'msg="snapshot written"' "$log" || true
 
 recovery=$(grep -m1 'msg="recovery done"' "$log")
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$recovery"; }
 snap_bytes=$(sed -n 's/.*snapshot_bytes=\([0-9]*\).*/\1/p' "$work/synth.out")
 synth_s=$(sed -n 's/^synth_seconds=\([0-9.]*\).*/\1/p' "$work/synth.out")
-serving_snap=$(awk '/msg="shutting down"/ {exit} /msg="snapshot written"/ {l=$0} END {print l}' "$log")
+serving_snap=$(grep 'msg="snapshot written"' "$log" | head -n -1 | tail -n 1)
 echo "== summary, N=$n"
 awk -v n="$n" -v synth="$synth_s" -v snap="$snap_bytes" -v rec="$(field seconds)" \
 	-v wall="$(echo "$serving - $start" | bc)" -v rss="$(field rss_bytes)" -v store="$(field store_bytes)" \
@@ -77,7 +87,7 @@ awk -v n="$n" -v synth="$synth_s" -v snap="$snap_bytes" -v rec="$(field seconds)
 	printf "rss_GiB=%.2f rss_B/recipient=%.1f store_B/recipient=%.1f go_heap_B/recipient=%.1f\n", rss/2^30, rss/n, store/n, heap/n
 }'
 if [ -n "$serving_snap" ]; then
-	echo "snapshot_while_serving: $(sed -n 's/.*\(records=[0-9]* bytes=[0-9]*\).*\(took=[^ ]*\).*/\1 \2/p' <<<"$serving_snap")"
+	echo "snapshot_while_serving (the last one): $(sed -n 's/.*\(records=[0-9]* bytes=[0-9]*\).*\(took=[^ ]*\).*/\1 \2/p' <<<"$serving_snap")"
 fi
 if [ "${KEEP:-}" != "1" ]; then
 	rm -rf "$data"
