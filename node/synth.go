@@ -62,10 +62,10 @@ type SynthStats struct {
 	File       string   // the snapshot's path
 	Domains    []string // domains that got records
 	Recipients int64
-	Records    int64 // records written, all domains (below Recipients × domains only on key collisions)
-	Bytes      int64 // the snapshot's size
-	Index      time.Duration
-	Took       time.Duration
+	Records    int64         // records written, all domains (below Recipients × domains only on key collisions)
+	Bytes      int64         // the snapshot's size
+	Index      time.Duration // grouping the recipients by partition
+	Took       time.Duration // everything, Index included
 }
 
 // SynthRecipient returns the recipient string of synthetic recipient i: "+86"
@@ -226,6 +226,11 @@ func Synthesize(ctx context.Context, cfg SynthConfig) (SynthStats, error) {
 				case tokens <- struct{}{}:
 				case <-stop:
 					return
+				}
+				select {
+				case <-stop: // the write failed: take no more partitions
+					return
+				default:
 				}
 				p := int(next.Add(1) - 1)
 				if p >= cfg.Partitions {
