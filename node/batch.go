@@ -41,6 +41,11 @@ type batch struct {
 	req   *pb.CheckRequest
 	items []item
 	moved []int // items that failed because their partition closed after routing (store.ErrClosed)
+	// decided holds the store's part of one chunk of decide: the items it
+	// hands to store.ApplyBatch, with their results; slot[j] is answer j's
+	// entry in decided, or -1 for an answer that did not reach the store.
+	decided []store.BatchItem
+	slot    []int32
 }
 
 var batches = sync.Pool{New: func() any { return new(batch) }}
@@ -50,6 +55,8 @@ func (b *batch) put() {
 	clear(b.items)
 	b.items = b.items[:0]
 	b.moved = b.moved[:0]
+	clear(b.decided)
+	b.decided = b.decided[:0]
 	batches.Put(b)
 }
 
@@ -299,11 +306,18 @@ func newResponse(n int) *pb.CheckResponse {
 	}
 }
 
+// decideChunk is how many items decide hands to store.ApplyBatch at once:
+// enough to overlap the cache misses of a batch, few enough to keep the
+// pooled results (about 500 bytes an item) small.
+const decideChunk = 256
+
 // decide decides the items idx of b here (all of them when idx is nil), in
 // that order, at one clock reading; answer j is item idx[j]. With mustOwn,
 // an item this node does not own under r fails with UNAVAILABLE: the caller
-// routed by a stale ring. This loop is the one place an item meets its
-// partition's state.
+// routed by a stale ring. The items meet their partitions' state in
+// store.ApplyBatch, in chunks of decideChunk: the outcome is that of
+// deciding them one by one in order, so the sends of each partition reach
+// the WAL and the backups in sequence-number order, as before.
 func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mustOwn bool, t *walTicket) (*pb.CheckResponse, error) {
 	cnt := len(b.items)
 	if idx != nil {
@@ -321,7 +335,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		rs = &replicaSet{}
 	}
 	now := n.nowMs()
-	var dec window.Decision
+	var dec *window.Decision
 	var admitted, denied, failed int64
 	var enc *walEncoder
 	if t != nil {
@@ -337,6 +351,9 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		if idx != nil {
 			i = idx[j]
 		}
+		if j%decideChunk == 0 {
+			b.applyChunk(n, idx, j, min(cnt, j+decideChunk), r, mustOwn, noMajority, now)
+		}
 		x := &b.items[i]
 		resp.DeniedBy[j] = -1
 		ierr := x.err
@@ -347,12 +364,12 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 			if owner := r.PartitionOwner(x.part); mustOwn && owner.Name != n.cfg.Name {
 				ierr = &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
 					quote(b.req.Recipients[i]), n.cfg.Name, r.Epoch(), owner.Name)}
-			} else if seq, dup, err := n.store.Apply(x.part, x.dv.ref, x.key, x.tag, now, x.it, x.id, &dec); err != nil {
-				ierr = n.applyError(b.req.Recipients[i], x.part, r, err)
-				if errors.Is(err, store.ErrClosed) {
+			} else if sb := &b.decided[b.slot[j%decideChunk]]; sb.Err != nil {
+				ierr = n.applyError(b.req.Recipients[i], x.part, r, sb.Err)
+				if errors.Is(sb.Err, store.ErrClosed) {
 					b.moved = append(b.moved, i)
 				}
-			} else if dup {
+			} else if dec = &sb.Dec; sb.Dup {
 				resp.Duplicates = append(resp.Duplicates, uint32(j))
 				if rs != nil {
 					// The first answer may have failed because the backup did
@@ -361,7 +378,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 					rs.add(r, x.part, j, walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, at: dec.At, content: x.it.Content, cost: x.it.Cost, id: x.id})
 				}
 			} else if dec.Recorded {
-				s := walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, seq: seq, at: dec.At, content: x.it.Content, cost: x.it.Cost, id: x.id}
+				s := walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, seq: sb.Seq, at: dec.At, content: x.it.Content, cost: x.it.Cost, id: x.id}
 				if enc != nil {
 					enc.add(s)
 				}
@@ -416,6 +433,28 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		return nil, status.Errorf(codes.Unavailable, "write-ahead log: %v", walErr)
 	}
 	return resp, nil
+}
+
+// applyChunk decides, in the store, answers lo to hi-1 of decide (items
+// idx[lo:hi] of b, or b.items[lo:hi] when idx is nil): those that passed
+// decoding and, with mustOwn, that this node owns under r. decide reads
+// their results through b.slot.
+func (b *batch) applyChunk(n *Node, idx []int, lo, hi int, r *ring.Ring, mustOwn, noMajority bool, now int64) {
+	b.decided, b.slot = b.decided[:0], b.slot[:0] // each entry is overwritten whole
+	for j := lo; j < hi; j++ {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		x := &b.items[i]
+		if x.err != nil || noMajority || (mustOwn && r.PartitionOwner(x.part).Name != n.cfg.Name) {
+			b.slot = append(b.slot, -1)
+			continue
+		}
+		b.slot = append(b.slot, int32(len(b.decided)))
+		b.decided = append(b.decided, store.BatchItem{Part: x.part, Ref: x.dv.ref, Key: x.key, Tag: x.tag, Item: x.it, ID: x.id})
+	}
+	n.store.ApplyBatch(now, b.decided)
 }
 
 // waitMoving waits, at most MoveWait and until ctx is done, for the
@@ -482,6 +521,8 @@ func (n *Node) applyError(rcp string, p int, r *ring.Ring, err error) *itemError
 	case errors.Is(err, store.ErrIDReused):
 		return &itemError{codes.AlreadyExists, fmt.Sprintf("request_ids: recipient %s: %s; not recorded (a retry repeats its item exactly)",
 			quote(rcp), strings.TrimPrefix(err.Error(), store.ErrIDReused.Error()+": "))}
+	case errors.Is(err, store.ErrMemoryLimit):
+		return n.refusedAtLimit(rcp)
 	case errors.Is(err, window.ErrFull):
 		return &itemError{codes.ResourceExhausted, fmt.Sprintf("recipient %s: %s", quote(rcp), trimPrefix(err))}
 	}

@@ -15,9 +15,11 @@
 // partition. Items another member owns are forwarded in one Peer.Forward per
 // owner, in parallel (forward.go); the rest are decided in decide, at one
 // clock reading, which is the one place an item meets its partition's state:
-// store.Apply takes that partition's lock, decides with window.Apply and
-// writes the record back. The sends it recorded go to the WAL in one append
-// before the reply (durable.go, walrec.go).
+// store.ApplyBatch takes each partition's lock once, decides its items in
+// request order with window.Apply and writes the records back, with the
+// cache misses of later partitions in flight meanwhile. The sends it
+// recorded go to the WAL in one append, in request order, before the reply
+// (durable.go, walrec.go).
 //
 // # Rules
 //
@@ -56,6 +58,7 @@
 //	synth.go      synthetic state: a data directory of N recipients at steady state (freqring synth)
 //	lock.go       one process per data directory (flock of DATA_DIR/LOCK)
 //	removed.go    history of domains the rules lack: refuse, or drop when told
+//	memlimit.go   the memory limit: the store's budget, refusals at it
 //	walrec.go     the WAL payload of one Check
 //	server.go     the gRPC services, health, reflection, Serve
 //	security.go   TLS on the listener; the Peer service kept to verified peers
@@ -78,4 +81,12 @@
 // domain's longest window holds nothing any rule counts; Serve sweeps them
 // every SweepInterval, one partition at a time and at most sweepBudget index
 // entries per lock hold.
+//
+// Config.MaxMemory bounds the store at StoreBudget of it (memlimit.go): past
+// that, the store refuses items that would create a record, which fail
+// alone with RESOURCE_EXHAUSTED, counted and logged at most once a second,
+// while known recipients are decided as always; replay, replication and
+// partition moves are never refused. Setting the Go runtime's memory limit
+// is left to the caller: it is one per process, and a process may run
+// several nodes (package nodetest).
 package node

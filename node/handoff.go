@@ -18,6 +18,7 @@ import (
 	"github.com/freqring/freqring/ring"
 	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/store"
+	"github.com/freqring/freqring/wal"
 )
 
 // This file moves history with ownership. The rules, in the words of the
@@ -707,7 +708,7 @@ func (n *Node) pullFrom(ctx context.Context, r *ring.Ring, m ring.Member, ps []i
 	if err != nil {
 		return 0, 0, err
 	}
-	req := &pb.AcquireRequest{Node: n.cfg.Name, RingEpoch: r.Epoch()}
+	req := &pb.AcquireRequest{Node: n.cfg.Name, RingEpoch: r.Epoch(), ImageVersion: store.ImageVersion}
 	for _, p := range ps {
 		req.Partitions = append(req.Partitions, uint32(p))
 	}
@@ -740,21 +741,74 @@ func (n *Node) pullFrom(ctx context.Context, r *ring.Ring, m ring.Member, ps []i
 	return records, nb, err
 }
 
-// fillBackup sends the images of partitions ps to m, their backup (Fill).
+// fillBackup sends the images of partitions ps to m, their backup (Fill),
+// in parts and as many calls as the request bound needs.
 func (n *Node) fillBackup(ctx context.Context, r *ring.Ring, m ring.Member, ps []int) error {
 	cli, err := n.peers.Peer(m)
 	if err != nil {
 		return err
 	}
-	req := &pb.FillRequest{Node: n.cfg.Name, RingEpoch: r.Epoch()}
+	var imgs [][]byte
 	for _, p := range ps {
 		img, _ := n.store.AppendImage(nil, p)
-		req.Images = append(req.Images, img)
+		imgs = append(imgs, img)
 	}
-	fctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
-	defer cancel()
-	_, err = cli.Fill(fctx, req)
-	return err
+	parts, err := n.splitImages(imgs)
+	if err != nil {
+		return err
+	}
+	for _, run := range groupImages(parts, n.cfg.Limits.MaxRequestBytes-peerMessageSlack) {
+		fctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
+		_, err = cli.Fill(fctx, &pb.FillRequest{Node: n.cfg.Name, RingEpoch: r.Epoch(), Images: run})
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peerMessageSlack is what a peer message holds beside its images: names,
+// epoch and framing.
+const peerMessageSlack = 1 << 10
+
+// imagePart returns the most bytes of one partition image in a peer message
+// or a WAL record: 4 MiB, or a quarter of a request if that is less. Larger
+// images travel in parts (store.SplitImage).
+func (n *Node) imagePart() int { return min(4<<20, n.cfg.Limits.MaxRequestBytes/4) }
+
+// splitImages returns imgs cut into parts of at most imagePart bytes.
+func (n *Node) splitImages(imgs [][]byte) ([][]byte, error) {
+	var parts [][]byte
+	for _, img := range imgs {
+		ps, err := store.SplitImage(img, n.imagePart())
+		if err != nil {
+			return nil, err
+		}
+		parts = append(parts, ps...)
+	}
+	return parts, nil
+}
+
+// groupImages returns imgs, in order, in runs of at most budget bytes each
+// (with ~8 bytes of framing per image); an image larger than budget is a run
+// of its own.
+func groupImages(imgs [][]byte, budget int) [][][]byte {
+	var runs [][][]byte
+	var cur [][]byte
+	size := 0
+	for _, img := range imgs {
+		if len(cur) > 0 && size+len(img)+8 > budget {
+			runs = append(runs, cur)
+			cur, size = nil, 0
+		}
+		cur = append(cur, img)
+		size += len(img) + 8
+	}
+	if len(cur) > 0 {
+		runs = append(runs, cur)
+	}
+	return runs
 }
 
 // mergeImages checks every image (check decides whether its partition is
@@ -793,8 +847,11 @@ func (n *Node) mergeImages(ctx context.Context, imgs [][]byte, check func(store.
 		n.log.Warn("partition images held records of domains these rules lack: dropped", "records_by_domain", unknown, "domains_served", v.names)
 	}
 	if n.dur != nil && len(imgs) > 0 {
-		if _, err := n.dur.log.Append(ctx, encodeImages(nil, imgs)); err != nil {
-			return records, nb, fmt.Errorf("write-ahead log: %w", err)
+		// A WAL record is bounded: log the images in runs that fit one.
+		for _, run := range groupImages(imgs, wal.MaxPayload-peerMessageSlack) {
+			if _, err := n.dur.log.Append(ctx, encodeImages(nil, run)); err != nil {
+				return records, nb, fmt.Errorf("write-ahead log: %w", err)
+			}
 		}
 	}
 	return records, nb, nil
@@ -845,7 +902,9 @@ func (n *Node) peerView(caller string, epoch uint64, sameEpoch bool) (*cluster, 
 }
 
 // Acquire answers Peer.Acquire (rule 2): it closes each partition and
-// returns its image.
+// returns its image, in the newest image version the caller reads: a
+// member left out of the ring for its older protocol still acquires from
+// this node while the majority has not yet changed binaries.
 func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
 	r, err := n.peerRing(req.Node, req.RingEpoch, true)
 	if err != nil {
@@ -859,11 +918,17 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 			return nil, n.refuse("partition %d is owned by %s under epoch %d, not by %s", p, o.Name, r.Epoch(), req.Node)
 		}
 	}
+	version := min(max(int(req.ImageVersion), 1), store.ImageVersion)
 	resp := &pb.AcquireResponse{Node: n.cfg.Name}
 	for _, p := range req.Partitions {
 		n.closePartition(int(p)) // wakes nobody; makes waiters wait for a next open
-		img, _ := n.store.CloseAndAppendImage(nil, int(p))
-		resp.Images = append(resp.Images, img)
+		// version is 1 or ImageVersion: AppendImageVersion cannot fail.
+		img, _, _ := n.store.AppendImageVersion(nil, int(p), true, version)
+		parts, err := n.splitImages([][]byte{img}) // the acquirer logs them in bounded WAL records
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "partition %d: %v", p, err)
+		}
+		resp.Images = append(resp.Images, parts...)
 		n.ho.mu.Lock()
 		n.ho.handed[p], n.ho.owed[p] = true, false
 		resp.Generations = append(resp.Generations, n.ho.gen[p])

@@ -19,6 +19,7 @@ import (
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/rules"
+	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/window"
 )
 
@@ -544,4 +545,168 @@ func TestAsyncReplicationBound(t *testing.T) {
 	if len(v) > limit || forgotten > limit {
 		t.Fatalf("%d over-admissions and %d forgotten, beyond the bound of %d", len(v), forgotten, limit)
 	}
+}
+
+// TestAcquireAnswersTheCallersImageVersion: a caller that asks for no image
+// version (a release before image version 2) gets version 1 images, whose
+// records hold the same sends; one that asks for 2 gets 2.
+func TestAcquireAnswersTheCallersImageVersion(t *testing.T) {
+	c := moveCluster(t, 3, string(rules.DefaultYAML()), true, "")
+	waitSettled(t, c)
+	ms := c.Members()
+	a, b := ms[0], ms[1]
+	r := a.Node.Ring()
+	s := newSender(c, 6)
+	for i := range 1200 { // content logs are what formats 1 and 2 write differently
+		s.sendContent(t, fmt.Sprintf("r%d", i%600), uint64(i%3+1))
+	}
+	// The partition owned by b and backed by a that holds the most records
+	// on a.
+	backed, most := -1, int64(0)
+	for p := range r.Config().PartitionCount {
+		rep, _ := r.PartitionReplica(p)
+		if r.PartitionOwner(p).Name != b.Name || rep.Name != a.Name {
+			continue
+		}
+		if _, n := a.Node.Image(p); n > most {
+			backed, most = p, n
+		}
+	}
+	if backed < 0 {
+		t.Fatal("no partition owned by b and backed by a holds records")
+	}
+	want, _ := a.Node.Image(backed)
+	if _, n := a.Node.Image(backed); n == 0 {
+		t.Fatal("no records to convert")
+	}
+	for _, tc := range []struct{ ask, got int }{{0, 1}, {1, 1}, {2, 2}, {9, store.ImageVersion}} {
+		resp, err := a.Node.Acquire(context.Background(), &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch(), Partitions: []uint32{uint32(backed)}, ImageVersion: uint32(tc.ask)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		img := resp.Images[0]
+		h, err := store.CheckImage(img)
+		if err != nil || h.Version != tc.got {
+			t.Fatalf("asked for version %d: image version %d, %v; want %d", tc.ask, h.Version, err, tc.got)
+		}
+		// Both versions carry the same sends: merged into empty stores,
+		// they answer the same.
+		now := time.Now().UnixMilli()
+		if got, w := answers(t, img, now), answers(t, want, now); !reflect.DeepEqual(got, w) || len(w) == 0 {
+			t.Fatalf("asked for version %d: the image answers %v, want %v", tc.ask, got, w)
+		}
+	}
+}
+
+// answers merges img into an empty store of the default rules and returns
+// what a peek with each of the contents 1-3 answers for each of its
+// recipients, by key.
+func answers(t *testing.T, img []byte, now int64) map[uint64]string {
+	t.Helper()
+	st, err := store.New(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	ref := st.Bind(d)
+	if _, _, err := st.MergeImage(img, now, func(string) (store.Ref, bool) { return ref, true }); err != nil {
+		t.Fatal(err)
+	}
+	type rcp struct {
+		key uint64
+		tag uint16
+	}
+	var rcps []rcp
+	for p := range st.Partitions() {
+		st.ForEach(p, func(_ string, key uint64, rec []byte) bool {
+			rcps = append(rcps, rcp{key, window.RecordTag(rec)})
+			return true
+		})
+	}
+	out := map[uint64]string{}
+	for _, r := range rcps {
+		for content := range uint64(3) {
+			var dec window.Decision
+			if _, _, err := st.Apply(st.PartitionOf(r.key), ref, r.key, r.tag, now, window.Item{Content: content + 1, Mode: window.Peek}, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+			out[r.key] += fmt.Sprint(dec.Rules[:dec.NumRules])
+		}
+	}
+	return out
+}
+
+// TestMovesInParts moves partitions whose images exceed a peer message
+// (Limits.MaxRequestBytes of 4 KiB here, 16 MiB in production: 100,000
+// recipients a partition) through a join, a leave, a kill and a restart,
+// over gRPC with WALs, under load: images travel in parts and Fill in
+// several calls, and the oracle finds every admitted send counted and none
+// over-admitted. Before parts, a Fill of 16 partitions over the bound was
+// refused and the partitions never opened.
+func TestMovesInParts(t *testing.T) {
+	rs, err := rules.Parse("churn", []byte(churnRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 3, Rules: rs, DataDir: t.TempDir(),
+		Node: func(cfg *node.Config) {
+			cfg.SweepInterval, cfg.ForgetDeadAfter = -1, time.Second
+			cfg.Limits.MaxRequestBytes = 4 << 10 // parts of 1 KiB
+			cfg.Limits.MaxContentBytes = 1 << 10
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := newSender(c, 7)
+	const population = 8000
+	rec := &loadRecord{}
+	for i := range population { // a record for every recipient: ~30 per partition
+		rcp := fmt.Sprintf("+86137%08d", i)
+		if admitted, at := s.sendContent(t, rcp, 1); admitted {
+			rec.sends = append(rec.sends, bench.Send{Domain: "default", Recipient: rcp, Content: 1, Cost: 1, At: at, Checked: true})
+		}
+	}
+	big := 0
+	for p := range 271 {
+		if img, _ := c.Up()[0].Node.Image(p); len(img) > 1<<10 {
+			big++
+		}
+	}
+	if big == 0 {
+		t.Fatal("no partition image on node-0 exceeds a part: the test moves nothing in parts")
+	}
+	stop := make(chan struct{})
+	wg := runLoad(t, s, 16, population, stop, rec)
+	waitDecided(t, rec, 500)
+	steps := []struct {
+		name string
+		do   func() error
+		size int
+	}{
+		{"join", func() error { _, err := c.Add(context.Background()); return err }, 4},
+		{"leave", func() error { return c.Stop(c.Up()[1]) }, 3},
+		{"kill", func() error { return c.Kill(c.Up()[0]) }, 2},
+		{"restart", func() error {
+			for _, m := range c.Members() {
+				if m.Down() && m.Name == "node-0" {
+					return c.Restart(context.Background(), m)
+				}
+			}
+			return fmt.Errorf("node-0 is not down")
+		}, 3},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if err := c.WaitConverged(context.Background(), st.size); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		waitSettled(t, c)
+		waitDecided(t, rec, 500)
+	}
+	close(stop)
+	wg.Wait()
+	wantExact(t, rs, s, rec, population)
 }

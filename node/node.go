@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -133,6 +134,18 @@ type Config struct {
 	// capacity/window recorded ids a second, ids are kept for less.
 	IdempotencyCapacity int
 
+	// MaxMemory is the process's memory budget in bytes: the store may hold
+	// StoreBudget(MaxMemory), past which an item for a recipient with no
+	// record fails with RESOURCE_EXHAUSTED (counted, logged at most once a
+	// second) while known recipients are decided as always. 0 means no
+	// limit; otherwise at least MinMaxMemory. The node does not set the Go
+	// runtime's memory limit (a process-wide setting): its caller does
+	// (cmd/freqring calls debug.SetMemoryLimit(MaxMemory)).
+	MaxMemory int64
+	// storeMaxBytes, if nonzero, replaces StoreBudget(MaxMemory) as the
+	// store's limit: tests reach a limit without filling 96 MiB.
+	storeMaxBytes int64
+
 	// TLS, if set, is the gRPC listener's TLS configuration (its
 	// certificate, and ClientAuth and ClientCAs for client certificates);
 	// nil means plaintext. The caller owns it (it may reload certificates
@@ -221,6 +234,9 @@ func (c *Config) validate() error {
 	if c.IdempotencyCapacity < 0 {
 		return fmt.Errorf("node: IdempotencyCapacity %d is negative", c.IdempotencyCapacity)
 	}
+	if c.MaxMemory != 0 && c.MaxMemory < MinMaxMemory {
+		return fmt.Errorf("node: MaxMemory %d bytes is below %d (128 MiB); 0 means no limit", c.MaxMemory, MinMaxMemory)
+	}
 	return nil
 }
 
@@ -258,6 +274,7 @@ type Node struct {
 
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
+	memLog                                      memoryLog
 }
 
 // view is a rule set bound to the node's store: what a Check reads, through
@@ -286,7 +303,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	st, err := store.New(store.Config{Partitions: cfg.Placement.PartitionCount,
-		IDHorizon: cfg.IdempotencyWindow, IDCapacity: cfg.IdempotencyCapacity})
+		IDHorizon: cfg.IdempotencyWindow, IDCapacity: cfg.IdempotencyCapacity, MaxBytes: cmp.Or(cfg.storeMaxBytes, StoreBudget(cfg.MaxMemory))})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -374,6 +391,11 @@ type Stats struct {
 	Domains                          []DomainStats
 	Partitions                       []int64 // records per ring partition, all domains
 	Open                             []bool  // per ring partition: open here (this node decides for it)
+	// Memory is the store's heap account: bytes held, its limit
+	// (StoreBudget(Config.MaxMemory)), items refused at it (each a
+	// RESOURCE_EXHAUSTED item error, also counted in Failed), and records
+	// replay, backups and merges created past it.
+	Memory store.MemoryStats
 }
 
 // DomainStats describes one domain's store.
@@ -390,7 +412,8 @@ type DomainStats struct {
 // Stats returns the node's counters. It takes each partition lock briefly.
 func (n *Node) Stats() Stats {
 	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(),
-		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load()}
+		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load(),
+		Memory: n.store.Memory()}
 	if n.dur != nil {
 		s.WAL = n.dur.log.Stats()
 	}
@@ -454,6 +477,7 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 		Checks: s.Checks, Admitted: s.Admitted, Denied: s.Denied, Failed: s.Failed,
 		ForwardedOut: s.ForwardedOut, ForwardedIn: s.ForwardedIn, StartedUnixMs: n.started.UnixMilli(),
 		GossipBadPackets: s.Gossip.BadPackets,
+		MemoryRefusals:   s.Memory.Refused, StoreBytes: s.Memory.HeldBytes, StoreLimitBytes: s.Memory.MaxBytes,
 	}
 	if r := n.Ring(); r != nil {
 		resp.RingEpoch = r.Epoch()

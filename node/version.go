@@ -9,7 +9,12 @@ import (
 // travel between nodes (WAL payloads, partition images). Nodes publish it in
 // gossip; only nodes of one protocol share a ring. It changes only when a
 // change would make two binaries misread each other.
-const ProtocolVersion = 1
+//
+// Version 2: partition images of version 2 (records in window's format 2)
+// in Fill and in the WAL. Acquire still answers version 1 to a caller that
+// asks for nothing newer, so members of version 1 left out of the ring can
+// take their partitions from a version 2 member during a rolling upgrade.
+const ProtocolVersion = 2
 
 // Version returns the binary's version: the main module's version and, when
 // the build recorded them, the VCS revision (12 hex digits) and "+dirty" for

@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/freqring/freqring/window"
 )
@@ -22,6 +23,32 @@ type idCache struct {
 	cur, prev map[uint64]idEntry // mixed key -> entry
 	curStart  int64              // unix ms when cur became current
 	early     int64              // rotations forced by capacity before horizon/2
+	hint      int                // the size cur was made for
+	// held is the store's heap account (nil: none); acct is what the cache
+	// has added to it (see account).
+	held *atomic.Int64
+	acct int64
+}
+
+// idBytes is the heap one remembered id costs, as measured for a
+// map[uint64]idEntry (Go 1.26's swiss tables): 53 bytes an entry in a map
+// filled to the 1024 entries it was made for, 35 to 55 beyond as it doubles.
+const idBytes = 55
+
+// account brings the cache's share of its heap account up to date: idBytes
+// for every entry of each generation, or for every entry the generation was
+// made for if more, counted in steps of 64 entries so that most puts touch
+// no shared counter.
+func (c *idCache) account() {
+	gen := func(m map[uint64]idEntry) int64 {
+		if m == nil {
+			return 0
+		}
+		return (int64(max(len(m), c.hint)) + 63) &^ 63
+	}
+	want := idBytes * (gen(c.cur) + gen(c.prev))
+	addHeld(c.held, want-c.acct)
+	c.acct = want
 }
 
 // idEntry is a remembered id: when its item was decided, and what it was.
@@ -79,7 +106,8 @@ func (c *idCache) rotate(now, horizon int64, capacity int) {
 	} else {
 		c.prev = c.cur
 	}
-	c.cur = make(map[uint64]idEntry, min(capacity/2, 1024))
+	c.hint = min(capacity/2, 1024)
+	c.cur = make(map[uint64]idEntry, c.hint)
 	c.curStart = now
 }
 
@@ -98,6 +126,7 @@ func (c *idCache) get(k uint64, now, horizon int64) (idEntry, bool) {
 func (c *idCache) put(k uint64, at int64, p idPrint, now, horizon int64, capacity int) {
 	c.rotate(now, horizon, capacity)
 	c.cur[k] = idEntry{at, p}
+	c.account()
 }
 
 func (c *idCache) len() int { return len(c.cur) + len(c.prev) }

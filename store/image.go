@@ -15,40 +15,62 @@ var ErrBadImage = errors.New("store: bad partition image")
 // snapshots and for moving a partition to another node. Layout,
 // little-endian:
 //
-//	version     u8   imageVersion
+//	version     u8   ImageVersion, or 1
 //	partition   u32  the partition's number
 //	partitions  u32  the store's partition count
 //	seq         u64  the partition's sequence number when the image was taken
 //	domains     u16  count, then each:
 //	  name      u16 length, bytes
-//	  records   u32 count, then each: key u64, length u16, record (window's format)
+//	  records   u32 count, then each: key u64, length u16, record (window's
+//	            format 2 in version 2, format 1 in version 1)
 //	  ids       u32 count, then each: mixed key u64 (id ^ key*φ), decision time u64 (unix ms)
 //
 // An image has no checksum of its own: it travels inside framed, checksummed
-// containers (snapshot sections, peer messages). Versions may only be added.
-const imageVersion = 1
+// containers (snapshot sections, peer messages). Versions may only be added;
+// MergeImage reads every version, and AppendImageVersion writes any, for
+// peers that read nothing newer.
+const ImageVersion = 2
 
 // AppendImage appends partition p's image to dst and returns it with the
 // number of records it holds. It holds p's lock while it copies.
 func (s *Store) AppendImage(dst []byte, p int) ([]byte, int64) {
-	return s.appendImage(dst, p, false)
+	return s.appendImage(dst, p, false, ImageVersion)
+}
+
+// AppendImageVersion is AppendImage writing image version v (1 or
+// ImageVersion), with close as in CloseAndAppendImage. Version 1 rewrites
+// every record in window's format 1, for peers of an older binary.
+func (s *Store) AppendImageVersion(dst []byte, p int, close bool, v int) ([]byte, int64, error) {
+	if v != 1 && v != ImageVersion {
+		return dst, 0, fmt.Errorf("store: image version %d, not 1 or %d", v, ImageVersion)
+	}
+	dst, n := s.appendImage(dst, p, close, v)
+	return dst, n, nil
 }
 
 // CloseAndAppendImage closes partition p (see Close) and appends its image
 // to dst, under one hold of its lock: no check is decided between the two,
 // so the image holds every send the partition admitted.
 func (s *Store) CloseAndAppendImage(dst []byte, p int) ([]byte, int64) {
-	return s.appendImage(dst, p, true)
+	return s.appendImage(dst, p, true, ImageVersion)
 }
 
-func (s *Store) appendImage(dst []byte, p int, close bool) ([]byte, int64) {
+// recordFormat returns the window record format of image version v.
+func recordFormat(v int) int {
+	if v == 1 {
+		return 1
+	}
+	return window.RecordFormat
+}
+
+func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
 	if close {
 		pt.closed = true
 	}
-	dst = append(dst, imageVersion)
+	dst = append(dst, byte(v))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(p))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.parts)))
 	dst = binary.LittleEndian.AppendUint64(dst, pt.seq)
@@ -76,6 +98,10 @@ func (s *Store) appendImage(dst []byte, p int, close bool) ([]byte, int64) {
 			}
 			r := t.ref(pos)
 			rec := sp.slabs[r.class()].bytes(r.slot()) // the whole slot: a record ignores bytes after it
+			if f := recordFormat(v); f != window.RecordFormat {
+				// The slot held a record this store wrote: it decodes.
+				rec, _ = window.ConvertRecord(&pt.scratch, rec, window.RecordFormat, f)
+			}
 			dst = binary.LittleEndian.AppendUint64(dst, k)
 			dst = binary.LittleEndian.AppendUint16(dst, uint16(len(rec)))
 			dst = append(dst, rec...)
@@ -94,6 +120,7 @@ func (s *Store) appendImage(dst []byte, p int, close bool) ([]byte, int64) {
 
 // ImageHeader is what an image says about itself.
 type ImageHeader struct {
+	Version    int    // the image's version: 1 or ImageVersion
 	Partition  int    // the partition the image was taken of
 	Partitions int    // the partition count of the store it was taken from
 	Seq        uint64 // that partition's sequence number then
@@ -161,12 +188,12 @@ func (s *Store) MergeImage(img []byte, now int64, bind func(name string) (Ref, b
 		}
 		cutoff := now - ref.rules.Longest()
 		if sameLayout {
-			err = s.mergeRecords(h.Partition, ref, recs, nrec, cutoff, &ms)
+			err = s.mergeRecords(h.Partition, ref, recs, nrec, cutoff, recordFormat(h.Version), &ms)
 			if err == nil {
 				s.mergeIDs(h.Partition, ref, ids, now, &ms)
 			}
 		} else {
-			err = s.spreadRecords(ref, recs, nrec, cutoff, &ms)
+			err = s.spreadRecords(ref, recs, nrec, cutoff, recordFormat(h.Version), &ms)
 			ms.DroppedIDs += int64(nid)
 		}
 		if err != nil {
@@ -196,9 +223,10 @@ func CheckImage(img []byte) (ImageHeader, error) {
 	if len(img) < imageHeaderLen+2 {
 		return h, bad("%d bytes, shorter than a header", len(img))
 	}
-	if v := img[0]; v != imageVersion {
-		return h, bad("version %d, this store reads %d", v, imageVersion)
+	if v := img[0]; v != 1 && v != ImageVersion {
+		return h, bad("version %d, this store reads 1 to %d", v, ImageVersion)
 	}
+	h.Version = int(img[0])
 	h.Partition = int(binary.LittleEndian.Uint32(img[1:]))
 	h.Partitions = int(binary.LittleEndian.Uint32(img[5:]))
 	h.Seq = binary.LittleEndian.Uint64(img[9:])
@@ -251,7 +279,7 @@ func CheckImage(img []byte) (ImageHeader, error) {
 // mergeRecords merges n checked records (key, length, bytes) into partition
 // p's space of ref. Into an empty space they go straight in: an image holds
 // each (key, tag) once.
-func (s *Store) mergeRecords(p int, ref Ref, recs []byte, n int, cutoff int64, ms *MergeStats) error {
+func (s *Store) mergeRecords(p int, ref Ref, recs []byte, n int, cutoff int64, format int, ms *MergeStats) error {
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
@@ -262,7 +290,7 @@ func (s *Store) mergeRecords(p int, ref Ref, recs []byte, n int, cutoff int64, m
 	for range n {
 		key := storedKey(r.u64())
 		rec := r.take(int(r.u16()))
-		if err := s.mergeOne(pt, sp, ref, key, rec, cutoff, fresh, ms); err != nil {
+		if err := s.mergeOne(pt, sp, ref, key, rec, cutoff, format, fresh, ms); err != nil {
 			return fmt.Errorf("store: partition %d domain %q: %w", p, ref.rules.Name(), err)
 		}
 	}
@@ -271,7 +299,7 @@ func (s *Store) mergeRecords(p int, ref Ref, recs []byte, n int, cutoff int64, m
 
 // spreadRecords merges n checked records into the partitions their keys
 // fall in under this store's partition count.
-func (s *Store) spreadRecords(ref Ref, recs []byte, n int, cutoff int64, ms *MergeStats) error {
+func (s *Store) spreadRecords(ref Ref, recs []byte, n int, cutoff int64, format int, ms *MergeStats) error {
 	r := imageReader{b: recs}
 	for range n {
 		key := storedKey(r.u64())
@@ -279,7 +307,7 @@ func (s *Store) spreadRecords(ref Ref, recs []byte, n int, cutoff int64, ms *Mer
 		p := s.PartitionOf(key)
 		pt := &s.parts[p]
 		pt.mu.Lock()
-		err := s.mergeOne(pt, pt.space(ref.id, true), ref, key, rec, cutoff, false, ms)
+		err := s.mergeOne(pt, pt.space(ref.id, true), ref, key, rec, cutoff, format, false, ms)
 		pt.mu.Unlock()
 		if err != nil {
 			return fmt.Errorf("store: partition %d domain %q: %w", p, ref.rules.Name(), err)
@@ -288,9 +316,10 @@ func (s *Store) spreadRecords(ref Ref, recs []byte, n int, cutoff int64, ms *Mer
 	return nil
 }
 
-// mergeOne merges one record under its partition's lock. With fresh, the
-// space held nothing when the merge began and no lookup is needed.
-func (s *Store) mergeOne(pt *partition, sp *space, ref Ref, key uint64, rec []byte, cutoff int64, fresh bool, ms *MergeStats) error {
+// mergeOne merges one record, in window record format format, under its
+// partition's lock. With fresh, the space held nothing when the merge began
+// and no lookup is needed.
+func (s *Store) mergeOne(pt *partition, sp *space, ref Ref, key uint64, rec []byte, cutoff int64, format int, fresh bool, ms *MergeStats) error {
 	newest, err := window.RecordNewest(rec)
 	if err != nil {
 		return err
@@ -298,6 +327,14 @@ func (s *Store) mergeOne(pt *partition, sp *space, ref Ref, key uint64, rec []by
 	if newest <= cutoff {
 		ms.Idle++
 		return nil
+	}
+	if format != window.RecordFormat {
+		c, err := window.ConvertRecord(&pt.scratch, rec, format, window.RecordFormat)
+		if err != nil {
+			return err
+		}
+		pt.conv = append(pt.conv[:0], c...)
+		rec = pt.conv
 	}
 	if fresh {
 		ms.Records++
@@ -333,7 +370,7 @@ func (s *Store) MergeRecord(p int, r Ref, key uint64, rec []byte, now int64) (me
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
-	err = s.mergeOne(pt, pt.space(r.id, true), r, storedKey(key), rec, now-r.rules.Longest(), false, &ms)
+	err = s.mergeOne(pt, pt.space(r.id, true), r, storedKey(key), rec, now-r.rules.Longest(), window.RecordFormat, false, &ms)
 	return ms.Records > 0, err
 }
 
@@ -369,6 +406,7 @@ func (s *Store) Drop(p int) int64 {
 	for _, sp := range pt.spaces {
 		if sp != nil {
 			n += sp.records
+			pt.mem.held.Add(-sp.heldBytes())
 		}
 	}
 	pt.spaces = nil
@@ -454,4 +492,122 @@ func (r *imageReader) take(n int) []byte {
 	v := r.b[:n]
 	r.b = r.b[n:]
 	return v
+}
+
+// SplitImage returns img as images of at most maxBytes each, together
+// holding exactly its records and request ids, each with img's header:
+// merging them, in any order, is merging img, since MergeImage is a set
+// union. A part exceeds maxBytes only if one record with its domain's header
+// does (a record is at most window.MaxRecordBytes). An image that fits is
+// returned as is. Peer messages and WAL records are bounded (16 MiB), and a
+// partition of 100,000 recipients takes more. An error wraps ErrBadImage.
+func SplitImage(img []byte, maxBytes int) ([][]byte, error) {
+	if _, err := CheckImage(img); err != nil {
+		return nil, err
+	}
+	if len(img) <= maxBytes {
+		return [][]byte{img}, nil
+	}
+	sp := splitter{head: img[:imageHeaderLen], max: maxBytes}
+	r := imageReader{b: img[imageHeaderLen:]}
+	nd := int(r.u16())
+	for range nd {
+		sp.name = r.take(int(r.u16()))
+		sp.ids, sp.cnt = false, -1
+		nrec := int(r.u32())
+		for range nrec {
+			start := r.b
+			r.u64()
+			r.take(int(r.u16()))
+			sp.add(start[:len(start)-len(r.b)], true)
+		}
+		sp.endRecords()
+		nid := int(r.u32())
+		for range nid {
+			sp.add(r.take(16), false)
+		}
+		sp.cnt = -1
+	}
+	sp.flush()
+	return sp.parts, nil
+}
+
+// splitter builds the parts of SplitImage. The part being built is cur, its
+// domain count at offset imageHeaderLen; within the open domain, cnt is the
+// offset of the count (records or ids) being written.
+type splitter struct {
+	head  []byte
+	max   int
+	parts [][]byte
+	cur   []byte
+	name  []byte
+	cnt   int  // offset in cur of the open count, -1 when no domain is open
+	ids   bool // the open count is of ids (the records are closed)
+}
+
+// open starts a new part if there is none, and the domain in it if it is
+// not open, with its records closed already when ids are being added.
+func (sp *splitter) open() {
+	if sp.cur == nil {
+		sp.cur = append(append(make([]byte, 0, sp.max), sp.head...), 0, 0)
+		sp.cnt = -1
+	}
+	if sp.cnt >= 0 {
+		return
+	}
+	binary.LittleEndian.PutUint16(sp.cur[imageHeaderLen:], binary.LittleEndian.Uint16(sp.cur[imageHeaderLen:])+1)
+	sp.cur = binary.LittleEndian.AppendUint16(sp.cur, uint16(len(sp.name)))
+	sp.cur = append(sp.cur, sp.name...)
+	if sp.ids {
+		sp.cur = binary.LittleEndian.AppendUint32(sp.cur, 0) // no records in this part
+	}
+	sp.cnt = len(sp.cur)
+	sp.cur = binary.LittleEndian.AppendUint32(sp.cur, 0)
+}
+
+// add appends one record (key, length, bytes) or id (16 bytes), starting a
+// new part first if it would not fit with what opens and closes its domain.
+func (sp *splitter) add(item []byte, record bool) {
+	need := len(item)
+	if record {
+		need += 4 // the ids count that closes the domain
+	}
+	if sp.cnt < 0 {
+		need += 2 + len(sp.name) + 4
+		if sp.ids {
+			need += 4
+		}
+	}
+	if sp.cur != nil && len(sp.cur)+need > sp.max {
+		sp.closePart()
+	}
+	sp.open()
+	sp.cur = append(sp.cur, item...)
+	binary.LittleEndian.PutUint32(sp.cur[sp.cnt:], binary.LittleEndian.Uint32(sp.cur[sp.cnt:])+1)
+}
+
+// endRecords closes the domain's records, in the part being built if the
+// domain is open there, and makes what follows ids.
+func (sp *splitter) endRecords() {
+	if sp.cnt >= 0 {
+		sp.cnt = len(sp.cur)
+		sp.cur = binary.LittleEndian.AppendUint32(sp.cur, 0)
+	}
+	sp.ids = true
+}
+
+// closePart finishes the part being built: a domain open in it gets an
+// empty ids count if its records are still open.
+func (sp *splitter) closePart() {
+	if sp.cnt >= 0 && !sp.ids {
+		sp.cur = binary.LittleEndian.AppendUint32(sp.cur, 0)
+	}
+	sp.parts = append(sp.parts, sp.cur)
+	sp.cur, sp.cnt = nil, -1
+}
+
+func (sp *splitter) flush() {
+	if sp.cur != nil {
+		sp.closePart()
+	}
 }

@@ -62,6 +62,8 @@ func bindTo(refs ...Ref) func(string) (Ref, bool) {
 // TestImageRoundTrip moves every partition of one store into an empty one
 // through images, under the same and under another partition count: every
 // recipient answers the same, and (same count) retried ids stay duplicates.
+// Images of version 1 (records in window's format 1, for older peers) move
+// the same state.
 func TestImageRoundTrip(t *testing.T) {
 	d, _ := window.NewDomain("default", window.DefaultRules())
 	rng := rand.New(rand.NewPCG(1, 1))
@@ -69,16 +71,20 @@ func TestImageRoundTrip(t *testing.T) {
 	rcps := fill(t, src, sref, rng, 500, 5000, t0)
 	now := t0 + 5000
 	want := peekAll(t, src, sref, rcps, now)
-	for _, parts := range []int{16, 7} {
+	for _, tc := range []struct{ parts, version int }{{16, ImageVersion}, {7, ImageVersion}, {16, 1}, {7, 1}} {
+		parts := tc.parts
 		dst, dref := newTestStore(t, d, parts)
 		var total int64
 		for p := range src.Partitions() {
-			img, n := src.AppendImage(nil, p)
+			img, n, err := src.AppendImageVersion(nil, p, false, tc.version)
+			if err != nil {
+				t.Fatal(err)
+			}
 			h, ms, err := dst.MergeImage(img, now, bindTo(dref))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if h.Partition != p || h.Partitions != 16 || h.Seq != src.Seq(p) || ms.Records != n {
+			if h.Version != tc.version || h.Partition != p || h.Partitions != 16 || h.Seq != src.Seq(p) || ms.Records != n {
 				t.Fatalf("partition %d: header %+v stats %+v, want %d records", p, h, ms, n)
 			}
 			if parts != 16 && ms.DroppedIDs == 0 && ms.IDs != 0 {
@@ -90,11 +96,14 @@ func TestImageRoundTrip(t *testing.T) {
 			t.Fatalf("%d partitions: %d records, want %d", parts, s.Records, total)
 		}
 		if got := peekAll(t, dst, dref, rcps, now); fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("%d partitions: answers differ after the move", parts)
+			t.Fatalf("%d partitions, image version %d: answers differ after the move", parts, tc.version)
 		}
 		if parts == 16 && src.Stats(sref).IDs != dst.Stats(dref).IDs {
 			t.Fatalf("ids: %d moved, want %d", dst.Stats(dref).IDs, src.Stats(sref).IDs)
 		}
+	}
+	if _, _, err := src.AppendImageVersion(nil, 0, false, 3); err == nil {
+		t.Fatal("AppendImageVersion wrote version 3")
 	}
 }
 
@@ -236,6 +245,8 @@ func FuzzMergeImage(f *testing.F) {
 	for p := range 2 {
 		img, _ := src.AppendImage(nil, p)
 		f.Add(img)
+		old, _, _ := src.AppendImageVersion(nil, p, false, 1)
+		f.Add(old)
 	}
 	f.Fuzz(func(t *testing.T, img []byte) {
 		dst, _ := New(Config{Partitions: 2})
@@ -247,6 +258,21 @@ func FuzzMergeImage(f *testing.F) {
 			}
 			return
 		}
+		// Its parts merge as it does.
+		parts, err := SplitImage(img, 300)
+		if err != nil {
+			t.Fatalf("an image MergeImage took does not split: %v", err)
+		}
+		split, _ := New(Config{Partitions: 2})
+		sref := split.Bind(d)
+		for _, part := range parts {
+			if _, _, err := split.MergeImage(part, t0+100, bindTo(sref)); err != nil {
+				t.Fatalf("a part does not merge: %v", err)
+			}
+		}
+		if a, b := split.Stats(sref), dst.Stats(ref); a.Records != b.Records || a.IDs != b.IDs {
+			t.Fatalf("parts merge to %+v, the whole image to %+v", a, b)
+		}
 		// What was merged can be exported and merged again.
 		for p := range 2 {
 			out, _ := dst.AppendImage(nil, p)
@@ -256,4 +282,65 @@ func FuzzMergeImage(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSplitImage splits images of two domains (records and request ids) at
+// many sizes: every part fits, checks, and the parts merged in any order
+// answer as the whole image does, with the same records and ids.
+func TestSplitImage(t *testing.T) {
+	d1, _ := window.NewDomain("default", window.DefaultRules())
+	d2, _ := window.NewDomain("second-domain", window.DefaultRules())
+	src, err := New(Config{Partitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, r2 := src.Bind(d1), src.Bind(d2)
+	rng := rand.New(rand.NewPCG(8, 8))
+	rcps := fill(t, src, r1, rng, 300, 3000, t0)
+	var dec window.Decision
+	for i := range 2000 { // the second domain: other request ids
+		key, tag := keyOf(rcps[rng.IntN(200)])
+		if _, _, err := apply(src, r2, key, tag, t0+3000+int64(i), window.Item{Content: uint64(rng.IntN(3))}, uint64(100_000+i), &dec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := t0 + 5000
+	img, n := src.AppendImage(nil, 0)
+	want1, want2 := peekAll(t, src, r1, rcps, now), peekAll(t, src, r2, rcps[:200], now)
+	wantStats := src.Stats(r1).plus(src.Stats(r2))
+	if _, err := SplitImage(img[:len(img)-1], 1<<20); !errors.Is(err, ErrBadImage) {
+		t.Fatalf("a truncated image: %v, want ErrBadImage", err)
+	}
+	// Small parts exercise every boundary; records here take under 200 bytes.
+	for _, limit := range []int{len(img), len(img) - 1, len(img) / 2, 250, 333, 1000, 4096} {
+		{
+			parts, err := SplitImage(img, limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(img) <= limit && (len(parts) != 1 || &parts[0][0] != &img[0]) {
+				t.Fatalf("limit %d: an image that fits was split into %d", limit, len(parts))
+			}
+			dst, _ := New(Config{Partitions: 1})
+			d1r, d2r := dst.Bind(d1), dst.Bind(d2)
+			var recs int64
+			for _, i := range rng.Perm(len(parts)) {
+				if len(parts[i]) > limit {
+					t.Fatalf("limit %d: part of %d bytes", limit, len(parts[i]))
+				}
+				_, ms, err := dst.MergeImage(parts[i], now, bindTo(d1r, d2r))
+				if err != nil {
+					t.Fatalf("limit %d part %d: %v", limit, i, err)
+				}
+				recs += ms.Records
+			}
+			got := dst.Stats(d1r).plus(dst.Stats(d2r))
+			if recs != n || got.Records != wantStats.Records || got.IDs != wantStats.IDs {
+				t.Fatalf("limit %d, %d parts: %d records merged, %+v; want %d, %+v", limit, len(parts), recs, got, n, wantStats)
+			}
+			if fmt.Sprint(peekAll(t, dst, d1r, rcps, now)) != fmt.Sprint(want1) || fmt.Sprint(peekAll(t, dst, d2r, rcps[:200], now)) != fmt.Sprint(want2) {
+				t.Fatalf("limit %d: parts answer otherwise than the whole image", limit)
+			}
+		}
+	}
 }

@@ -3,29 +3,36 @@ package store
 import (
 	"fmt"
 	"math/bits"
+	"sync/atomic"
 
 	"github.com/freqring/freqring/window"
 )
 
 // Size classes: records live in fixed-size slots of the smallest class that
-// holds them. Classes step by 8 bytes up to 256 bytes, where almost every
-// record of the default rules falls, then by about 1/8 up to
-// window.MaxRecordBytes.
+// holds them. Classes step by 4 bytes up to 256 bytes, where almost every
+// record of the default rules falls (a slot wastes 1.5 bytes on average), then
+// by about 1/8 up to window.MaxRecordBytes.
+const (
+	classStep  = 4
+	smallLimit = 256 // the largest size of the fine classes
+)
+
 var classSizes = func() []int {
 	var s []int
-	for size := 8; size <= 256; size += 8 {
+	for size := classStep; size <= smallLimit; size += classStep {
 		s = append(s, size)
 	}
-	for size := 256; size < window.MaxRecordBytes; {
+	for size := smallLimit; size < window.MaxRecordBytes; {
 		size = min((size+size/8+15)&^15, window.MaxRecordBytes)
 		s = append(s, size)
 	}
 	return s
 }()
 
-// classOf[n/8] is the class of an n-byte record, for n <= 256.
-var classOf = func() [33]uint8 {
-	var c [33]uint8
+// classOf[(n+classStep-1)/classStep] is the class of an n-byte record, for
+// n <= smallLimit.
+var classOf = func() [smallLimit/classStep + 1]uint8 {
+	var c [smallLimit/classStep + 1]uint8
 	for i := range c {
 		c[i] = uint8(max(i-1, 0))
 	}
@@ -34,10 +41,10 @@ var classOf = func() [33]uint8 {
 
 // sizeClass returns the smallest class whose slots hold n bytes.
 func sizeClass(n int) int {
-	if n <= 256 {
-		return int(classOf[(n+7)/8])
+	if n <= smallLimit {
+		return int(classOf[(n+classStep-1)/classStep])
 	}
-	lo, hi := 32, len(classSizes)-1
+	lo, hi := smallLimit/classStep, len(classSizes)-1
 	for lo < hi {
 		m := (lo + hi) / 2
 		if classSizes[m] >= n {
@@ -77,30 +84,50 @@ type slab struct {
 	size   int      // bytes per slot
 	first  uint     // log2 of slots in chunk 0
 	grow   uint     // chunks that double before sizes stay constant
+	base   uint32   // slots in the doubling chunks: 2^first * (2^grow - 1)
+	per    uint32   // slots in each later chunk: maxChunkBytes / size
+	magic  uint64   // ceil(2^64 / per) (0 for per 1), to divide by per with a multiply
 	chunks [][]byte // chunk k holds slots [start(k), start(k+1))
 	next   uint32   // slots handed out so far
 	free   []uint32 // released slots, reused first
+	// held is the store's heap account (nil: none), to which the slab adds
+	// the bytes of the chunks and free-list capacity it allocates (see
+	// reserved) and from which trim takes them back.
+	held *atomic.Int64
 }
 
-func newSlab(size int) slab {
+func newSlab(size int, held *atomic.Int64) slab {
 	first := uint(bits.Len(uint(max(minChunkBytes/size, 1)))) - 1
 	grow := uint(bits.Len(uint(max(maxChunkBytes/(size<<first), 1)))) - 1
-	return slab{size: size, first: first, grow: grow}
+	per := uint32(max(maxChunkBytes/size, 1))
+	return slab{size: size, first: first, grow: grow, held: held,
+		base: uint32(1<<first) * (1<<grow - 1), per: per, magic: ^uint64(0)/uint64(per) + 1}
+}
+
+// addHeld adds d bytes to the heap account held, if there is one.
+func addHeld(held *atomic.Int64, d int64) {
+	if held != nil && d != 0 {
+		held.Add(d)
+	}
 }
 
 // locate returns the chunk and byte offset of slot i. Chunk k < grow holds
-// 2^(first+k) slots starting at 2^first*(2^k-1); later chunks all hold
-// 2^(first+grow) slots.
+// 2^(first+k) slots starting at 2^first*(2^k-1); later chunks all hold per
+// slots, filling maxChunkBytes as nearly as the slot size allows: the
+// allocator rounds a large object up to whole 8 KiB pages, so a chunk of a
+// power-of-two number of 116-byte slots would waste a tenth of itself.
 func (s *slab) locate(i uint32) (chunk, off int) {
+	if i >= s.base {
+		j := uint64(i - s.base)
+		q, _ := bits.Mul64(s.magic, j) // j / per, exact for 32-bit j (Lemire)
+		if s.per == 1 {                // magic would be 2^64
+			q = j
+		}
+		return int(s.grow) + int(q), int(j-q*uint64(s.per)) * s.size
+	}
 	q := uint(i)>>s.first + 1
 	k := uint(bits.Len(q)) - 1
-	if k < s.grow {
-		return int(k), (int(i) - (1<<s.first)*(1<<k-1)) * s.size
-	}
-	base := uint(1<<s.first) * (1<<s.grow - 1)
-	per := s.first + s.grow
-	j := uint(i) - base
-	return int(s.grow + j>>per), int(j&(1<<per-1)) * s.size
+	return int(k), (int(i) - (1<<s.first)*(1<<k-1)) * s.size
 }
 
 // bytes returns the slot's memory.
@@ -121,26 +148,48 @@ func (s *slab) alloc() (uint32, error) {
 	}
 	i := s.next
 	if c, _ := s.locate(i); c == len(s.chunks) {
-		per := uint(1) << (s.first + min(uint(c), s.grow))
+		per := uint(s.per)
+		if uint(c) < s.grow {
+			per = 1 << (s.first + uint(c))
+		}
 		s.chunks = append(s.chunks, make([]byte, per*uint(s.size)))
+		addHeld(s.held, int64(per*uint(s.size)))
 	}
 	s.next++
 	return i, nil
 }
 
 // release returns slot i to the free list.
-func (s *slab) release(i uint32) { s.free = append(s.free, i) }
+func (s *slab) release(i uint32) {
+	c := cap(s.free)
+	s.free = append(s.free, i)
+	addHeld(s.held, int64(cap(s.free)-c)*4)
+}
+
+// hasRoom reports whether alloc would hand out a slot without allocating.
+func (s *slab) hasRoom() bool {
+	if len(s.free) > 0 {
+		return true
+	}
+	if s.next == maxSlots {
+		return false
+	}
+	c, _ := s.locate(s.next)
+	return c < len(s.chunks)
+}
 
 // trim gives all the slab's memory back if no slot is in use. Records pass
 // through the small classes as they grow and leave them empty; the sweep
 // trims them, not release, so that a class in steady use keeps its chunk.
 func (s *slab) trim() {
 	if len(s.free) == int(s.next) {
+		addHeld(s.held, -s.reserved())
 		s.chunks, s.free, s.next = nil, nil, 0
 	}
 }
 
-// reserved returns the bytes the slab holds from the heap.
+// reserved returns the bytes the slab holds from the heap: what it has
+// added to its heap account.
 func (s *slab) reserved() int64 {
 	var n int64
 	for _, c := range s.chunks {

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/freqring/freqring/window"
 )
@@ -23,6 +25,11 @@ type Config struct {
 	// partitions (about 55 bytes each, with the print of its item); 0 means
 	// 1,048,576.
 	IDCapacity int
+	// MaxBytes bounds the heap the store holds (Store.Memory) that Apply
+	// may grow for a recipient with no record: past it, Apply refuses to
+	// create records with ErrMemoryLimit. 0 means no limit. See Memory
+	// limit in the package doc.
+	MaxBytes int64
 }
 
 // MaxPartitions is the largest Config.Partitions.
@@ -51,6 +58,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("store: IDHorizon %v is below 1ms", c.IDHorizon)
 	case c.IDCapacity < 1:
 		return fmt.Errorf("store: IDCapacity %d is below 1", c.IDCapacity)
+	case c.MaxBytes < 0:
+		return fmt.Errorf("store: MaxBytes %d is negative (0 means no limit)", c.MaxBytes)
 	}
 	return nil
 }
@@ -61,6 +70,7 @@ type Store struct {
 	parts     []partition
 	idHorizon int64 // ms
 	idCap     int   // ids one partition remembers per domain
+	mem       *memory
 
 	mu     sync.Mutex     // guards names and byName
 	names  []string       // domain id -> name; ids are never reused
@@ -73,13 +83,32 @@ type partition struct {
 	mu      sync.Mutex     // guards every field below and the spaces
 	spaces  []*space       // by domain id; nil until the domain has a record here
 	scratch window.Scratch // working memory of window.Apply
+	conv    []byte         // a record converted from an older format, being merged
 	seq     uint64         // sends recorded in this partition, ever; numbers each one for the WAL
 	closed  bool           // Apply refuses: another node may hold newer history (see Close)
+	mem     *memory        // the store's heap account, shared by every partition
 	_       [64]byte       // keep neighbouring partitions' locks off one cache line
 }
 
+// memory is a store's heap account: what its partitions hold, and what the
+// limit refused. Its counters are atomic; every partition adds to held as it
+// allocates and frees, rarely (chunks, table resizes, free-list growth, 64
+// request ids at a time), so the shared counter stays cold.
+type memory struct {
+	_          [64]byte     // off the cache lines of other fields of the Store
+	held       atomic.Int64 // heap bytes held (see Store.Memory)
+	refused    atomic.Int64 // new records Apply refused at the limit
+	overshoots atomic.Int64 // new records that grew the heap past the limit by paths that never refuse
+	limit      int64        // Config.MaxBytes; 0 means none
+	_          [64]byte
+}
+
+// over reports whether the store holds its limit or more.
+func (m *memory) over() bool { return m.limit > 0 && m.held.Load() >= m.limit }
+
 // space holds one domain's records in one partition.
 type space struct {
+	mem        *memory // the store's heap account
 	index      table   // key hash -> slot
 	slabs      []slab  // per size class
 	ids        idCache // request ids of recorded items
@@ -88,12 +117,34 @@ type space struct {
 	expired    int64   // records reclaimed by sweep
 }
 
-func newSpace() *space {
-	sp := &space{slabs: make([]slab, len(classSizes))}
+// spaceBytes is the heap of an empty space: the struct and its slab headers.
+var spaceBytes = int64(unsafe.Sizeof(space{})) + int64(len(classSizes))*int64(unsafe.Sizeof(slab{}))
+
+func newSpace(mem *memory) *space {
+	sp := &space{mem: mem, slabs: make([]slab, len(classSizes))}
+	sp.index.held = &mem.held
+	sp.ids.held = &mem.held
 	for c, size := range classSizes {
-		sp.slabs[c] = newSlab(size)
+		sp.slabs[c] = newSlab(size, &mem.held)
 	}
+	mem.held.Add(spaceBytes)
 	return sp
+}
+
+// heldBytes returns what sp has added to its heap account: its index, its
+// slabs, its request ids and itself.
+func (sp *space) heldBytes() int64 {
+	n := spaceBytes + sp.index.bytes() + sp.ids.acct
+	for c := range sp.slabs {
+		n += sp.slabs[c].reserved()
+	}
+	return n
+}
+
+// roomFor reports whether a new record of n bytes fits sp without
+// allocating: a free slot in its size class and room in the index.
+func (sp *space) roomFor(n int) bool {
+	return sp != nil && sp.index.hasRoom() && sp.slabs[sizeClass(n)].hasRoom()
 }
 
 // New returns an empty store.
@@ -102,12 +153,17 @@ func New(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Store{
+	s := &Store{
 		parts:     make([]partition, cfg.Partitions),
 		idHorizon: cfg.IDHorizon.Milliseconds(),
 		idCap:     max(2, cfg.IDCapacity/cfg.Partitions),
+		mem:       &memory{limit: cfg.MaxBytes},
 		byName:    map[string]int{},
-	}, nil
+	}
+	for p := range s.parts {
+		s.parts[p].mem = s.mem
+	}
+	return s, nil
 }
 
 // Partitions returns the number of partitions.
@@ -195,7 +251,7 @@ func (pt *partition) space(id int, create bool) *space {
 	for len(pt.spaces) <= id {
 		pt.spaces = append(pt.spaces, nil)
 	}
-	pt.spaces[id] = newSpace()
+	pt.spaces[id] = newSpace(pt.mem)
 	return pt.spaces[id]
 }
 
@@ -211,10 +267,16 @@ func (pt *partition) space(id int, create bool) *space {
 // mode, or in another domain), Apply fails with ErrIDReused and changes
 // nothing. A peek neither consults nor remembers ids.
 func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (seq uint64, dup bool, err error) {
-	key = storedKey(key)
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	return s.apply(pt, p, &pt.scratch, r, key, tag, now, it, id, dec)
+}
+
+// apply is Apply with partition p's lock held; pt is &s.parts[p]. The
+// engine works in ws: the partition's scratch, or one the caller owns.
+func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (seq uint64, dup bool, err error) {
+	key = storedKey(key)
 	if pt.closed {
 		return 0, false, fmt.Errorf("%w: partition %d", ErrClosed, p)
 	}
@@ -233,7 +295,7 @@ func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window
 				}
 				peek := it
 				peek.Mode = window.Peek
-				if _, err := r.rules.Apply(&pt.scratch, rec, tag, now, peek, dec); err != nil {
+				if _, err := r.rules.Apply(ws, rec, tag, now, peek, dec); err != nil {
 					return 0, false, err
 				}
 				dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At = true, true, -1, 0, e.at
@@ -247,9 +309,15 @@ func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window
 			return 0, false, fmt.Errorf("%w: request id %d was first used in domain %q", ErrIDReused, id, d)
 		}
 	}
-	out, err := r.rules.Apply(&pt.scratch, rec, tag, now, it, dec)
+	out, err := r.rules.Apply(ws, rec, tag, now, it, dec)
 	if err != nil || out == nil {
 		return 0, false, err
+	}
+	if pos < 0 && s.mem.over() && !sp.roomFor(len(out)) {
+		s.mem.refused.Add(1)
+		dec.Recorded = false
+		return 0, false, fmt.Errorf("%w: the store holds %d bytes, its limit is %d: a recipient with no record is refused until idle records free room",
+			ErrMemoryLimit, s.mem.held.Load(), s.mem.limit)
 	}
 	if sp == nil {
 		sp = pt.space(r.id, true)
@@ -264,6 +332,11 @@ func (s *Store) Apply(p int, r Ref, key uint64, tag uint16, now int64, it window
 	pt.seq++
 	return pt.seq, false, nil
 }
+
+// ErrMemoryLimit reports an item that Apply refused because it would create a
+// record (its recipient has none in its domain) while the store holds
+// Config.MaxBytes or more and has no free room for it. Nothing changed.
+var ErrMemoryLimit = errors.New("store: memory limit reached")
 
 // ErrIDReused reports a request id that the store remembers for this
 // recipient with another item: other content, cost, mode or domain. Such an
@@ -385,6 +458,9 @@ func (sp *space) put(key uint64, pos int, rec []byte, collision bool) error {
 			copy(sp.slabs[c].bytes(r.slot()), rec)
 			return nil
 		}
+	}
+	if pos < 0 && sp.mem != nil && sp.mem.over() && !sp.roomFor(len(rec)) {
+		sp.mem.overshoots.Add(1) // replay, backups and merges never refuse
 	}
 	slot, err := sp.slabs[c].alloc()
 	if err != nil {
@@ -521,4 +597,25 @@ func (a Stats) plus(b Stats) Stats {
 	a.SlabBytes += b.SlabBytes
 	a.LiveBytes += b.LiveBytes
 	return a
+}
+
+// MemoryStats are a store's heap account at one moment.
+type MemoryStats struct {
+	// HeldBytes is the heap the store holds, all domains: index tables, slab
+	// chunks and free lists (exact, counted as they are allocated and
+	// freed) and request ids (estimated, idBytes each).
+	HeldBytes int64
+	MaxBytes  int64 // Config.MaxBytes; 0 means no limit
+	// Refused counts the items Apply refused with ErrMemoryLimit.
+	Refused int64
+	// Overshoots counts the records that replay (Insert), backups (Record)
+	// and merges created past the limit with no free room: they are never
+	// refused, since losing an admitted send is worse than holding more.
+	Overshoots int64
+}
+
+// Memory returns the store's heap account. It takes no lock.
+func (s *Store) Memory() MemoryStats {
+	return MemoryStats{HeldBytes: s.mem.held.Load(), MaxBytes: s.mem.limit,
+		Refused: s.mem.refused.Load(), Overshoots: s.mem.overshoots.Load()}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -157,6 +158,7 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 				b.ReportMetric(float64(s.IndexBytes)/float64(tc.n), "index-B/recipient")
 				b.ReportMetric(float64(s.LiveBytes)/float64(tc.n), "slot-B/recipient")
 				b.ReportMetric(float64(s.SlabBytes)/float64(tc.n), "slab-B/recipient")
+				b.ReportMetric(float64(st.Memory().HeldBytes)/float64(tc.n), "held-B/recipient")
 				b.ReportMetric(float64(gc.Microseconds())/1000, "gc-ms")
 				b.ReportMetric(float64(pause)/1000, "gc-pause-µs")
 				if s.Records != int64(tc.n) {
@@ -166,4 +168,68 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkStoreBatch measures 4-rule check-and-records in batches of 100
+// recipients chosen uniformly at random among n, at the seed's steady state,
+// decided one by one with Apply and with ApplyBatch in alternate batches on
+// the same store, so that both see the same machine. apply-ns/decision and
+// batch-ns/decision are the medians over batches of the store calls' time
+// (a median, so that batches a busy machine preempted count for little), and
+// speedup is their ratio.
+//
+//	go test -run '^$' -bench StoreBatch -benchtime 2s ./store
+func BenchmarkStoreBatch(b *testing.B) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	templates := steadyTemplates(b, d, 1000, now)
+	const size = 100
+	for _, n := range []int{10_000, 1_000_000, 10_000_000} {
+		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
+			st, ref := newTestStore(b, d, 0)
+			fillSteady(b, st, ref, n, templates)
+			rng := rand.New(rand.NewPCG(3, 3))
+			step := float64(86_400_000) / float64(30*n) // as in BenchmarkStoreCheck
+			items := make([]BatchItem, size)
+			var took [2][]time.Duration // per batch: apply, ApplyBatch
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				at := now + int64(float64(i*size)*step)
+				for j := range items {
+					key, tag := benchKey(rng.IntN(n))
+					items[j] = BatchItem{Part: st.PartitionOf(key), Ref: ref, Key: key, Tag: tag,
+						Item: window.Item{Content: uint64((i+j)&7) + 1, Mode: benchMode}}
+				}
+				start := time.Now()
+				if i%2 == 0 {
+					for j := range items {
+						x := &items[j]
+						x.Seq, x.Dup, x.Err = st.Apply(x.Part, x.Ref, x.Key, x.Tag, at, x.Item, x.ID, &x.Dec)
+					}
+				} else {
+					st.ApplyBatch(at, items)
+				}
+				took[i%2] = append(took[i%2], time.Since(start))
+				for j := range items {
+					if items[j].Err != nil {
+						b.Fatal(items[j].Err)
+					}
+				}
+			}
+			if b.N < 2 {
+				return
+			}
+			apply, batch := median(took[0]), median(took[1])
+			b.ReportMetric(float64(apply.Nanoseconds())/size, "apply-ns/decision")
+			b.ReportMetric(float64(batch.Nanoseconds())/size, "batch-ns/decision")
+			b.ReportMetric(float64(apply)/float64(batch), "speedup")
+		})
+	}
+}
+
+// median returns the median of ds, which it sorts.
+func median(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }

@@ -1,6 +1,9 @@
 package store
 
-import "math/rand/v2"
+import (
+	"math/rand/v2"
+	"sync/atomic"
+)
 
 // table is an open-addressing hash index from 64-bit key hashes to slot refs,
 // with linear probing and backward-shift deletion (no tombstones). It holds
@@ -14,6 +17,9 @@ type table struct {
 	len  int    // entries the table can hold
 	n    int    // entries in use
 	seed uint64 // mixed into homes, drawn anew for every table (see home)
+	// held is the store's heap account (nil: none), to which resize adds
+	// the difference between the new and the old entry arrays (see bytes).
+	held *atomic.Int64
 }
 
 func (t *table) key(i int) uint64    { return uint64(t.w[3*i]) | uint64(t.w[3*i+1])<<32 }
@@ -27,6 +33,10 @@ func (t *table) set(i int, k uint64, r ref) {
 const (
 	minTableLen = 16
 	maxLoad     = 0.85 // grow past this fill; probes stay short for uniform hashes
+	// A full table grows by a quarter, so that its fill stays in [0.68,
+	// 0.85]: growing by half would leave a third of the index empty after
+	// each step, and at 100M recipients each empty entry is 12 bytes.
+	growBy = 4 // grow by len/growBy
 )
 
 // home returns the first slot to probe for key h: h mixed with the table's
@@ -69,8 +79,8 @@ func (t *table) find(h uint64, from int) int {
 
 // insert adds an entry for h; the caller has checked that none matches.
 func (t *table) insert(h uint64, r ref) {
-	if float64(t.n+1) > maxLoad*float64(t.len) {
-		t.resize(max(minTableLen, t.len+t.len/2))
+	if !t.hasRoom() {
+		t.resize(max(minTableLen, t.len+t.len/growBy))
 	}
 	i := t.home(h)
 	for t.key(i) != 0 {
@@ -116,7 +126,8 @@ func (t *table) shrink() {
 
 func (t *table) resize(n int) {
 	old := *t
-	*t = table{w: make([]uint32, 3*n), len: n, seed: rand.Uint64()}
+	*t = table{w: make([]uint32, 3*n), len: n, seed: rand.Uint64(), held: old.held}
+	addHeld(t.held, t.bytes()-old.bytes())
 	for i := range old.len {
 		if k := old.key(i); k != 0 {
 			t.insert(k, old.ref(i))
@@ -124,10 +135,14 @@ func (t *table) resize(n int) {
 	}
 }
 
-// reserve grows the table to hold n more entries below maxLoad.
+// hasRoom reports whether insert would add an entry without resizing.
+func (t *table) hasRoom() bool { return float64(t.n+1) <= maxLoad*float64(t.len) }
+
+// reserve grows the table to hold n more entries below maxLoad, with room
+// for a few more (1/32), as a restart that loads a snapshot needs.
 func (t *table) reserve(n int) {
 	if need := int(float64(t.n+n)/maxLoad) + 1; need > t.len {
-		t.resize(max(minTableLen, need+need/8))
+		t.resize(max(minTableLen, need+need/32))
 	}
 }
 

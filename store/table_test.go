@@ -80,9 +80,29 @@ func checkTable(t *testing.T, tb *table, want map[ref]uint64) {
 	}
 }
 
+// TestSlabLocateDivides checks locate's multiply-shift division against
+// plain division for every class, up to the last slot a class can hold.
+func TestSlabLocateDivides(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	for _, size := range classSizes {
+		s := newSlab(size, nil)
+		for range 2000 {
+			i := s.base + rng.Uint32N(maxSlots-s.base)
+			if rng.IntN(4) == 0 {
+				i = maxSlots - 1 - rng.Uint32N(4)
+			}
+			j := i - s.base
+			c, off := s.locate(i)
+			if c != int(s.grow)+int(j/s.per) || off != int(j%s.per)*size {
+				t.Fatalf("size %d slot %d: chunk %d offset %d, want %d %d", size, i, c, off, int(s.grow)+int(j/s.per), int(j%s.per)*size)
+			}
+		}
+	}
+}
+
 func TestSlabSlotsAreDisjoint(t *testing.T) {
-	for _, size := range []int{8, 136, 256, 4112, classSizes[len(classSizes)-1]} {
-		s := newSlab(size)
+	for _, size := range []int{4, 8, 116, 136, 252, 256, 4112, classSizes[len(classSizes)-1]} {
+		s := newSlab(size, nil)
 		size := s.size
 		seen := map[[2]int]bool{}
 		n := 3 * maxChunkBytes / size * 3 // well past the doubling chunks
@@ -98,9 +118,9 @@ func TestSlabSlotsAreDisjoint(t *testing.T) {
 			seen[[2]int{c, off}] = true
 			s.bytes(slot)[0] = byte(i)
 		}
-		for _, c := range s.chunks {
-			if len(c) > maxChunkBytes+size {
-				t.Fatalf("size %d: chunk of %d bytes", size, len(c))
+		for k, c := range s.chunks {
+			if len(c) > maxChunkBytes || (k >= int(s.grow) && len(c) <= maxChunkBytes-size) {
+				t.Fatalf("size %d: chunk %d of %d bytes, not the most slots that fit %d", size, k, len(c), maxChunkBytes)
 			}
 		}
 		s.release(5)

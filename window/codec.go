@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 )
 
 // ErrCorruptRecord reports record bytes that the codec did not write.
@@ -38,6 +39,7 @@ type state struct {
 	clogs  []contentLog // content logs, in record order
 	ctimes []int64      // entries of every content log, each log contiguous and ascending
 	in     []byte       // the record being decoded, padded for bitReader
+	match  []int32      // encodeContent's recipient position per content entry, -1 for none
 }
 
 func (s *state) reset(tag uint16) {
@@ -182,9 +184,12 @@ func RecordNewest(rec []byte) (int64, error) {
 	return int64(binary.LittleEndian.Uint64(b[:]) & maxTime), nil
 }
 
-// decode parses rec into s. Trailing bytes after the record are ignored (a
-// record may sit in a larger slot).
-func (s *state) decode(rec []byte) error {
+// decode parses rec, in the current RecordFormat, into s. Trailing bytes
+// after the record are ignored (a record may sit in a larger slot).
+func (s *state) decode(rec []byte) error { return s.decodeFormat(rec, RecordFormat) }
+
+// decodeFormat parses rec, in format 1 or 2, into s.
+func (s *state) decodeFormat(rec []byte, format int) error {
 	if len(rec) > MaxRecordBytes {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrCorruptRecord, len(rec), MaxRecordBytes)
 	}
@@ -228,31 +233,14 @@ func (s *state) decode(rec []byte) error {
 		return fmt.Errorf("%w: %d content logs, more than %d", ErrCorruptRecord, nc, MaxContents)
 	}
 	if nc > 0 {
-		w := uint(r.read(widthBits))
-		if w > maxValueBits {
-			return fmt.Errorf("%w: content width %d", ErrCorruptRecord, w)
+		var err error
+		if format == 1 {
+			err = s.decodeContentV1(&r, nc, len(rec))
+		} else {
+			err = s.decodeContent(&r, nc, len(rec))
 		}
-		for j := 0; j < nc; j++ {
-			fp := uint32(r.read(fpBits))
-			n := r.count()
-			if n == 0 {
-				return fmt.Errorf("%w: empty content log %d", ErrCorruptRecord, j)
-			}
-			if r.overrun(uint(n) * w) {
-				return fmt.Errorf("%w: content log %d overruns %d bytes", ErrCorruptRecord, j, len(rec))
-			}
-			off := len(s.ctimes)
-			s.ctimes = grow(s.ctimes, off+n)
-			t := s.newest - int64(r.read(w))
-			s.ctimes[off+n-1] = t
-			for i := off + n - 2; i >= off; i-- {
-				t -= int64(r.read(w))
-				s.ctimes[i] = t
-			}
-			if t < 0 {
-				return fmt.Errorf("%w: content entry before 1970", ErrCorruptRecord)
-			}
-			s.clogs = append(s.clogs, contentLog{fp: fp, off: int32(off), n: int32(n)})
+		if err != nil {
+			return err
 		}
 	}
 	if r.overrun(0) {
@@ -261,15 +249,19 @@ func (s *state) decode(rec []byte) error {
 	return nil
 }
 
-// encode appends the record form of s to dst. The caller has pruned s: every
-// log holds at most maxCount entries, all within 2^44-1 ms of s.newest.
-func (s *state) encode(dst []byte) []byte {
+// encode appends the record form of s, in the current RecordFormat, to dst.
+// The caller has pruned s: every log holds at most maxCount entries, all
+// within 2^44-1 ms of s.newest.
+func (s *state) encode(dst []byte) []byte { return s.encodeFormat(dst, RecordFormat) }
+
+// encodeFormat appends the record form of s in format 1 or 2 to dst.
+func (s *state) encodeFormat(dst []byte, format int) []byte {
 	entries := len(s.recip)
 	for _, c := range s.clogs {
 		entries += int(c.n)
 	}
 	maxBits := tagBits + timeBits + 2*(countBits+countExtBits) + 1 + timeBits + 2*widthBits +
-		len(s.clogs)*(fpBits+countBits+countExtBits) + entries*maxValueBits
+		len(s.clogs)*(fpBits+countBits+countExtBits) + entries*(maxValueBits+1)
 	start := len(dst)
 	need := start + maxBits/8 + 1 + pad
 	if cap(dst) < need {
@@ -302,24 +294,10 @@ func (s *state) encode(dst []byte) []byte {
 
 	w.count(len(s.clogs))
 	if len(s.clogs) > 0 {
-		var or int64
-		for _, c := range s.clogs {
-			e := s.ctimes[c.off : c.off+c.n]
-			or |= s.newest - e[len(e)-1]
-			for i := len(e) - 1; i > 0; i-- {
-				or |= e[i] - e[i-1]
-			}
-		}
-		wd := widthOf(or)
-		w.write(uint64(wd), widthBits)
-		for _, c := range s.clogs {
-			e := s.ctimes[c.off : c.off+c.n]
-			w.write(uint64(c.fp), fpBits)
-			w.count(len(e))
-			w.write(uint64(s.newest-e[len(e)-1]), wd)
-			for i := len(e) - 1; i > 0; i-- {
-				w.write(uint64(e[i]-e[i-1]), wd)
-			}
+		if format == 1 {
+			s.encodeContentV1(&w)
+		} else {
+			s.encodeContent(&w)
 		}
 	}
 	return dst[:start+w.bytes()]
@@ -331,4 +309,175 @@ func grow(s []int64, n int) []int64 {
 		return s[:n]
 	}
 	return append(s[:cap(s)], make([]int64, n-cap(s))...)
+}
+
+// RecordFormat is the format of the records this package writes. Records
+// carry no version of their own: containers that hold them (store images)
+// say which format they hold, and ConvertRecord translates.
+//
+// Format 2 differs from format 1 in the content logs only: an entry that is
+// also in the recipient log (almost every entry: a recorded send with
+// content goes into both) is written as its position there, a few bits
+// instead of a timestamp.
+const RecordFormat = 2
+
+// ConvertRecord returns rec, written in format from, rewritten in format to
+// (each 1 or 2); equal formats return rec itself. The returned bytes live in
+// s, valid until the next call with s. An error wraps ErrCorruptRecord, or
+// ErrInvalid for an unknown format.
+func ConvertRecord(s *Scratch, rec []byte, from, to int) ([]byte, error) {
+	for _, f := range []int{from, to} {
+		if f != 1 && f != 2 {
+			return nil, fmt.Errorf("%w: record format %d, not 1 or 2", ErrInvalid, f)
+		}
+	}
+	if from == to {
+		return rec, nil
+	}
+	if err := s.st.decodeFormat(rec, from); err != nil {
+		return nil, err
+	}
+	s.out = s.st.encodeFormat(s.out[:0], to)
+	return s.out, nil
+}
+
+// gammaMaxZeros bounds the leading zeros of a gamma code: positions in a
+// recipient log are below maxCount+1 < 2^12.
+const gammaMaxZeros = 11
+
+// writeGamma writes v >= 1 as an Elias gamma code, least significant bit
+// first: z zeros, a one, then the low z bits of v, where z+1 is v's width.
+func (w *bitWriter) writeGamma(v uint64) {
+	z := widthOf(int64(v)) - 1
+	w.write(1<<z|(v&(1<<z-1))<<(z+1), 2*z+1)
+}
+
+// readGamma reads a gamma code, or returns 0 for one of more than
+// gammaMaxZeros zeros (no code this package writes).
+func (r *bitReader) readGamma() uint64 {
+	word := binary.LittleEndian.Uint64(r.b[r.pos>>3:]) >> (r.pos & 7)
+	z := uint(bits.TrailingZeros64(word))
+	if z > gammaMaxZeros {
+		return 0
+	}
+	r.pos += 2*z + 1
+	return 1<<z | word>>(z+1)&(1<<z-1)
+}
+
+// Format 2 content logs, after the count k of logs:
+//
+//	refs    1 bit   0: the logs follow as in format 1 (no entry is in the
+//	                recipient log); 1: as below
+//	width   6 bits  bits per explicit value in every content log
+//	then k times:
+//	  fp    32 bits
+//	  m     count   entries (>= 1)
+//	  m entries, newest first, each:
+//	    1 bit: 1 = in the recipient log, at position p, written as the gamma
+//	           code of q-p, where q is the position of the log's previous
+//	           entry found there (the recipient log's length at first);
+//	           0 = explicit, written as width bits: the previous entry of the
+//	           log (newest at first) minus this one.
+//
+// The encoder matches entries to recipient positions greedily from the
+// newest, so equal states still encode to equal bytes.
+
+// encodeContent writes s's content logs (at least one) in format 2.
+func (s *state) encodeContent(w *bitWriter) {
+	// Match every entry first: the explicit values' width comes first.
+	s.match = s.match[:0]
+	var or int64
+	for _, c := range s.clogs {
+		e := s.ctimes[c.off : c.off+c.n]
+		cur, prev := len(s.recip), s.newest
+		for i := len(e) - 1; i >= 0; i-- {
+			t := e[i]
+			for cur > 0 && s.recip[cur-1] > t {
+				cur--
+			}
+			if cur > 0 && s.recip[cur-1] == t {
+				cur--
+				s.match = append(s.match, int32(cur))
+			} else {
+				s.match = append(s.match, -1)
+				or |= prev - t
+			}
+			prev = t
+		}
+	}
+	if or == 0 && !slices.ContainsFunc(s.match, func(p int32) bool { return p >= 0 }) {
+		// Nothing to refer to (a domain without recipient rules keeps no
+		// recipient log): format 1's logs, without a bit per entry.
+		w.write(0, 1)
+		s.encodeContentV1(w)
+		return
+	}
+	w.write(1, 1)
+	wd := widthOf(or)
+	w.write(uint64(wd), widthBits)
+	k := 0
+	for _, c := range s.clogs {
+		e := s.ctimes[c.off : c.off+c.n]
+		w.write(uint64(c.fp), fpBits)
+		w.count(len(e))
+		q, prev := int32(len(s.recip)), s.newest
+		for i := len(e) - 1; i >= 0; i-- {
+			if p := s.match[k]; p >= 0 {
+				w.write(1, 1)
+				w.writeGamma(uint64(q - p))
+				q = p
+			} else {
+				w.write(0, 1)
+				w.write(uint64(prev-e[i]), wd)
+			}
+			prev = e[i]
+			k++
+		}
+	}
+}
+
+// decodeContent reads nc format-2 content logs into s, after its recipient
+// log.
+func (s *state) decodeContent(r *bitReader, nc, size int) error {
+	if r.read(1) == 0 {
+		return s.decodeContentV1(r, nc, size)
+	}
+	w := uint(r.read(widthBits))
+	if w > maxValueBits {
+		return fmt.Errorf("%w: content width %d", ErrCorruptRecord, w)
+	}
+	for j := 0; j < nc; j++ {
+		fp := uint32(r.read(fpBits))
+		n := r.count()
+		if n == 0 {
+			return fmt.Errorf("%w: empty content log %d", ErrCorruptRecord, j)
+		}
+		off := len(s.ctimes)
+		s.ctimes = grow(s.ctimes, off+n)
+		q, t := len(s.recip), s.newest
+		for i := off + n - 1; i >= off; i-- {
+			if r.overrun(0) {
+				return fmt.Errorf("%w: content log %d overruns %d bytes", ErrCorruptRecord, j, size)
+			}
+			if r.read(1) == 1 {
+				d := int(r.readGamma())
+				if d == 0 || d > q {
+					return fmt.Errorf("%w: content log %d refers past the recipient log", ErrCorruptRecord, j)
+				}
+				q -= d
+				if s.recip[q] > t {
+					return fmt.Errorf("%w: content log %d out of order", ErrCorruptRecord, j)
+				}
+				t = s.recip[q]
+			} else {
+				t -= int64(r.read(w))
+			}
+			s.ctimes[i] = t
+		}
+		if t < 0 {
+			return fmt.Errorf("%w: content entry before 1970", ErrCorruptRecord)
+		}
+		s.clogs = append(s.clogs, contentLog{fp: fp, off: int32(off), n: int32(n)})
+	}
+	return nil
 }

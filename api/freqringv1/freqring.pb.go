@@ -912,8 +912,14 @@ type StatusResponse struct {
 	LongestPauseMs      int64                  `protobuf:"varint,22,opt,name=longest_pause_ms,json=longestPauseMs,proto3" json:"longest_pause_ms,omitempty"`              // the longest a partition was closed here while this node owned it, since start
 	ReplicationLag      int64                  `protobuf:"varint,23,opt,name=replication_lag,json=replicationLag,proto3" json:"replication_lag,omitempty"`                // sends admitted here and not yet on their backup (async replication)
 	GossipBadPackets    int64                  `protobuf:"varint,24,opt,name=gossip_bad_packets,json=gossipBadPackets,proto3" json:"gossip_bad_packets,omitempty"`        // gossip packets and streams that did not decode or decrypt, since start
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Items refused since start because the node is at its memory limit
+	// (--max-memory): each failed with RESOURCE_EXHAUSTED, for a recipient
+	// the node held no record of.
+	MemoryRefusals  int64 `protobuf:"varint,25,opt,name=memory_refusals,json=memoryRefusals,proto3" json:"memory_refusals,omitempty"`
+	StoreBytes      int64 `protobuf:"varint,26,opt,name=store_bytes,json=storeBytes,proto3" json:"store_bytes,omitempty"`                  // heap the store holds, all domains
+	StoreLimitBytes int64 `protobuf:"varint,27,opt,name=store_limit_bytes,json=storeLimitBytes,proto3" json:"store_limit_bytes,omitempty"` // the store's limit, from --max-memory; 0 means none
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1114,6 +1120,27 @@ func (x *StatusResponse) GetGossipBadPackets() int64 {
 	return 0
 }
 
+func (x *StatusResponse) GetMemoryRefusals() int64 {
+	if x != nil {
+		return x.MemoryRefusals
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetStoreBytes() int64 {
+	if x != nil {
+		return x.StoreBytes
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetStoreLimitBytes() int64 {
+	if x != nil {
+		return x.StoreLimitBytes
+	}
+	return 0
+}
+
 type DomainStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1227,10 +1254,14 @@ func (x *RulesResponse) GetDomains() []*Domain {
 }
 
 type AcquireRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                             // the caller's name
-	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"` // the ring under which the caller owns the partitions
-	Partitions    []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Node       string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                             // the caller's name
+	RingEpoch  uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"` // the ring under which the caller owns the partitions
+	Partitions []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	// The newest store image version the caller reads; 0 means 1 (releases
+	// before image version 2 do not set it). Images come in that version, or
+	// the receiver's newest if older.
+	ImageVersion  uint32 `protobuf:"varint,4,opt,name=image_version,json=imageVersion,proto3" json:"image_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1284,6 +1315,13 @@ func (x *AcquireRequest) GetPartitions() []uint32 {
 		return x.Partitions
 	}
 	return nil
+}
+
+func (x *AcquireRequest) GetImageVersion() uint32 {
+	if x != nil {
+		return x.ImageVersion
+	}
+	return 0
 }
 
 type AcquireResponse struct {
@@ -1823,7 +1861,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
 	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
-	"\rStatusRequest\"\x81\a\n" +
+	"\rStatusRequest\"\xf7\a\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
@@ -1850,7 +1888,11 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\rowned_records\x18\x15 \x01(\x03R\fownedRecords\x12(\n" +
 	"\x10longest_pause_ms\x18\x16 \x01(\x03R\x0elongestPauseMs\x12'\n" +
 	"\x0freplication_lag\x18\x17 \x01(\x03R\x0ereplicationLag\x12,\n" +
-	"\x12gossip_bad_packets\x18\x18 \x01(\x03R\x10gossipBadPackets\"{\n" +
+	"\x12gossip_bad_packets\x18\x18 \x01(\x03R\x10gossipBadPackets\x12'\n" +
+	"\x0fmemory_refusals\x18\x19 \x01(\x03R\x0ememoryRefusals\x12\x1f\n" +
+	"\vstore_bytes\x18\x1a \x01(\x03R\n" +
+	"storeBytes\x12*\n" +
+	"\x11store_limit_bytes\x18\x1b \x01(\x03R\x0fstoreLimitBytes\"{\n" +
 	"\fDomainStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +
@@ -1860,14 +1902,15 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
 	"heap_bytes\x18\x04 \x01(\x03R\theapBytes\">\n" +
 	"\rRulesResponse\x12-\n" +
-	"\adomains\x18\x01 \x03(\v2\x13.freqring.v1.DomainR\adomains\"c\n" +
+	"\adomains\x18\x01 \x03(\v2\x13.freqring.v1.DomainR\adomains\"\x88\x01\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x03 \x03(\rR\n" +
-	"partitions\"_\n" +
+	"partitions\x12#\n" +
+	"\rimage_version\x18\x04 \x01(\rR\fimageVersion\"_\n" +
 	"\x0fAcquireResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06images\x18\x02 \x03(\fR\x06images\x12 \n" +

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,6 +51,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	replication := fs.String("replication", "sync", "replication of admitted sends to their partition's backup: sync (on the backup before the reply; one crash over-admits nothing), async (replies while at most --async-bound sends of a partition are unacknowledged; a crash over-admits at most that many per partition) or off")
 	asyncBound := fs.Int("async-bound", 64, "with --replication async: sends of one partition that may be admitted before their backup has them")
 	rejoin := fs.Duration("rejoin-interval", gossip.DefaultRejoinInterval, "how often to join the seeds again, to heal a split cluster (negative disables)")
+	maxMem := fs.String("max-memory", "auto", "the process's memory budget: a size such as 12GiB or 800MiB, 0 for no limit, or auto: 90% of the container's cgroup memory limit, or no limit without one. The store may hold 3/4 of it (at most all but 96MiB); past that, items for recipients the node holds no record of fail with RESOURCE_EXHAUSTED, known recipients are decided as always. Also the Go runtime's memory limit, unless GOMEMLIMIT is set")
 	grace := fs.Duration("shutdown-grace", node.ShutdownGrace, "on SIGTERM: the longest wait for in-flight calls (and half of it for handing partitions over); the node stops as soon as they are done")
 	var lim node.Limits
 	fs.IntVar(&lim.MaxRequestBytes, "max-request-bytes", node.MaxRequestBytes, "largest request message, bytes (at most the default); larger calls fail with RESOURCE_EXHAUSTED")
@@ -85,6 +87,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return usagef("sync %q is not one of batch, interval, none", *syncPolicy)
 	}
 
+	budget, budgetFrom, err := maxMemory(*maxMem, os.DirFS("/"))
+	if err != nil {
+		return err
+	}
+
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return usagef("log level %q is not one of debug, info, warn, error", *logLevel)
@@ -94,9 +101,17 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		logger.Warn("--shards is deprecated and ignored: the store has one lock per ring partition (271 by default)", "shards", *shards)
 	}
 
+	if budget > 0 {
+		if env := os.Getenv("GOMEMLIMIT"); env != "" {
+			logger.Info("GOMEMLIMIT is set: the Go runtime's memory limit is left to it", "GOMEMLIMIT", env)
+		} else {
+			debug.SetMemoryLimit(budget)
+		}
+	}
+	logger.Info("memory budget", "max_memory", budget, "from", budgetFrom, "store_limit", node.StoreBudget(budget))
+
 	rs := rules.Default()
 	if *rulesPath != "" {
-		var err error
 		if rs, err = rules.Load(*rulesPath); err != nil {
 			return err
 		}
@@ -118,7 +133,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Rules: rs, SweepInterval: *sweep, Logger: logger,
 		DataDir: *dataDir, Sync: policy, SyncInterval: *syncInterval,
 		SnapshotInterval: *snapInterval, SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt,
-		Name: *name, AdvertiseAddr: *advertise,
+		Name: *name, AdvertiseAddr: *advertise, MaxMemory: budget,
 	}
 	nc.DropRemovedDomains = *dropRemoved
 	if *gossipBind != "" || len(seeds) > 0 {

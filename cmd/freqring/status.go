@@ -67,7 +67,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		inRing[m.Name] = true
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tOPEN\tBACKED\tMOVING\tRECORDS\tCHECKS\tADMITTED\tDENIED\tFWD OUT\tFWD IN\tREPLICATION\tEPOCH")
+	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tOPEN\tBACKED\tMOVING\tRECORDS\tCHECKS\tADMITTED\tDENIED\tFWD OUT\tFWD IN\tREPLICATION\tSTORE\tEPOCH")
 	for _, m := range rr.Known {
 		row := fmt.Sprintf("%s\t%s\t%s\t%v\t%d", m.Name, m.Addr, m.State, inRing[m.Name], counts[m.Name])
 		st, err := withLimiter(ctx, m.Addr, dial, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.StatusResponse, error) {
@@ -86,8 +86,8 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			epoch = fmt.Sprintf("%016x", st.RingEpoch)
 		}
 		repl := fmt.Sprintf("%s %d sent %d failed %d lag", st.Replication, st.ReplicatedSends, st.ReplicationFailures, st.ReplicationLag)
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", row, st.PartitionsOwned-st.PartitionsMoving, st.PartitionsBacked,
-			st.PartitionsMoving, records, st.Checks, st.Admitted, st.Denied, st.ForwardedOut, st.ForwardedIn, repl, epoch)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", row, st.PartitionsOwned-st.PartitionsMoving, st.PartitionsBacked,
+			st.PartitionsMoving, records, st.Checks, st.Admitted, st.Denied, st.ForwardedOut, st.ForwardedIn, repl, storeColumn(st), epoch)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -133,3 +133,15 @@ func waitServing(ctx context.Context, addr string, dial []grpc.DialOption, d tim
 	}
 	return fmt.Errorf("%s: not SERVING within --wait %v: %w", addr, d, err)
 }
+
+// storeColumn shows a member's store: the heap it holds, of its limit if it
+// has one, and the items refused at that limit.
+func storeColumn(st *pb.StatusResponse) string {
+	if st.StoreLimitBytes == 0 {
+		return mib(st.StoreBytes)
+	}
+	return fmt.Sprintf("%s of %s, %d refused", mib(st.StoreBytes), mib(st.StoreLimitBytes), st.MemoryRefusals)
+}
+
+// mib shows a byte count in MiB.
+func mib(b int64) string { return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20)) }

@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+
+	"github.com/freqring/freqring/node"
 )
 
 // version prints the main module's version, the VCS commit it was built
-// from (with "+dirty" for a modified tree) and the Go version.
+// from (with "+dirty" for a modified tree) and the Go version, then the
+// peer protocol version, which nodes must share to share a ring.
 func version(args []string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return usagef("usage: freqring version")
@@ -17,6 +20,7 @@ func version(args []string, stdout io.Writer) error {
 		return fmt.Errorf("no build information in this binary")
 	}
 	fmt.Fprintln(stdout, versionLine(bi))
+	fmt.Fprintf(stdout, "protocol %d\n", node.ProtocolVersion)
 	return nil
 }
 

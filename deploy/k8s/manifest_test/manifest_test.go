@@ -337,7 +337,10 @@ func TestStatefulSet(t *testing.T) {
 		t.Error("container securityContext.allowPrivilegeEscalation is not false")
 	}
 
-	// Resources, and a Go memory limit below the container's.
+	// Resources, and a node memory budget below the container's limit:
+	// --max-memory auto (the default) takes 90% of it and makes that the Go
+	// memory limit, so GOMEMLIMIT would only be a second number to keep in
+	// step.
 	res := d.ctr.Resources
 	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 		if _, ok := res.Requests[r]; !ok {
@@ -347,13 +350,19 @@ func TestStatefulSet(t *testing.T) {
 			t.Errorf("no %s limit", r)
 		}
 	}
+	if req, lim := res.Requests[corev1.ResourceMemory], res.Limits[corev1.ResourceMemory]; req.Cmp(lim) != 0 {
+		t.Errorf("memory request %s differs from the limit %s: a node holds what it is given, so ask for it (Guaranteed QoS)", req.String(), lim.String())
+	}
+	if gml, ok := d.env["GOMEMLIMIT"]; ok {
+		t.Errorf("GOMEMLIMIT %q is set: serve sets the Go memory limit from --max-memory (auto: 90%% of the memory limit)", gml)
+	}
 	if lim, ok := res.Limits[corev1.ResourceMemory]; ok {
-		if gml, ok := d.env["GOMEMLIMIT"]; ok {
-			b, err := parseGoMemLimit(gml)
+		if mm, ok := d.flags["max-memory"]; ok && mm != "auto" {
+			b, err := parseGoMemLimit(mm)
 			if err != nil {
-				t.Errorf("GOMEMLIMIT %q: %v", gml, err)
-			} else if b >= lim.Value() {
-				t.Errorf("GOMEMLIMIT %s is not below the memory limit %s", gml, lim.String())
+				t.Errorf("--max-memory=%s: %v", mm, err)
+			} else if b == 0 || b >= lim.Value() {
+				t.Errorf("--max-memory=%s is not below the memory limit %s", mm, lim.String())
 			}
 		}
 	}
@@ -372,8 +381,8 @@ func TestStatefulSet(t *testing.T) {
 	}
 }
 
-// parseGoMemLimit parses a GOMEMLIMIT value: bytes, with an optional B,
-// KiB, MiB, GiB or TiB suffix.
+// parseGoMemLimit parses a GOMEMLIMIT or --max-memory value: bytes, with
+// an optional B, KiB, MiB, GiB or TiB suffix.
 func parseGoMemLimit(s string) (int64, error) {
 	mult := int64(1)
 	for _, u := range []struct {

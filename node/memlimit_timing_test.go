@@ -1,0 +1,140 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"testing"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/window"
+)
+
+// BenchmarkMemoryOverhead measures what a node holds beside its store, the
+// figure StoreBudget's reserve stands for: a node with a WAL gets n
+// recipients at the seed's steady state, then decides 100 batches of 1000
+// items (new and known recipients, with request ids) and writes a snapshot.
+// It reports the store's counted bytes and the live heap per recipient
+// (after a full GC), the live heap the store does not count, and the bytes
+// allocated by the batches and by the snapshot (transients the reserve must
+// also hold until the collector frees them).
+//
+//	go test -run '^$' -bench MemoryOverhead -benchtime 1x ./node
+func BenchmarkMemoryOverhead(b *testing.B) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	rng := rand.New(rand.NewPCG(42, 1000))
+	var templates [][]byte
+	for range 1000 {
+		rec, err := window.SteadyStateRecord(d, rng, now)
+		if err != nil {
+			b.Fatal(err)
+		}
+		templates = append(templates, rec)
+	}
+	for _, n := range []int{1_000_000, 3_000_000} {
+		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				var ms runtime.MemStats
+				heap := func() uint64 { runtime.GC(); runtime.ReadMemStats(&ms); return ms.HeapAlloc }
+				base := heap()
+				clk := &testClock{}
+				clk.set(now)
+				a := openNode(b, Config{Clock: clk, DataDir: b.TempDir(), SnapshotInterval: -1, SnapshotWALBytes: -1, SweepInterval: -1})
+				fillSteady(b, a, n, templates)
+
+				runtime.ReadMemStats(&ms)
+				allocStart := ms.TotalAlloc
+				req := &pb.CheckRequest{Recipients: make([]string, 1000), RequestIds: make([]uint64, 1000)}
+				for j := range 100 {
+					for i := range req.Recipients {
+						req.Recipients[i] = fmt.Sprintf("+86%011d", rng.IntN(2*n))
+						req.RequestIds[i] = uint64(j*1000 + i + 1)
+					}
+					if _, err := a.Check(context.Background(), req); err != nil {
+						b.Fatal(err)
+					}
+				}
+				runtime.ReadMemStats(&ms)
+				checkAlloc := ms.TotalAlloc - allocStart
+				allocStart = ms.TotalAlloc
+				if err := a.snapshot(); err != nil {
+					b.Fatal(err)
+				}
+				runtime.ReadMemStats(&ms)
+				snapAlloc := ms.TotalAlloc - allocStart
+
+				live := heap() - base
+				held := a.Stats().Memory.HeldBytes
+				b.ReportMetric(float64(held)/float64(n), "held-B/recipient")
+				b.ReportMetric(float64(live)/float64(n), "heap-B/recipient")
+				b.ReportMetric(float64(int64(live)-held)/(1<<20), "uncounted-MiB")
+				b.ReportMetric(float64(checkAlloc)/100/(1<<20), "alloc-MiB/batch")
+				b.ReportMetric(float64(snapAlloc)/(1<<20), "snapshot-alloc-MiB")
+				a.Close()
+			}
+		})
+	}
+}
+
+// BenchmarkFillToLimit sends batches of 1000 new recipients (one send
+// each) to a node with MaxMemory 256 MiB, which is also the Go memory limit
+// for the run, until 10 batches in a row are refused whole, then decides a
+// batch of known recipients. It reports the recipients admitted, the
+// store's bytes against its limit, and the Go runtime's peak of mapped
+// memory (runtime/metrics, sampled after each batch) against the budget.
+//
+//	go test -run '^$' -bench FillToLimit -benchtime 1x ./node
+func BenchmarkFillToLimit(b *testing.B) {
+	const budget = 256 << 20
+	old := debug.SetMemoryLimit(budget)
+	defer debug.SetMemoryLimit(old)
+	samples := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	goMemory := func() int64 {
+		metrics.Read(samples)
+		return int64(samples[0].Value.Uint64() - samples[1].Value.Uint64())
+	}
+	for b.Loop() {
+		runtime.GC()
+		clk := &testClock{}
+		clk.set(t0)
+		a := openNode(b, Config{Clock: clk, MaxMemory: budget, SweepInterval: -1})
+		req := &pb.CheckRequest{Recipients: make([]string, 1000)}
+		var admitted, peak int64
+		next := 0
+		for refusedRun := 0; refusedRun < 10; {
+			for i := range req.Recipients {
+				req.Recipients[i] = fmt.Sprintf("+86%011d", next)
+				next++
+			}
+			resp, err := a.Check(context.Background(), req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(resp.Errors) == len(req.Recipients) {
+				refusedRun++
+			} else {
+				refusedRun = 0
+			}
+			admitted += int64(len(req.Recipients) - len(resp.Errors))
+			peak = max(peak, goMemory())
+		}
+		for i := range req.Recipients {
+			req.Recipients[i] = fmt.Sprintf("+86%011d", i) // known
+		}
+		resp, err := a.Check(context.Background(), req)
+		if err != nil || len(resp.Errors) != 0 {
+			b.Fatalf("known recipients at the limit: %d errors, %v", len(resp.Errors), err)
+		}
+		m := a.Stats().Memory
+		b.ReportMetric(float64(admitted), "admitted")
+		b.ReportMetric(float64(m.Refused), "refused")
+		b.ReportMetric(float64(m.HeldBytes)/(1<<20), "store-MiB")
+		b.ReportMetric(float64(m.MaxBytes)/(1<<20), "store-limit-MiB")
+		b.ReportMetric(float64(peak)/(1<<20), "go-peak-MiB")
+		a.Close()
+	}
+}

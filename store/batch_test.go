@@ -1,0 +1,248 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/freqring/freqring/window"
+)
+
+// TestApplyBatchMatchesApply runs the same random batches through Apply,
+// item by item in slice order, on one store and through ApplyBatch on
+// another, and checks that every item gets the same decision, sequence
+// number, duplicate flag and error, and that the stores hold the same
+// records, sequence numbers and counters. The batches repeat recipients
+// (and two recipients share a key hash), reuse request ids within and
+// across batches, mix peeks, record-only items and invalid costs, span two
+// domains and meet closed partitions.
+func TestApplyBatchMatchesApply(t *testing.T) {
+	def, _ := window.NewDomain("default", window.DefaultRules())
+	tight, _ := window.NewDomain("tight", []window.Rule{
+		{Name: "r", Scope: window.ScopeRecipient, Limit: 4, Window: 10 * time.Second},
+		{Name: "c", Scope: window.ScopeContent, Limit: 1, Window: 5 * time.Second},
+	})
+	const parts = 5
+	one, err := New(Config{Partitions: parts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, _ := New(Config{Partitions: parts})
+	refs := [2][]Ref{{one.Bind(def), one.Bind(tight)}, {batch.Bind(def), batch.Bind(tight)}}
+
+	type rcp struct {
+		key uint64
+		tag uint16
+	}
+	var rcps []rcp
+	for i := range 30 {
+		k, tg := keyOf(fmt.Sprintf("+86%09d", i))
+		rcps = append(rcps, rcp{k, tg})
+	}
+	rcps = append(rcps, rcp{rcps[0].key, rcps[0].tag ^ 1}, rcp{0, 7}) // a 64-bit collision; key 0
+
+	rng := rand.New(rand.NewPCG(5, 6))
+	now := t0
+	var seen struct{ dup, reused, closed, invalid, denied, recorded int }
+	for b := range 400 {
+		now += int64(rng.IntN(2500))
+		if rng.IntN(8) == 0 { // close or open a partition in both
+			p := rng.IntN(parts)
+			if rng.IntN(3) == 0 {
+				one.Close(p)
+				batch.Close(p)
+			} else {
+				one.Open(p)
+				batch.Open(p)
+			}
+		}
+		n := 1 + rng.IntN(60)
+		items := make([]BatchItem, n)
+		for j := range items {
+			if j > 0 && rng.IntN(10) == 0 { // a retry of an earlier item
+				items[j] = items[rng.IntN(j)]
+				continue
+			}
+			r := rcps[rng.IntN(len(rcps))]
+			it := window.Item{Content: uint64(rng.IntN(4)), Cost: rng.IntN(3)}
+			switch rng.IntN(10) {
+			case 0, 1:
+				it.Mode = window.Peek
+			case 2:
+				it.Mode = window.RecordOnly
+			}
+			if rng.IntN(40) == 0 {
+				it.Cost = window.MaxCost + 1
+			}
+			var id uint64
+			if rng.IntN(2) == 0 {
+				id = 1 + uint64(rng.IntN(100))
+			}
+			items[j] = BatchItem{Part: one.PartitionOf(storedKey(r.key)), Ref: refs[1][rng.IntN(2)], Key: r.key, Tag: r.tag, Item: it, ID: id}
+		}
+		want := make([]BatchItem, n)
+		copy(want, items)
+		for j := range want {
+			x := &want[j]
+			x.Ref = refs[0][x.Ref.id]
+			x.Seq, x.Dup, x.Err = one.Apply(x.Part, x.Ref, x.Key, x.Tag, now, x.Item, x.ID, &x.Dec)
+		}
+		batch.ApplyBatch(now, items)
+		for j := range items {
+			got, w := &items[j], &want[j]
+			if fmt.Sprint(got.Err) != fmt.Sprint(w.Err) || got.Seq != w.Seq || got.Dup != w.Dup || (w.Err == nil && got.Dec != w.Dec) {
+				t.Fatalf("batch %d item %d (%+v, id %d, partition %d): ApplyBatch gave seq %d dup %v err %v %+v; Apply gave seq %d dup %v err %v %+v",
+					b, j, w.Item, w.ID, w.Part, got.Seq, got.Dup, got.Err, got.Dec, w.Seq, w.Dup, w.Err, w.Dec)
+			}
+		}
+		for _, x := range want {
+			switch {
+			case x.Dup:
+				seen.dup++
+			case errors.Is(x.Err, ErrIDReused):
+				seen.reused++
+			case errors.Is(x.Err, ErrClosed):
+				seen.closed++
+			case errors.Is(x.Err, window.ErrInvalid):
+				seen.invalid++
+			case x.Err == nil && !x.Dec.Admitted:
+				seen.denied++
+			case x.Err == nil && x.Dec.Recorded:
+				seen.recorded++
+			}
+		}
+		if b%50 == 49 {
+			sameStores(t, one, batch, refs)
+		}
+	}
+	sameStores(t, one, batch, refs)
+	if seen.dup == 0 || seen.reused == 0 || seen.closed == 0 || seen.invalid == 0 || seen.denied == 0 || seen.recorded == 0 {
+		t.Fatalf("the batches missed a case: %+v", seen)
+	}
+	t.Logf("items: %+v", seen)
+}
+
+// sameStores fails t unless a and b hold the same records, sequence numbers
+// and counters.
+func sameStores(t *testing.T, a, b *Store, refs [2][]Ref) {
+	t.Helper()
+	for p := range a.Partitions() {
+		if a.Seq(p) != b.Seq(p) || a.IsOpen(p) != b.IsOpen(p) {
+			t.Fatalf("partition %d: seq %d open %v, want seq %d open %v", p, b.Seq(p), b.IsOpen(p), a.Seq(p), a.IsOpen(p))
+		}
+		recs := map[string][]byte{}
+		a.ForEach(p, func(d string, key uint64, rec []byte) bool {
+			recs[fmt.Sprint(d, key, window.RecordTag(rec))] = bytes.Clone(rec)
+			return true
+		})
+		n := 0
+		b.ForEach(p, func(d string, key uint64, rec []byte) bool {
+			n++
+			k := fmt.Sprint(d, key, window.RecordTag(rec))
+			if !bytes.Equal(recs[k], rec) {
+				t.Fatalf("partition %d record %s: %x, want %x", p, k, rec, recs[k])
+			}
+			return true
+		})
+		if n != len(recs) {
+			t.Fatalf("partition %d: %d records, want %d", p, n, len(recs))
+		}
+	}
+	for i := range refs[0] {
+		if sa, sb := a.Stats(refs[0][i]), b.Stats(refs[1][i]); sa.Records != sb.Records || sa.Collisions != sb.Collisions || sa.IDs != sb.IDs {
+			t.Fatalf("domain %d: stats %+v, want %+v", i, sb, sa)
+		}
+	}
+}
+
+// TestApplyBatchConcurrent runs batches on overlapping partitions from
+// several goroutines beside single Applies (under -race, this checks the
+// locking; a deadlock would hang it): no recipient is admitted beyond its
+// limit, and each partition's sequence numbers are 1 to its count, once each.
+func TestApplyBatchConcurrent(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 5, Window: time.Hour}})
+	st, ref := newTestStore(t, d, 7)
+	const workers, rounds, recipients = 4, 50, 60
+	var mu sync.Mutex
+	admitted := map[uint64]int{}
+	seqs := map[[2]uint64]int{} // partition, seq -> times handed out
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 9))
+			for range rounds {
+				items := make([]BatchItem, 1+rng.IntN(40))
+				for j := range items {
+					key := uint64(1 + rng.IntN(recipients))
+					items[j] = BatchItem{Part: st.PartitionOf(key), Ref: ref, Key: key, Tag: 1}
+				}
+				if w == 0 { // one worker decides item by item
+					for j := range items {
+						x := &items[j]
+						x.Seq, x.Dup, x.Err = st.Apply(x.Part, x.Ref, x.Key, x.Tag, t0, x.Item, 0, &x.Dec)
+					}
+				} else {
+					st.ApplyBatch(t0, items)
+				}
+				mu.Lock()
+				for _, x := range items {
+					if x.Err != nil {
+						t.Error(x.Err)
+					}
+					if x.Dec.Admitted {
+						admitted[x.Key]++
+						seqs[[2]uint64{uint64(x.Part), x.Seq}]++
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for k, n := range admitted {
+		if n > 5 {
+			t.Errorf("recipient %d admitted %d times, limit 5", k, n)
+		}
+	}
+	for p := range st.Partitions() {
+		for s := uint64(1); s <= st.Seq(p); s++ {
+			if seqs[[2]uint64{uint64(p), s}] != 1 {
+				t.Errorf("partition %d seq %d handed out %d times", p, s, seqs[[2]uint64{uint64(p), s}])
+			}
+		}
+	}
+}
+
+// TestApplyBatchAllocs: a warm ApplyBatch allocates nothing.
+func TestApplyBatchAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("-race: sync.Pool drops its items at random")
+	}
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	st, ref := newTestStore(t, d, 0)
+	now := t0 + 86_400_000
+	fillSteady(t, st, ref, 10_000, steadyTemplates(t, d, 100, now))
+	items := make([]BatchItem, 100)
+	fresh := func() {
+		for j := range items {
+			key, tag := benchKey(j * 97)
+			items[j] = BatchItem{Part: st.PartitionOf(key), Ref: ref, Key: key, Tag: tag, Item: window.Item{Content: 1, Mode: window.Peek}}
+		}
+	}
+	fresh()
+	st.ApplyBatch(now, items)
+	if n := testing.AllocsPerRun(100, func() { fresh(); st.ApplyBatch(now, items) }); n != 0 {
+		t.Fatalf("ApplyBatch allocates %v times per batch, want 0", n)
+	}
+	for _, x := range items {
+		if x.Err != nil || x.Dec.NumRules != 4 {
+			t.Fatalf("item: %+v", x)
+		}
+	}
+}

@@ -1,0 +1,296 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/freqring/freqring/window"
+)
+
+// heldNow recounts, from the structures themselves, the heap a store holds:
+// what its running count must equal.
+func heldNow(st *Store) int64 {
+	var n int64
+	for p := range st.parts {
+		pt := &st.parts[p]
+		pt.mu.Lock()
+		for _, sp := range pt.spaces {
+			if sp != nil {
+				n += sp.heldBytes()
+			}
+		}
+		pt.mu.Unlock()
+	}
+	return n
+}
+
+// images returns every partition's image, for comparing a store's whole
+// state (deterministic when no request ids are remembered).
+func images(st *Store) [][]byte {
+	var out [][]byte
+	for p := range st.Partitions() {
+		img, _ := st.AppendImage(nil, p)
+		out = append(out, img)
+	}
+	return out
+}
+
+// TestMemoryAccountIsExact runs checks with request ids, sweeps, merges and
+// drops, and after each step compares the running count of held bytes with
+// a recount of the structures; it must also cover the slabs and the index
+// as Stats reports them.
+func TestMemoryAccountIsExact(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	st, err := New(Config{Partitions: 8, IDCapacity: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	check := func(step string) {
+		t.Helper()
+		got, want := st.Memory().HeldBytes, heldNow(st)
+		if got != want {
+			t.Fatalf("%s: running count %d bytes, recount %d", step, got, want)
+		}
+		s := st.Stats(ref)
+		if got < s.IndexBytes+s.SlabBytes {
+			t.Fatalf("%s: held %d bytes, below index %d + slabs %d", step, got, s.IndexBytes, s.SlabBytes)
+		}
+	}
+	check("empty")
+	rng := rand.New(rand.NewPCG(3, 4))
+	var dec window.Decision
+	now := t0
+	for i := range 30_000 {
+		now += int64(rng.IntN(20))
+		key, tag := keyOf(fmt.Sprintf("+86%09d", rng.IntN(5000)))
+		id := uint64(0)
+		if i%3 == 0 {
+			id = uint64(i + 1)
+		}
+		if _, _, err := apply(st, ref, key, tag, now, window.Item{Content: uint64(rng.IntN(6))}, id, &dec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("after checks")
+	img, _ := st.AppendImage(nil, 3)
+	sweepAll(t, st, ref, now-d.Longest()/2) // reclaims nothing of the day's rule, but walks every table
+	sweepAll(t, st, ref, now+1)             // reclaims everything: slabs trimmed, tables shrunk
+	check("after sweeps")
+	if _, _, err := st.MergeImage(img, now, bindTo(ref)); err != nil {
+		t.Fatal(err)
+	}
+	check("after a merge")
+	for p := range st.Partitions() {
+		st.Drop(p)
+	}
+	check("after drops")
+	if got := st.Memory().HeldBytes; got != 0 {
+		t.Fatalf("an empty store holds %d bytes", got)
+	}
+}
+
+// TestMemoryLimitRefusesNewRecipients fills a store to its limit: a new
+// recipient is refused with ErrMemoryLimit and changes nothing; known
+// recipients are decided as before (admitted, recorded, then denied by
+// their rule); peeks are answered; replay, backups and merges never refuse
+// and count their overshoots; reclaimed room is used again.
+func TestMemoryLimitRefusesNewRecipients(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 3, Window: time.Hour}})
+	const limit = 64 << 10
+	st, err := New(Config{Partitions: 1, MaxBytes: limit}) // one partition: after one refusal, the next new recipient finds no room either
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	var dec window.Decision
+	var known []string
+	now := t0
+	for i := 0; ; i++ {
+		if i > 100_000 {
+			t.Fatalf("no refusal after %d recipients: the store holds %d bytes, limit %d", i, st.Memory().HeldBytes, limit)
+		}
+		rcp := fmt.Sprintf("+86%09d", i)
+		key, tag := keyOf(rcp)
+		_, _, err := apply(st, ref, key, tag, now, window.Item{}, 0, &dec)
+		if errors.Is(err, ErrMemoryLimit) {
+			break
+		}
+		if err != nil || !dec.Admitted {
+			t.Fatalf("recipient %d: %+v, %v", i, dec, err)
+		}
+		known = append(known, rcp)
+	}
+	if m := st.Memory(); m.HeldBytes < limit || m.Refused != 1 || m.MaxBytes != limit {
+		t.Fatalf("at the first refusal: %+v, want at least %d held and 1 refused", m, limit)
+	}
+
+	// A refusal changes nothing, for any mode that would create a record.
+	before, stats, seqs := images(st), st.Stats(ref), make([]uint64, st.Partitions())
+	for p := range seqs {
+		seqs[p] = st.Seq(p)
+	}
+	held := st.Memory().HeldBytes
+	for i, mode := range []window.Mode{window.CheckAndRecord, window.RecordOnly} {
+		key, tag := keyOf(fmt.Sprintf("+1%09d", i))
+		seq, dup, err := apply(st, ref, key, tag, now, window.Item{Mode: mode}, 99, &dec)
+		if !errors.Is(err, ErrMemoryLimit) || seq != 0 || dup || dec.Recorded {
+			t.Fatalf("new recipient, mode %v: seq %d dup %v recorded %v %v; want ErrMemoryLimit", mode, seq, dup, dec.Recorded, err)
+		}
+		for _, want := range []string{"holds", fmt.Sprint(limit)} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
+			}
+		}
+	}
+	after := images(st)
+	for p := range before {
+		if !bytes.Equal(before[p], after[p]) || st.Seq(p) != seqs[p] {
+			t.Fatalf("partition %d changed by refused items (seq %d -> %d)", p, seqs[p], st.Seq(p))
+		}
+	}
+	if s := st.Stats(ref); s != stats || st.Memory().HeldBytes != held {
+		t.Fatalf("refused items changed the store: stats %+v -> %+v, held %d -> %d", stats, s, held, st.Memory().HeldBytes)
+	}
+	if got := st.Memory().Refused; got != 3 {
+		t.Fatalf("refused %d, want 3", got)
+	}
+
+	// A peek creates nothing: it is answered.
+	key, tag := keyOf("+1999999999")
+	if _, _, err := apply(st, ref, key, tag, now, window.Item{Mode: window.Peek}, 0, &dec); err != nil || !dec.Admitted || dec.Rules[0].Used != 0 {
+		t.Fatalf("peek of a new recipient: %+v, %v", dec, err)
+	}
+
+	// Known recipients are decided: two more sends each are admitted and
+	// recorded (records may grow), the next is denied by the rule.
+	for _, rcp := range known {
+		key, tag := keyOf(rcp)
+		for k := 1; k <= 3; k++ {
+			seq, _, err := apply(st, ref, key, tag, now+int64(k), window.Item{}, 0, &dec)
+			if err != nil || dec.Admitted != (k < 3) || (seq != 0) != (k < 3) {
+				t.Fatalf("known %s send %d: %+v seq %d, %v", rcp, k+1, dec, seq, err)
+			}
+		}
+	}
+	if got := st.Memory().Refused; got != 3 {
+		t.Fatalf("refused %d after deciding known recipients, want still 3", got)
+	}
+
+	// Replay, backups and merges of new recipients are never refused.
+	other, _ := New(Config{Partitions: 1})
+	oref := other.Bind(d)
+	for i := range 200 {
+		key, tag := keyOf(fmt.Sprintf("+44%09d", i))
+		p := st.PartitionOf(storedKey(key))
+		switch i % 3 {
+		case 0:
+			if err := st.Insert(p, ref, key, tag, now, window.Item{}, st.Seq(p)+1, 0, now); err != nil {
+				t.Fatalf("Insert past the limit: %v", err)
+			}
+		case 1:
+			if _, _, err := st.Record(p, ref, key, tag, now, window.Item{}, 0, now); err != nil {
+				t.Fatalf("Record past the limit: %v", err)
+			}
+		case 2:
+			if _, _, err := apply(other, oref, key, tag, now, window.Item{}, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for p := range other.Partitions() {
+		img, _ := other.AppendImage(nil, p)
+		if _, _, err := st.MergeImage(img, now, bindTo(ref)); err != nil {
+			t.Fatalf("MergeImage past the limit: %v", err)
+		}
+	}
+	if s := st.Stats(ref); s.Records != int64(len(known)+200) {
+		t.Fatalf("%d records, want %d known + 200 replayed, recorded or merged", s.Records, len(known))
+	}
+	if m := st.Memory(); m.Overshoots == 0 || m.Overshoots > 200 {
+		t.Fatalf("overshoots %d, want some and at most 200", m.Overshoots)
+	}
+
+	// Once idle records are reclaimed, their room takes new recipients.
+	later := now + time.Hour.Milliseconds() + 10
+	sweepAll(t, st, ref, later-d.Longest())
+	if s := st.Stats(ref); s.Records != 0 {
+		t.Fatalf("%d records left after the sweep", s.Records)
+	}
+	for i := range 50 {
+		key, tag := keyOf(fmt.Sprintf("+33%09d", i))
+		if _, _, err := apply(st, ref, key, tag, later, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
+			t.Fatalf("new recipient %d after the sweep: %+v, %v", i, dec, err)
+		}
+	}
+	if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+		t.Fatalf("running count %d, recount %d", got, want)
+	}
+}
+
+// TestMemoryLimitReusesFreedRoom: past the limit, a new recipient whose
+// record fits room the store holds already (a free slot of its size class
+// and room in the index) is admitted, and the held bytes do not grow; room
+// freed by reclaimed records is used again.
+func TestMemoryLimitReusesFreedRoom(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 3, Window: time.Minute}})
+	st, err := New(Config{Partitions: 1, MaxBytes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	var dec window.Decision
+	// Replay creates the domain's space past the limit.
+	k0, g0 := keyOf("replayed")
+	if err := st.Insert(0, ref, k0, g0, t0, window.Item{}, 1, 0, t0); err != nil {
+		t.Fatal(err)
+	}
+	held := st.Memory().HeldBytes
+	if held <= 1 {
+		t.Fatalf("held %d bytes after a replayed record", held)
+	}
+	// Recipients that fit the first chunk and the first table are admitted
+	// with no growth; the first that does not is refused.
+	var admitted []string
+	for i := 0; ; i++ {
+		rcp := fmt.Sprint("r", i)
+		key, tag := keyOf(rcp)
+		at := t0 + int64(i%2)*2*time.Minute.Milliseconds() // every other one a window later
+		_, _, err := apply(st, ref, key, tag, at, window.Item{}, 0, &dec)
+		if errors.Is(err, ErrMemoryLimit) {
+			break
+		}
+		if err != nil || !dec.Admitted {
+			t.Fatalf("recipient %d: %+v, %v", i, dec, err)
+		}
+		admitted = append(admitted, rcp)
+	}
+	if got := st.Memory().HeldBytes; got != held || len(admitted) < 8 {
+		t.Fatalf("%d recipients admitted into held room, held %d -> %d bytes", len(admitted), held, got)
+	}
+	// Reclaim the older half: their slots and index entries take as many
+	// new recipients, still with no growth.
+	reclaimed := sweepAll(t, st, ref, t0+time.Minute.Milliseconds())
+	if reclaimed < len(admitted)/2 {
+		t.Fatalf("reclaimed %d of %d", reclaimed, len(admitted))
+	}
+	held = st.Memory().HeldBytes
+	now := t0 + 2*time.Minute.Milliseconds()
+	for i := range reclaimed {
+		key, tag := keyOf(fmt.Sprint("new", i))
+		if _, _, err := apply(st, ref, key, tag, now, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
+			t.Fatalf("new recipient %d of %d into reclaimed room: %+v, %v", i, reclaimed, dec, err)
+		}
+	}
+	if got := st.Memory().HeldBytes; got != held {
+		t.Fatalf("held %d -> %d bytes for records that fit reclaimed room", held, got)
+	}
+	if m := st.Memory(); m.Overshoots != 1 || m.Refused != 1 {
+		t.Fatalf("%+v, want 1 overshoot (the replayed record) and 1 refusal", m)
+	}
+}
