@@ -17,7 +17,7 @@
 #   KEEP=1          keep the data directory afterwards (default: remove it)
 #
 # It needs Go and about (N x 170 bytes) of memory for the node plus
-# N x 135 bytes of disk (twice that while a second snapshot is written). It
+# N x 130 bytes of disk (twice that while a second snapshot is written). It
 # starts one node, waits for SERVING on gRPC health (freqring status --wait),
 # and stops that node by its PID (SIGTERM, which writes a final snapshot).
 set -euo pipefail
