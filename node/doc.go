@@ -55,6 +55,7 @@
 //	replica.go    a backup per partition: Replicate, sync replication of a batch
 //	durable.go    recovery, WAL appends, snapshots' schedule and fallback, retention
 //	snapshot.go   the snapshot file: partition images, older formats read, verification
+//	synth.go      synthetic state: a data directory of N recipients at steady state (freqring synth)
 //	lock.go       one process per data directory (flock of DATA_DIR/LOCK)
 //	removed.go    history of domains the rules lack: refuse, or drop when told
 //	memlimit.go   the memory limit: the store's budget, refusals at it

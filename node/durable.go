@@ -46,6 +46,7 @@ type RecoveryStats struct {
 	ReplayBytes     int64         // WAL payload bytes read
 	ReplayTime      time.Duration // time to replay them
 	Records         int64         // records after recovery, all domains
+	StoreBytes      int64         // heap the store's indexes and slabs hold after recovery, all domains
 	Total           time.Duration
 }
 
@@ -190,7 +191,9 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 		}
 	}
 	for _, dv := range v.domains {
-		rs.Records += n.store.Stats(dv.ref).Records
+		st := n.store.Stats(dv.ref)
+		rs.Records += st.Records
+		rs.StoreBytes += st.IndexBytes + st.SlabBytes
 	}
 	rs.Total = time.Since(start)
 	return rs, nil

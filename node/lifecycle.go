@@ -1,8 +1,13 @@
 package node
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
+	"os"
+	"runtime/metrics"
+	"strconv"
 	"time"
 )
 
@@ -28,6 +33,9 @@ func (n *Node) Open(ctx context.Context) error {
 			"snapshot_bytes", rs.SnapshotBytes, "snapshot_load", rs.SnapshotTime, "wal_sends", rs.Replayed,
 			"wal_bytes", rs.ReplayBytes, "wal_replay", rs.ReplayTime, "covered_by_snapshot", rs.Covered,
 			"expired", rs.Expired, "dropped_domain_records", rs.UnknownRecords, "dropped_domain_sends", rs.UnknownDomain, "records", rs.Records, "took", rs.Total)
+		rss, heap := processMemory()
+		n.log.Info("recovery done", "records", rs.Records, "seconds", rs.Total.Seconds(),
+			"store_bytes", rs.StoreBytes, "go_heap_bytes", heap, "rss_bytes", rss)
 	}
 	if err := n.startCluster(ctx); err != nil {
 		if n.dur != nil {
@@ -100,4 +108,28 @@ func (n *Node) sweepLoop(ctx context.Context) {
 			n.log.Debug("swept idle records", "reclaimed", got, "took", time.Since(start))
 		}
 	}
+}
+
+// processMemory returns the process's resident set (VmRSS of
+// /proc/self/status, bytes; 0 where there is none) and the bytes of Go heap
+// objects, live or not yet swept.
+func processMemory() (rss, heap int64) {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() == metrics.KindUint64 {
+		heap = int64(sample[0].Value.Uint64())
+	}
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, heap
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("VmRSS:")); ok {
+			kb, _ := strconv.ParseInt(string(bytes.TrimSuffix(bytes.TrimSpace(v), []byte(" kB"))), 10, 64)
+			return kb << 10, heap
+		}
+	}
+	return 0, heap
 }

@@ -123,8 +123,20 @@ type snapshotStats struct {
 // writeSnapshot writes every partition's image to dir as the snapshot whose
 // replay starts at from, locking one partition at a time.
 func (n *Node) writeSnapshot(dir string, from wal.Position, nowMs int64) (snapshotStats, error) {
+	return writeSnapshotFile(dir, from, nowMs, n.store.Partitions(), func(dst []byte, p int) ([]byte, int64, error) {
+		img, cnt := n.store.AppendImage(dst, p)
+		return img, cnt, nil
+	})
+}
+
+// writeSnapshotFile writes to dir the format 3 snapshot whose replay starts
+// at from, taken at nowMs (unix ms), of parts partitions: image appends
+// partition p's image (store.AppendImage's format) to dst and returns it
+// with its record count; it is called once per partition, in order, and
+// its bytes are written before the next call. An error of image stops the
+// write and leaves no file.
+func writeSnapshotFile(dir string, from wal.Position, nowMs int64, parts int, image func(dst []byte, p int) ([]byte, int64, error)) (snapshotStats, error) {
 	var st snapshotStats
-	parts := n.store.Partitions()
 	err := wal.WriteFileAtomic(dir, snapName(from.Seq), func(w io.Writer) error {
 		cw := &countingWriter{w: w}
 		sw := sectionWriter{w: bufio.NewWriterSize(cw, 1<<20)}
@@ -137,8 +149,13 @@ func (n *Node) writeSnapshot(dir string, from wal.Position, nowMs int64) (snapsh
 		}
 		var buf []byte
 		for p := range parts {
-			var cnt int64
-			buf, cnt = n.store.AppendImage(buf[:0], p)
+			var (
+				cnt int64
+				err error
+			)
+			if buf, cnt, err = image(buf[:0], p); err != nil {
+				return err
+			}
 			st.Records += cnt
 			if err := sw.section(secPartition, buf); err != nil {
 				return err

@@ -2,7 +2,6 @@ package window
 
 import (
 	"math/rand/v2"
-	"slices"
 )
 
 // Send is one recorded send of a workload: its time (unix ms) and content
@@ -19,16 +18,30 @@ type Send struct {
 // content, so the record holds 30 recipient timestamps and 3 live content
 // logs. The memory and speed figures in the README use this state.
 func SteadyStateSends(rng *rand.Rand, now int64) []Send {
+	return AppendSteadyStateSends(make([]Send, 0, 30), rng, now)
+}
+
+// AppendSteadyStateSends appends SteadyStateSends(rng, now) to dst, drawing
+// the same numbers from rng, and returns it.
+func AppendSteadyStateSends(dst []Send, rng *rand.Rand, now int64) []Send {
 	const hour, day = 3_600_000, 86_400_000
-	sends := make([]Send, 0, 30)
+	start := len(dst)
 	for range 27 {
-		sends = append(sends, Send{At: now - hour - rng.Int64N(day-hour), Content: rng.Uint64() | 1})
+		dst = append(dst, Send{At: now - hour - rng.Int64N(day-hour), Content: rng.Uint64() | 1})
 	}
 	for i := range 3 {
-		sends = append(sends, Send{At: now - rng.Int64N(hour), Content: uint64(i+1) * 0x9e3779b97f4a7c15})
+		dst = append(dst, Send{At: now - rng.Int64N(hour), Content: uint64(i+1) * 0x9e3779b97f4a7c15})
 	}
-	slices.SortFunc(sends, func(a, b Send) int { return int(a.At - b.At) })
-	return sends
+	// Insertion sort: for 30 sends, several times faster than slices.SortFunc.
+	s := dst[start:]
+	for i := 1; i < len(s); i++ {
+		x, j := s[i], i
+		for ; j > 0 && s[j-1].At > x.At; j-- {
+			s[j] = s[j-1]
+		}
+		s[j] = x
+	}
+	return dst
 }
 
 // SteadyStateRecord returns the record of d holding SteadyStateSends(rng,

@@ -75,3 +75,38 @@ func BenchmarkApply(b *testing.B) {
 }
 
 var sinkBytes []byte
+
+// BenchmarkBuildSteadyState compares the two ways of writing a record of
+// the seed's steady state from its 30 sends: Build in one pass, and one
+// Apply per send (decode, decide, encode each time).
+//
+//	go test -run '^$' -bench BuildSteadyState ./window
+func BenchmarkBuildSteadyState(b *testing.B) {
+	d, _ := NewDomain("default", DefaultRules())
+	sends := SteadyStateSends(rand.New(rand.NewPCG(1, 1)), t0+86_400_000)
+	b.Run("build", func(b *testing.B) {
+		b.ReportAllocs()
+		var s Scratch
+		for b.Loop() {
+			if _, err := d.Build(&s, 1, sends); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("apply-each", func(b *testing.B) {
+		b.ReportAllocs()
+		var s Scratch
+		var dec Decision
+		var rec []byte
+		for b.Loop() {
+			rec = rec[:0]
+			for _, snd := range sends {
+				out, err := d.Apply(&s, rec, 1, snd.At, Item{Content: snd.Content, Mode: RecordOnly}, &dec)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rec = append(rec[:0], out...)
+			}
+		}
+	})
+}

@@ -5,6 +5,7 @@
 //	freqring status [flags]                show the ring and each member
 //	freqring cluster [flags]               run a local cluster in one process
 //	freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
+//	freqring synth [flags]                 write a data directory of N recipients at steady state
 //	freqring rules validate FILE           check a rules file
 //	freqring rules default                 print the embedded default rules
 //	freqring version                       print the module version and commit
@@ -29,6 +30,7 @@ Usage:
   freqring status [flags]                show the ring and each member
   freqring cluster [flags]               run a local cluster in one process
   freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
+  freqring synth [flags]                 write a data directory of N recipients at steady state
   freqring rules validate FILE           check a rules file
   freqring rules default                 print the embedded default rules
   freqring version                       print the module version and commit
@@ -61,6 +63,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cluster(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = benchCmd(ctx, args[1:], stdout, stderr)
+	case "synth":
+		err = synth(ctx, args[1:], stdout, stderr)
 	case "version", "-version", "--version":
 		err = version(args[1:], stdout)
 	case "-h", "-help", "--help", "help":

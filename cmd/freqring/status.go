@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
@@ -19,6 +20,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:7070", "gRPC address of any node")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
+	wait := fs.Duration("wait", 0, "first wait up to this long for the node at --addr to report SERVING on gRPC health (a starting node is NOT_SERVING while it recovers); 0 does not wait")
 	tf := addTLSFlags(fs, false)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring status [flags]\n\nShows the ring as one node sees it, and each member's state, partitions, records and counters.\n\n")
@@ -33,6 +35,11 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	dial, err := tf.dialOptions(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		return err
+	}
+	if *wait > 0 {
+		if err := waitServing(ctx, *addr, dial, *wait); err != nil {
+			return err
+		}
 	}
 	rr, err := withLimiter(ctx, *addr, dial, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.RingResponse, error) {
 		return c.Ring(ctx, &pb.RingRequest{})
@@ -104,6 +111,27 @@ func withLimiter[T any](ctx context.Context, addr string, dial []grpc.DialOption
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return call(ctx, pb.NewLimiterClient(conn))
+}
+
+// waitServing watches the gRPC health of the node at addr until it reports
+// SERVING, for at most d. Until the node listens, the call waits for the
+// connection (gRPC's reconnect backoff, from 1s).
+func waitServing(ctx context.Context, addr string, dial []grpc.DialOption, d time.Duration) error {
+	conn, err := grpc.NewClient(addr, dial...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+	for err == nil {
+		var resp *healthpb.HealthCheckResponse
+		if resp, err = stream.Recv(); err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: not SERVING within --wait %v: %w", addr, d, err)
 }
 
 // storeColumn shows a member's store: the heap it holds, of its limit if it
