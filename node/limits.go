@@ -40,6 +40,11 @@ type Limits struct {
 	// MaxWatchers bounds the concurrent WatchRing calls of the node; 0 means
 	// 4096. More fail with RESOURCE_EXHAUSTED.
 	MaxWatchers int
+	// MaxStreamRequests bounds the requests of one CheckStream call that the
+	// node decides at once: it reads no more from the stream until one is
+	// answered (HTTP/2 flow control then holds the sender back). 0 means 64;
+	// [1, 4096]. A stream counts as one of MaxStreams.
+	MaxStreamRequests int
 }
 
 func (l *Limits) fill() {
@@ -56,6 +61,7 @@ func (l *Limits) fill() {
 	def(&l.MaxRequestBytes, MaxRequestBytes)
 	def(&l.MaxContentBytes, MaxContentBytes)
 	def(&l.MaxWatchers, 4096)
+	def(&l.MaxStreamRequests, 64)
 	if l.MaxStreams == 0 {
 		l.MaxStreams = 256
 	}
@@ -71,6 +77,8 @@ func (l *Limits) validate() error {
 		return fmt.Errorf("node: Limits.MaxRequestBytes %d out of range [1024, %d]", l.MaxRequestBytes, MaxRequestBytes)
 	case l.MaxContentBytes < 1 || l.MaxContentBytes > l.MaxRequestBytes:
 		return fmt.Errorf("node: Limits.MaxContentBytes %d out of range [1, MaxRequestBytes %d]", l.MaxContentBytes, l.MaxRequestBytes)
+	case l.MaxStreamRequests < 1 || l.MaxStreamRequests > 4096:
+		return fmt.Errorf("node: Limits.MaxStreamRequests %d out of range [1, 4096]", l.MaxStreamRequests)
 	case l.MaxWatchers < 1:
 		return fmt.Errorf("node: Limits.MaxWatchers %d is less than 1", l.MaxWatchers)
 	case l.KeepaliveMinTime < 0:
