@@ -38,6 +38,13 @@ const (
 	// maxResponseBytes bounds a response the client accepts; a response to
 	// MaxRequestItems items of 16 rules is about 2.5 MB.
 	maxResponseBytes = 16 << 20
+
+	// streamWindow and connWindow are the static flow-control windows of
+	// the client's connections, bytes, as the nodes' (node.StreamWindow):
+	// gRPC's default window estimation sends a PING for nearly every
+	// answer of small request-answer traffic. DialOptions may override them.
+	streamWindow = 1 << 20
+	connWindow   = 4 << 20
 )
 
 var (
