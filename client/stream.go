@@ -41,7 +41,7 @@ type checkStream struct {
 type streamCall struct {
 	live  []*pending
 	dl    time.Time
-	timer *time.Timer // expires the call at dl
+	timer *time.Timer // expires the call at dl; set under checkStream.mu
 	done  chan<- struct{}
 }
 
@@ -63,15 +63,14 @@ func (b *batcher) stream(live []*pending, dl time.Time, done chan<- struct{}) bo
 	req := encode(len(live), func(j int) *prepared { return &live[j].item }, b.c.Ring().Epoch())
 	req.StreamId = id
 	call := &streamCall{live: live, dl: dl, done: done}
-	call.timer = time.AfterFunc(time.Until(dl), func() { cs.expire(id) })
 	cs.mu.Lock()
 	if cs.dead {
 		cs.mu.Unlock()
-		call.timer.Stop()
 		b.failAll(live, fmt.Errorf("client: CheckStream to %s (%s) broke", live[0].node, b.p.addr))
 		return false
 	}
 	cs.calls[id] = call
+	call.timer = time.AfterFunc(time.Until(dl), func() { cs.expire(id) }) // set under mu: whoever takes the call sees it
 	cs.mu.Unlock()
 	b.c.st.rpcs.Add(1)
 	b.c.st.streamed.Add(1)

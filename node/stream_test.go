@@ -153,3 +153,14 @@ func randomRequest(rng *rand.Rand, ids *[]uint64) *pb.CheckRequest {
 	}
 	return req
 }
+
+// TestMaxStreamRequestsValidated: the bound is checked, naming the field and
+// the value.
+func TestMaxStreamRequestsValidated(t *testing.T) {
+	for _, v := range []int{-1, 4097} {
+		_, err := node.New(node.Config{Limits: node.Limits{MaxStreamRequests: v}})
+		if want := fmt.Sprintf("Limits.MaxStreamRequests %d out of range [1, 4096]", v); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("MaxStreamRequests %d: %v, want %q", v, err, want)
+		}
+	}
+}
