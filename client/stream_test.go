@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
@@ -237,6 +238,21 @@ func TestStreamNodeRestart(t *testing.T) {
 	c.kill(n)
 	if err := c.lc.Restart(ctx, n.m); err != nil {
 		t.Fatal(err)
+	}
+	// A call on a connection in reconnect backoff fails at once (as a unary
+	// Check would): wait until the connection is up again. The stream it held
+	// is broken; the next check must open another.
+	p, err := cl.peer(n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for st := p.conn.GetState(); st != connectivity.Ready; st = p.conn.GetState() {
+		p.conn.Connect()
+		if !p.conn.WaitForStateChange(wctx, st) {
+			t.Fatalf("the connection to the restarted node is %v after 30s", st)
+		}
 	}
 	for k := range 3 {
 		d, err := cl.Check(ctx, Item{Recipient: fmt.Sprintf("+861380001%04d", k)})
