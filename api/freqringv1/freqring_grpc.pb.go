@@ -54,7 +54,8 @@ type LimiterClient interface {
 	// while it decides MaxStreamRequests of them (64 by default), and ends
 	// its streams with UNAVAILABLE when it shuts down, after answering what
 	// it read. Bytes that are not a CheckRequest end the stream with
-	// INVALID_ARGUMENT.
+	// INVALID_ARGUMENT, a request above the node's request size limit with
+	// RESOURCE_EXHAUSTED, as they fail a Check.
 	CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CheckRequest, CheckResponse], error)
 	// Rules lists the domains the node serves and their rules.
 	Rules(ctx context.Context, in *RulesRequest, opts ...grpc.CallOption) (*RulesResponse, error)
@@ -172,7 +173,8 @@ type LimiterServer interface {
 	// while it decides MaxStreamRequests of them (64 by default), and ends
 	// its streams with UNAVAILABLE when it shuts down, after answering what
 	// it read. Bytes that are not a CheckRequest end the stream with
-	// INVALID_ARGUMENT.
+	// INVALID_ARGUMENT, a request above the node's request size limit with
+	// RESOURCE_EXHAUSTED, as they fail a Check.
 	CheckStream(grpc.BidiStreamingServer[CheckRequest, CheckResponse]) error
 	// Rules lists the domains the node serves and their rules.
 	Rules(context.Context, *RulesRequest) (*RulesResponse, error)
