@@ -15,7 +15,9 @@ import (
 
 // FreqringTarget checks through the ring-aware client: each item goes to its
 // owner, a batch of items as one RPC per owner (CheckBatch), a batch of one
-// as a single Check (which the client coalesces with other callers').
+// as a single Check (which the client coalesces with other callers' and
+// sends on a CheckStream per owner, or as unary Checks with
+// client.Config.UnaryChecks).
 type FreqringTarget struct {
 	c      *client.Client
 	dial   []grpc.DialOption // of the Status calls: the client's credentials

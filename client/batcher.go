@@ -23,6 +23,9 @@ type batcher struct {
 	wake chan struct{} // cap 1: the queue went from empty to non-empty, or is full
 	quit chan struct{} // closed by close
 	once sync.Once
+
+	st       *checkStream // the loop's CheckStream to the member; nil until the first batch (stream.go)
+	noStream atomic.Int64 // unix ns until which batches go as unary Checks: the node lacks CheckStream
 }
 
 func newBatcher(c *Client, p *peer) *batcher {
@@ -112,6 +115,9 @@ func (b *batcher) loop() {
 		select {
 		case <-b.quit:
 			b.drain()
+			if b.st != nil {
+				b.st.cancel() // its calls fail as retryable
+			}
 			return
 		case <-b.wake:
 		case <-done:
@@ -138,6 +144,9 @@ func (b *batcher) loop() {
 					case <-b.quit:
 						timer.Stop()
 						b.drain()
+						if b.st != nil {
+							b.st.cancel()
+						}
 						return
 					}
 				}
@@ -169,9 +178,11 @@ func (b *batcher) drain() {
 	}
 }
 
-// send starts the RPC of one batch, without the items whose callers have
-// stopped waiting, and reports whether it did; the RPC signals done when it
-// returns. It lasts until the latest of their deadlines.
+// send sends one batch, without the items whose callers have stopped
+// waiting, as a request on the member's CheckStream (a unary Check RPC with
+// Config.UnaryChecks, or while the node lacks CheckStream), and reports
+// whether it did; the request signals done when it is answered or failed.
+// It lasts until the latest of the items' deadlines.
 func (b *batcher) send(batch []*pending, done chan<- struct{}) bool {
 	now := time.Now()
 	live := batch[:0]
@@ -191,6 +202,16 @@ func (b *batcher) send(batch []*pending, done chan<- struct{}) bool {
 	if len(live) > 1 {
 		b.c.st.coalesced.Add(int64(len(live)))
 	}
+	if !b.c.cfg.UnaryChecks && time.Now().UnixNano() >= b.noStream.Load() {
+		return b.stream(live, dl, done)
+	}
+	b.unary(live, dl, done)
+	return true
+}
+
+// unary sends live in one Check RPC, in a goroutine, lasting until dl, and
+// signals done when it returns.
+func (b *batcher) unary(live []*pending, dl time.Time, done chan<- struct{}) {
 	b.c.rpcs.Add(1)
 	go func() {
 		defer b.c.rpcs.Done()
@@ -204,5 +225,4 @@ func (b *batcher) send(batch []*pending, done chan<- struct{}) bool {
 			live[j].res <- o
 		})
 	}()
-	return true
 }

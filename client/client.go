@@ -38,6 +38,13 @@ const (
 	// maxResponseBytes bounds a response the client accepts; a response to
 	// MaxRequestItems items of 16 rules is about 2.5 MB.
 	maxResponseBytes = 16 << 20
+
+	// streamWindow and connWindow are the static flow-control windows of
+	// the client's connections, bytes, as the nodes' (node.StreamWindow):
+	// gRPC's default window estimation sends a PING for nearly every
+	// answer of small request-answer traffic. DialOptions may override them.
+	streamWindow = 1 << 20
+	connWindow   = 4 << 20
 )
 
 var (
@@ -78,6 +85,13 @@ type Config struct {
 	// the default; at most 100ms. Note that Go timers shorter than a
 	// millisecond may fire a millisecond late.
 	MaxDelay time.Duration
+	// UnaryChecks sends the coalesced single Checks as unary Check RPCs.
+	// false (the default) sends them as requests on one CheckStream per
+	// member, which costs the node and the client less per request; against
+	// a node that does not implement CheckStream (UNIMPLEMENTED, an older
+	// version) the client sends unary Checks anyway, and tries the stream
+	// again a minute later. CheckBatch always uses unary Checks.
+	UnaryChecks bool
 	// DialOptions are used for every connection to a node. nil means TLS
 	// with the TLS field if set, else plaintext; a non-nil list replaces
 	// that default, so it must set credentials itself.
@@ -260,7 +274,7 @@ func (c *Client) shutdown() {
 type Stats struct {
 	Calls         int64 // Check and CheckBatch calls
 	Items         int64 // items in those calls
-	RPCs          int64 // Check RPCs sent
+	RPCs          int64 // Check RPCs and CheckStream requests sent
 	Retries       int64 // items sent a second time, after a ring refresh
 	Degraded      int64 // items answered by FailurePolicy
 	RingRefreshes int64 // Ring RPC rounds after New (for a retry, or on a response with another epoch)
@@ -268,10 +282,11 @@ type Stats struct {
 	ItemErrors    int64 // items that failed as the caller's error (*ItemError)
 	Duplicates    int64 // items a node answered from its idempotency table (Decision.Duplicate)
 	Coalesced     int64 // items of single Checks that shared an RPC with another caller's
+	Streamed      int64 // requests sent on a CheckStream (counted in RPCs too)
 }
 
 type counters struct {
-	calls, items, rpcs, retries, degraded, ringRefreshes, ringChanges, itemErrors, duplicates, coalesced atomic.Int64
+	calls, items, rpcs, retries, degraded, ringRefreshes, ringChanges, itemErrors, duplicates, coalesced, streamed atomic.Int64
 }
 
 // Stats returns the client's counters.
@@ -281,5 +296,6 @@ func (c *Client) Stats() Stats {
 		Calls: s.calls.Load(), Items: s.items.Load(), RPCs: s.rpcs.Load(), Retries: s.retries.Load(),
 		Degraded: s.degraded.Load(), RingRefreshes: s.ringRefreshes.Load(), RingChanges: s.ringChanges.Load(),
 		ItemErrors: s.itemErrors.Load(), Duplicates: s.duplicates.Load(), Coalesced: s.coalesced.Load(),
+		Streamed: s.streamed.Load(),
 	}
 }

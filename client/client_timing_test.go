@@ -29,16 +29,18 @@ const (
 )
 
 // BenchmarkClientCheck: every goroutine calls Check with one item; the
-// client coalesces concurrent calls per owner.
+// client coalesces concurrent calls per owner, on a CheckStream per owner
+// (unary: as unary Check RPCs).
 func BenchmarkClientCheck(b *testing.B) {
 	for _, tc := range []struct {
 		name     string
 		inflight int
 		delay    time.Duration
-	}{{"inflight=2", 0, 0}, {"inflight=1", 1, 0}, {"inflight=2,delay=1ms", 0, time.Millisecond}} {
+		unary    bool
+	}{{"inflight=2", 0, 0, false}, {"inflight=1", 1, 0, false}, {"inflight=2,delay=1ms", 0, time.Millisecond, false}, {"inflight=2,unary", 0, 0, true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			c := newCluster(b, 3, nil)
-			cl := newClient(b, Config{MaxInFlight: tc.inflight, MaxDelay: tc.delay, Timeout: benchTimeout}, c.addrs()...)
+			cl := newClient(b, Config{MaxInFlight: tc.inflight, MaxDelay: tc.delay, UnaryChecks: tc.unary, Timeout: benchTimeout}, c.addrs()...)
 			benchLoad(b, c, 1, func(ctx context.Context, items []Item) error {
 				_, err := cl.Check(ctx, items[0])
 				return err

@@ -37,7 +37,8 @@ func (c *Client) peer(addr string) (*peer, error) {
 	if p := c.peers[addr]; p != nil {
 		return p, nil
 	}
-	opts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes))}, c.cfg.DialOptions...)
+	opts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes)),
+		grpc.WithStaticStreamWindowSize(streamWindow), grpc.WithStaticConnWindowSize(connWindow)}, c.cfg.DialOptions...)
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("client: connecting to %s: %w", addr, err)

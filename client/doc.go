@@ -53,6 +53,23 @@
 // stopped waiting is not sent. Stats.Coalesced counts the items that shared
 // an RPC.
 //
+// The coalesced batches go as requests on one Limiter.CheckStream per member
+// (stream.go), not as unary Check RPCs: a request on an open stream costs
+// neither side a new HTTP/2 stream, headers, trailers or a handler
+// goroutine. Each request carries a stream_id, and its answer the same one:
+// the node decides a stream's requests concurrently and answers each when it
+// is decided, so answers are matched by id, not by order, and a request that
+// waits (for a backup, a moving partition) holds no other back. The failure
+// policy is unchanged: a request unanswered by the latest deadline of its
+// items fails them as retryable; a stream that breaks (the node restarted
+// or left) fails the requests it holds as retryable and the next batch
+// opens a new one; a request the node fails whole comes back as Check's
+// error would. Against a node that does not implement CheckStream
+// (UNIMPLEMENTED: an older version during a rolling upgrade) the requests
+// go again as unary Checks, and so do that member's batches for a minute
+// before the stream is tried again. Config.UnaryChecks always sends unary
+// Checks. Stats.Streamed counts the requests sent on streams.
+//
 // # Deadlines, retries and the failure policy
 //
 // A call's deadline is its context's, or Config.Timeout (500ms) after the
@@ -104,7 +121,8 @@
 // # Lifecycle
 //
 // A Client owns its goroutines: the ring watch, the refresh loop, one
-// batcher per member in use and the batch RPCs they start. Close cancels and
+// batcher per member in use, the batch RPCs they start and the receiver of
+// each CheckStream. Close cancels and
 // waits for them all and closes every connection; calls in flight and later
 // calls return ErrClosed.
 //
@@ -115,7 +133,8 @@
 // (one fetch shared by concurrent callers), the epoch check of a node's ring,
 // installing a ring and pruning the peers of members that left, and the
 // owner table calls route by. conn.go is the one connection per member
-// address. batcher.go coalesces single Checks into batch RPCs. item.go is
+// address. batcher.go coalesces single Checks into batch RPCs; stream.go
+// sends them on a CheckStream per member. item.go is
 // what a call carries: Item, Decision, the item errors, validation and
 // request ids. rpc.go is one Check RPC: the columnar request and the checks
 // and decoding of its response. check.go is Check and CheckBatch (splitting

@@ -238,12 +238,16 @@ type fakeLimiter struct {
 	addr  string
 	epoch uint64 // what Ring reports; 0 means the true epoch
 	check func(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error)
+	// stream, if set, serves each CheckStream call; nil means UNIMPLEMENTED,
+	// as a node of an older version answers.
+	stream func(s grpc.BidiStreamingServer[pb.CheckRequest, pb.CheckResponse]) error
 
-	mu      sync.Mutex // guards reqs, extra, rings, watched
+	mu      sync.Mutex // guards reqs, extra, rings, watched, streams
 	reqs    []*pb.CheckRequest
 	extra   []ring.Member
 	rings   int             // Ring RPCs answered
 	watched []chan struct{} // closed when a WatchRing stream has sent its ring
+	streams int             // CheckStream calls served
 }
 
 // watchSent returns a channel closed when the next WatchRing stream has
@@ -344,6 +348,22 @@ func (f *fakeLimiter) Check(ctx context.Context, req *pb.CheckRequest) (*pb.Chec
 		resp.RingEpoch = f.ring().Epoch()
 	}
 	return resp, err
+}
+
+func (f *fakeLimiter) CheckStream(s grpc.BidiStreamingServer[pb.CheckRequest, pb.CheckResponse]) error {
+	if f.stream == nil {
+		return f.UnimplementedLimiterServer.CheckStream(s)
+	}
+	f.mu.Lock()
+	f.streams++
+	f.mu.Unlock()
+	return f.stream(s)
+}
+
+func (f *fakeLimiter) streamCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.streams
 }
 
 func (f *fakeLimiter) requests() []*pb.CheckRequest {

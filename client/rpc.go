@@ -85,18 +85,19 @@ func (c *Client) rpc(ctx context.Context, p *peer, node string, n int, at func(i
 	c.st.rpcs.Add(1)
 	resp, err := p.cli.Check(ctx, req)
 	if err != nil {
-		var o outcome
-		if st := status.Convert(err); st.Code() == codes.InvalidArgument {
-			// The request as a whole was refused: retrying it cannot help.
-			o.ierr = &ItemError{Code: st.Code(), Message: fmt.Sprintf("node %s refused the request: %s", node, st.Message())}
-		} else {
-			o.err = fmt.Errorf("client: Check RPC to %s (%s): %w", node, p.addr, err)
-		}
+		o := refused(status.Convert(err), node, fmt.Errorf("client: Check RPC to %s (%s): %w", node, p.addr, err))
 		for j := range n {
 			emit(j, o)
 		}
 		return
 	}
+	c.answered(p, node, resp, n, at, emit)
+}
+
+// answered emits the outcome of each of n items from resp, p's answer, and
+// asks for a refresh from p if resp carries another ring epoch than the
+// client's.
+func (c *Client) answered(p *peer, node string, resp *pb.CheckResponse, n int, at func(int) *prepared, emit func(int, outcome)) {
 	if resp.RingEpoch != 0 && resp.RingEpoch != c.Ring().Epoch() {
 		c.requestRefresh(p.addr, resp.RingEpoch)
 	}
@@ -104,6 +105,16 @@ func (c *Client) rpc(ctx context.Context, p *peer, node string, n int, at func(i
 		c.st.duplicates.Add(int64(len(resp.Duplicates)))
 	}
 	decode(resp, n, at, node, emit)
+}
+
+// refused is the outcome of every item of a request that failed whole with
+// st: the caller's error for INVALID_ARGUMENT (the request as a whole was
+// refused: retrying it cannot help), else err, retryable.
+func refused(st *status.Status, node string, err error) outcome {
+	if st.Code() == codes.InvalidArgument {
+		return outcome{ierr: &ItemError{Code: st.Code(), Message: fmt.Sprintf("node %s refused the request: %s", node, st.Message())}}
+	}
+	return outcome{err: err}
 }
 
 // decode emits the outcome of each of n items from resp.

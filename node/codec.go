@@ -125,7 +125,7 @@ func decodeCheckRequest(b []byte, req *pb.CheckRequest) error {
 			return fmt.Errorf("%w: CheckRequest: field number %d out of range", ErrBadRequest, num)
 		}
 		b = b[n:]
-		if num > 8 || !knownType(num, typ) {
+		if num > 9 || !knownType(num, typ) {
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
 				return decodeErr("field "+strconv.Itoa(int(num)), n)
@@ -163,12 +163,17 @@ func decodeCheckRequest(b []byte, req *pb.CheckRequest) error {
 					req.Modes = append(req.Modes, pb.Mode(int32(v)))
 				}
 			})
-		case 8:
+		case 8, 9:
 			v, m := protowire.ConsumeVarint(b)
 			if m < 0 {
 				return decodeErr(fieldNames[num], m)
 			}
-			req.RingEpoch, n = v, m
+			if num == 8 {
+				req.RingEpoch = v
+			} else {
+				req.StreamId = v
+			}
+			n = m
 		}
 		if err != nil {
 			return err
@@ -178,7 +183,7 @@ func decodeCheckRequest(b []byte, req *pb.CheckRequest) error {
 	return nil
 }
 
-var fieldNames = [...]string{1: "recipients", 2: "domains", 3: "contents", 4: "content_hashes", 5: "costs", 6: "modes", 7: "request_ids", 8: "ring_epoch"}
+var fieldNames = [...]string{1: "recipients", 2: "domains", 3: "contents", 4: "content_hashes", 5: "costs", 6: "modes", 7: "request_ids", 8: "ring_epoch", 9: "stream_id"}
 
 // knownType reports whether typ is a wire type field num is read with.
 func knownType(num protowire.Number, typ protowire.Type) bool {
@@ -189,7 +194,7 @@ func knownType(num protowire.Number, typ protowire.Type) bool {
 		return typ == protowire.Fixed64Type || typ == protowire.BytesType
 	case 5, 6:
 		return typ == protowire.VarintType || typ == protowire.BytesType
-	case 8:
+	case 8, 9:
 		return typ == protowire.VarintType
 	}
 	return false

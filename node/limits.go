@@ -40,6 +40,11 @@ type Limits struct {
 	// MaxWatchers bounds the concurrent WatchRing calls of the node; 0 means
 	// 4096. More fail with RESOURCE_EXHAUSTED.
 	MaxWatchers int
+	// MaxStreamRequests bounds the requests of one CheckStream call that the
+	// node decides at once: it reads no more from the stream until one is
+	// answered (HTTP/2 flow control then holds the sender back). 0 means 64;
+	// [1, 4096]. A stream counts as one of MaxStreams.
+	MaxStreamRequests int
 }
 
 func (l *Limits) fill() {
@@ -56,6 +61,7 @@ func (l *Limits) fill() {
 	def(&l.MaxRequestBytes, MaxRequestBytes)
 	def(&l.MaxContentBytes, MaxContentBytes)
 	def(&l.MaxWatchers, 4096)
+	def(&l.MaxStreamRequests, 64)
 	if l.MaxStreams == 0 {
 		l.MaxStreams = 256
 	}
@@ -71,6 +77,8 @@ func (l *Limits) validate() error {
 		return fmt.Errorf("node: Limits.MaxRequestBytes %d out of range [1024, %d]", l.MaxRequestBytes, MaxRequestBytes)
 	case l.MaxContentBytes < 1 || l.MaxContentBytes > l.MaxRequestBytes:
 		return fmt.Errorf("node: Limits.MaxContentBytes %d out of range [1, MaxRequestBytes %d]", l.MaxContentBytes, l.MaxRequestBytes)
+	case l.MaxStreamRequests < 1 || l.MaxStreamRequests > 4096:
+		return fmt.Errorf("node: Limits.MaxStreamRequests %d out of range [1, 4096]", l.MaxStreamRequests)
 	case l.MaxWatchers < 1:
 		return fmt.Errorf("node: Limits.MaxWatchers %d is less than 1", l.MaxWatchers)
 	case l.KeepaliveMinTime < 0:
@@ -81,6 +89,19 @@ func (l *Limits) validate() error {
 	return nil
 }
 
+// Flow-control windows of every gRPC connection a node serves or dials,
+// bytes. They are static: grpc-go's default starts at 64 KiB and estimates
+// the bandwidth-delay product with a PING after each DATA frame it receives
+// while no PING is out, which for a cluster's small request-answer traffic
+// adds a PING, its ack and a WINDOW_UPDATE to nearly every call (about a
+// third of a single check's round trip on loopback). A stream window of
+// 1 MiB holds a batch of thousands of items; a 16 MiB request still flows,
+// in several windows.
+const (
+	StreamWindow = 1 << 20
+	ConnWindow   = 4 << 20
+)
+
 // serverOptions are the gRPC server options that enforce l.
 func (l *Limits) serverOptions() []grpc.ServerOption {
 	params := keepalive.ServerParameters{Time: l.PingInterval, Timeout: l.PingTimeout}
@@ -88,6 +109,7 @@ func (l *Limits) serverOptions() []grpc.ServerOption {
 		params.MaxConnectionIdle = l.IdleTimeout
 	}
 	return []grpc.ServerOption{
+		grpc.StaticStreamWindowSize(StreamWindow), grpc.StaticConnWindowSize(ConnWindow),
 		grpc.MaxRecvMsgSize(l.MaxRequestBytes),
 		grpc.MaxConcurrentStreams(l.MaxStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.KeepaliveMinTime, PermitWithoutStream: true}),

@@ -51,7 +51,8 @@ func GRPCPeers(opts ...grpc.DialOption) Peers {
 	if len(opts) == 0 {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPeerResponseBytes), grpc.MaxCallSendMsgSize(MaxRequestBytes)))
+	opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPeerResponseBytes), grpc.MaxCallSendMsgSize(MaxRequestBytes)),
+		grpc.WithStaticStreamWindowSize(StreamWindow), grpc.WithStaticConnWindowSize(ConnWindow)) // limits.go
 	return &grpcPeers{opts: opts, conns: map[string]*grpc.ClientConn{}}
 }
 

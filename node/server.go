@@ -27,6 +27,10 @@ func (s limiterServer) Check(ctx context.Context, req *pb.CheckRequest) (*pb.Che
 	return s.n.Check(ctx, req)
 }
 
+func (s limiterServer) CheckStream(stream grpc.BidiStreamingServer[pb.CheckRequest, pb.CheckResponse]) error {
+	return s.n.CheckStream(stream.Context(), stream.Recv, stream.Send)
+}
+
 func (s limiterServer) Rules(ctx context.Context, req *pb.RulesRequest) (*pb.RulesResponse, error) {
 	return s.n.Rules(ctx, req)
 }

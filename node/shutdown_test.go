@@ -19,7 +19,8 @@ import (
 // TestShutdownEndsWatchers is issue 12's case 9: a client watching the ring
 // (every client does) kept a stopping node in GracefulStop for the whole
 // grace period. With a grace of ten minutes, Serve must return as soon as
-// the in-flight calls are done, ending the watch with UNAVAILABLE.
+// the in-flight calls are done, ending the watch with UNAVAILABLE. So must a
+// client's CheckStream, open but idle.
 func TestShutdownEndsWatchers(t *testing.T) {
 	for _, clustered := range []bool{false, true} {
 		t.Run(map[bool]string{false: "alone", true: "gossip"}[clustered], func(t *testing.T) {
@@ -57,6 +58,16 @@ func TestShutdownEndsWatchers(t *testing.T) {
 			if _, err := watch.Recv(); err != nil {
 				t.Fatalf("first ring: %v", err)
 			}
+			checks, err := pb.NewLimiterClient(conn).CheckStream(wctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := checks.Send(&pb.CheckRequest{Recipients: []string{"+8613800000001"}, StreamId: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if resp, err := checks.Recv(); err != nil || resp.StreamId != 1 || len(resp.Admitted) != 1 {
+				t.Fatalf("streamed check: %v, %v", resp, err)
+			}
 			cancel()
 			select {
 			case err := <-served:
@@ -73,6 +84,9 @@ func TestShutdownEndsWatchers(t *testing.T) {
 			}
 			if status.Code(err) != codes.Unavailable {
 				t.Fatalf("the watch ended with %v, want UNAVAILABLE", err)
+			}
+			if _, err = checks.Recv(); status.Code(err) != codes.Unavailable {
+				t.Fatalf("the check stream ended with %v, want UNAVAILABLE", err)
 			}
 		})
 	}

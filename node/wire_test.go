@@ -99,15 +99,18 @@ func TestUndecodableRequestIsInvalidArgument(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := conn.NewStream(ctx, &pb.Limiter_ServiceDesc.Streams[0], "/freqring.v1.Limiter/WatchRing")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SendMsg(garbage); err != nil {
-		t.Fatal(err)
-	}
-	st.CloseSend()
-	if err := st.RecvMsg(new(pb.RingResponse)); status.Code(err) != codes.InvalidArgument || err == io.EOF {
-		t.Errorf("WatchRing with garbage: %v, want INVALID_ARGUMENT", err)
+	for _, sd := range pb.Limiter_ServiceDesc.Streams { // WatchRing, CheckStream
+		method := "/freqring.v1.Limiter/" + sd.StreamName
+		st, err := conn.NewStream(ctx, &sd, method)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.SendMsg(garbage); err != nil {
+			t.Fatal(err)
+		}
+		st.CloseSend()
+		if err := st.RecvMsg(new(pb.RingResponse)); status.Code(err) != codes.InvalidArgument || err == io.EOF {
+			t.Errorf("%s with garbage: %v, want INVALID_ARGUMENT", method, err)
+		}
 	}
 }

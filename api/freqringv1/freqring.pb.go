@@ -115,7 +115,10 @@ type CheckRequest struct {
 	// The ring epoch the caller routed by; 0 when it does not know one. A node
 	// whose epoch differs answers anyway (forwarding what it does not own) and
 	// returns its own epoch, so the caller can refresh its ring.
-	RingEpoch     uint64 `protobuf:"varint,8,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	RingEpoch uint64 `protobuf:"varint,8,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	// CheckStream only: names the request among those in flight on its
+	// stream; its response carries the same value. Check ignores it.
+	StreamId      uint64 `protobuf:"varint,9,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -206,6 +209,13 @@ func (x *CheckRequest) GetRingEpoch() uint64 {
 	return 0
 }
 
+func (x *CheckRequest) GetStreamId() uint64 {
+	if x != nil {
+		return x.StreamId
+	}
+	return 0
+}
+
 // CheckResponse answers a CheckRequest in columns of one entry per item, in
 // request order, and per-rule columns of one entry per item and rule.
 type CheckResponse struct {
@@ -241,7 +251,14 @@ type CheckResponse struct {
 	// recorded an item with the same request id and recipient, so this one is
 	// not recorded again. Their decided_at_ms is the first decision's; their
 	// per-rule entries are as of now.
-	Duplicates    []uint32 `protobuf:"varint,13,rep,packed,name=duplicates,proto3" json:"duplicates,omitempty"`
+	Duplicates []uint32 `protobuf:"varint,13,rep,packed,name=duplicates,proto3" json:"duplicates,omitempty"`
+	// CheckStream only: the stream_id of the request this answers.
+	StreamId uint64 `protobuf:"varint,14,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	// CheckStream only: the request failed whole, with the status a Check of
+	// it would have returned (INVALID_ARGUMENT for a malformed batch,
+	// UNAVAILABLE while the node is not serving, ...); the other fields are
+	// then empty.
+	Failed        *RequestError `protobuf:"bytes,15,opt,name=failed,proto3" json:"failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -367,6 +384,73 @@ func (x *CheckResponse) GetDuplicates() []uint32 {
 	return nil
 }
 
+func (x *CheckResponse) GetStreamId() uint64 {
+	if x != nil {
+		return x.StreamId
+	}
+	return 0
+}
+
+func (x *CheckResponse) GetFailed() *RequestError {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
+}
+
+// RequestError is the status of a request that failed whole.
+type RequestError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"` // a gRPC status code
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestError) Reset() {
+	*x = RequestError{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestError) ProtoMessage() {}
+
+func (x *RequestError) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestError.ProtoReflect.Descriptor instead.
+func (*RequestError) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RequestError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *RequestError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // ItemError says why one item of a batch failed.
 type ItemError struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -379,7 +463,7 @@ type ItemError struct {
 
 func (x *ItemError) Reset() {
 	*x = ItemError{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -391,7 +475,7 @@ func (x *ItemError) String() string {
 func (*ItemError) ProtoMessage() {}
 
 func (x *ItemError) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -404,7 +488,7 @@ func (x *ItemError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
 func (*ItemError) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{2}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ItemError) GetIndex() uint32 {
@@ -439,7 +523,7 @@ type Domain struct {
 
 func (x *Domain) Reset() {
 	*x = Domain{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -451,7 +535,7 @@ func (x *Domain) String() string {
 func (*Domain) ProtoMessage() {}
 
 func (x *Domain) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -464,7 +548,7 @@ func (x *Domain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Domain.ProtoReflect.Descriptor instead.
 func (*Domain) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{3}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Domain) GetName() string {
@@ -495,7 +579,7 @@ type Rule struct {
 
 func (x *Rule) Reset() {
 	*x = Rule{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -507,7 +591,7 @@ func (x *Rule) String() string {
 func (*Rule) ProtoMessage() {}
 
 func (x *Rule) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -520,7 +604,7 @@ func (x *Rule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rule.ProtoReflect.Descriptor instead.
 func (*Rule) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{4}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Rule) GetName() string {
@@ -566,7 +650,7 @@ type RulesRequest struct {
 
 func (x *RulesRequest) Reset() {
 	*x = RulesRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +662,7 @@ func (x *RulesRequest) String() string {
 func (*RulesRequest) ProtoMessage() {}
 
 func (x *RulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +675,7 @@ func (x *RulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesRequest.ProtoReflect.Descriptor instead.
 func (*RulesRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{5}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{6}
 }
 
 type RingRequest struct {
@@ -602,7 +686,7 @@ type RingRequest struct {
 
 func (x *RingRequest) Reset() {
 	*x = RingRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +698,7 @@ func (x *RingRequest) String() string {
 func (*RingRequest) ProtoMessage() {}
 
 func (x *RingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +711,7 @@ func (x *RingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingRequest.ProtoReflect.Descriptor instead.
 func (*RingRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{6}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{7}
 }
 
 // RingResponse is one node's view of the ring.
@@ -649,7 +733,7 @@ type RingResponse struct {
 
 func (x *RingResponse) Reset() {
 	*x = RingResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +745,7 @@ func (x *RingResponse) String() string {
 func (*RingResponse) ProtoMessage() {}
 
 func (x *RingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +758,7 @@ func (x *RingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingResponse.ProtoReflect.Descriptor instead.
 func (*RingResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{7}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RingResponse) GetEpoch() uint64 {
@@ -725,7 +809,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +821,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +834,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{8}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Member) GetName() string {
@@ -801,7 +885,7 @@ type Placement struct {
 
 func (x *Placement) Reset() {
 	*x = Placement{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +897,7 @@ func (x *Placement) String() string {
 func (*Placement) ProtoMessage() {}
 
 func (x *Placement) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +910,7 @@ func (x *Placement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Placement.ProtoReflect.Descriptor instead.
 func (*Placement) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{9}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Placement) GetPartitionCount() uint32 {
@@ -858,7 +942,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +954,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +967,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{10}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{11}
 }
 
 type StatusResponse struct {
@@ -924,7 +1008,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1020,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1033,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{11}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1153,7 +1237,7 @@ type DomainStatus struct {
 
 func (x *DomainStatus) Reset() {
 	*x = DomainStatus{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1165,7 +1249,7 @@ func (x *DomainStatus) String() string {
 func (*DomainStatus) ProtoMessage() {}
 
 func (x *DomainStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1178,7 +1262,7 @@ func (x *DomainStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DomainStatus.ProtoReflect.Descriptor instead.
 func (*DomainStatus) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{12}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DomainStatus) GetName() string {
@@ -1218,7 +1302,7 @@ type RulesResponse struct {
 
 func (x *RulesResponse) Reset() {
 	*x = RulesResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1314,7 @@ func (x *RulesResponse) String() string {
 func (*RulesResponse) ProtoMessage() {}
 
 func (x *RulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1327,7 @@ func (x *RulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesResponse.ProtoReflect.Descriptor instead.
 func (*RulesResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{13}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RulesResponse) GetDomains() []*Domain {
@@ -1268,7 +1352,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1364,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1377,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{14}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AcquireRequest) GetNode() string {
@@ -1338,7 +1422,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1434,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1447,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{15}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AcquireResponse) GetNode() string {
@@ -1398,7 +1482,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1494,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1507,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{16}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReleaseRequest) GetNode() string {
@@ -1456,7 +1540,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1552,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1565,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{17}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReleaseResponse) GetDropped() []uint32 {
@@ -1502,7 +1586,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1598,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1611,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{18}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReplicateRequest) GetNode() string {
@@ -1559,7 +1643,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1655,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1668,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{19}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{20}
 }
 
 type FillRequest struct {
@@ -1598,7 +1682,7 @@ type FillRequest struct {
 
 func (x *FillRequest) Reset() {
 	*x = FillRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1694,7 @@ func (x *FillRequest) String() string {
 func (*FillRequest) ProtoMessage() {}
 
 func (x *FillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1707,7 @@ func (x *FillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FillRequest.ProtoReflect.Descriptor instead.
 func (*FillRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{20}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FillRequest) GetNode() string {
@@ -1655,7 +1739,7 @@ type FillResponse struct {
 
 func (x *FillResponse) Reset() {
 	*x = FillResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1751,7 @@ func (x *FillResponse) String() string {
 func (*FillResponse) ProtoMessage() {}
 
 func (x *FillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1764,7 @@ func (x *FillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FillResponse.ProtoReflect.Descriptor instead.
 func (*FillResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{21}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{22}
 }
 
 type HandbackRequest struct {
@@ -1698,7 +1782,7 @@ type HandbackRequest struct {
 
 func (x *HandbackRequest) Reset() {
 	*x = HandbackRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +1794,7 @@ func (x *HandbackRequest) String() string {
 func (*HandbackRequest) ProtoMessage() {}
 
 func (x *HandbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +1807,7 @@ func (x *HandbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandbackRequest.ProtoReflect.Descriptor instead.
 func (*HandbackRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{22}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HandbackRequest) GetNode() string {
@@ -1762,7 +1846,7 @@ type HandbackResponse struct {
 
 func (x *HandbackResponse) Reset() {
 	*x = HandbackResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1858,7 @@ func (x *HandbackResponse) String() string {
 func (*HandbackResponse) ProtoMessage() {}
 
 func (x *HandbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,14 +1871,14 @@ func (x *HandbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandbackResponse.ProtoReflect.Descriptor instead.
 func (*HandbackResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{23}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{24}
 }
 
 var File_freqring_v1_freqring_proto protoreflect.FileDescriptor
 
 const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
-	"\x1afreqring/v1/freqring.proto\x12\vfreqring.v1\"\x8a\x02\n" +
+	"\x1afreqring/v1/freqring.proto\x12\vfreqring.v1\"\xa7\x02\n" +
 	"\fCheckRequest\x12\x1e\n" +
 	"\n" +
 	"recipients\x18\x01 \x03(\tR\n" +
@@ -1807,7 +1891,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\vrequest_ids\x18\a \x03(\x06R\n" +
 	"requestIds\x12\x1d\n" +
 	"\n" +
-	"ring_epoch\x18\b \x01(\x04R\tringEpoch\"\xb3\x04\n" +
+	"ring_epoch\x18\b \x01(\x04R\tringEpoch\x12\x1b\n" +
+	"\tstream_id\x18\t \x01(\x04R\bstreamId\"\x83\x05\n" +
 	"\rCheckResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x03(\bR\badmitted\x12\x1a\n" +
 	"\brecorded\x18\x02 \x03(\bR\brecorded\x12\x1b\n" +
@@ -1826,10 +1911,15 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"ruleCounts\x12\x1e\n" +
 	"\n" +
 	"duplicates\x18\r \x03(\rR\n" +
-	"duplicates\x1aO\n" +
+	"duplicates\x12\x1b\n" +
+	"\tstream_id\x18\x0e \x01(\x04R\bstreamId\x121\n" +
+	"\x06failed\x18\x0f \x01(\v2\x19.freqring.v1.RequestErrorR\x06failed\x1aO\n" +
 	"\fDomainsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
-	"\x05value\x18\x02 \x01(\v2\x13.freqring.v1.DomainR\x05value:\x028\x01\"O\n" +
+	"\x05value\x18\x02 \x01(\v2\x13.freqring.v1.DomainR\x05value:\x028\x01\"<\n" +
+	"\fRequestError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"O\n" +
 	"\tItemError\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
@@ -1948,9 +2038,10 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x04Mode\x12\x19\n" +
 	"\x15MODE_CHECK_AND_RECORD\x10\x00\x12\r\n" +
 	"\tMODE_PEEK\x10\x01\x12\x14\n" +
-	"\x10MODE_RECORD_ONLY\x10\x022\xcd\x02\n" +
+	"\x10MODE_RECORD_ONLY\x10\x022\x97\x03\n" +
 	"\aLimiter\x12>\n" +
-	"\x05Check\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12>\n" +
+	"\x05Check\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12H\n" +
+	"\vCheckStream\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse(\x010\x01\x12>\n" +
 	"\x05Rules\x12\x19.freqring.v1.RulesRequest\x1a\x1a.freqring.v1.RulesResponse\x12;\n" +
 	"\x04Ring\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse\x12B\n" +
 	"\tWatchRing\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse0\x01\x12A\n" +
@@ -1976,73 +2067,77 @@ func file_freqring_v1_freqring_proto_rawDescGZIP() []byte {
 }
 
 var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_freqring_v1_freqring_proto_goTypes = []any{
 	(Mode)(0),                 // 0: freqring.v1.Mode
 	(*CheckRequest)(nil),      // 1: freqring.v1.CheckRequest
 	(*CheckResponse)(nil),     // 2: freqring.v1.CheckResponse
-	(*ItemError)(nil),         // 3: freqring.v1.ItemError
-	(*Domain)(nil),            // 4: freqring.v1.Domain
-	(*Rule)(nil),              // 5: freqring.v1.Rule
-	(*RulesRequest)(nil),      // 6: freqring.v1.RulesRequest
-	(*RingRequest)(nil),       // 7: freqring.v1.RingRequest
-	(*RingResponse)(nil),      // 8: freqring.v1.RingResponse
-	(*Member)(nil),            // 9: freqring.v1.Member
-	(*Placement)(nil),         // 10: freqring.v1.Placement
-	(*StatusRequest)(nil),     // 11: freqring.v1.StatusRequest
-	(*StatusResponse)(nil),    // 12: freqring.v1.StatusResponse
-	(*DomainStatus)(nil),      // 13: freqring.v1.DomainStatus
-	(*RulesResponse)(nil),     // 14: freqring.v1.RulesResponse
-	(*AcquireRequest)(nil),    // 15: freqring.v1.AcquireRequest
-	(*AcquireResponse)(nil),   // 16: freqring.v1.AcquireResponse
-	(*ReleaseRequest)(nil),    // 17: freqring.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),   // 18: freqring.v1.ReleaseResponse
-	(*ReplicateRequest)(nil),  // 19: freqring.v1.ReplicateRequest
-	(*ReplicateResponse)(nil), // 20: freqring.v1.ReplicateResponse
-	(*FillRequest)(nil),       // 21: freqring.v1.FillRequest
-	(*FillResponse)(nil),      // 22: freqring.v1.FillResponse
-	(*HandbackRequest)(nil),   // 23: freqring.v1.HandbackRequest
-	(*HandbackResponse)(nil),  // 24: freqring.v1.HandbackResponse
-	nil,                       // 25: freqring.v1.CheckResponse.DomainsEntry
+	(*RequestError)(nil),      // 3: freqring.v1.RequestError
+	(*ItemError)(nil),         // 4: freqring.v1.ItemError
+	(*Domain)(nil),            // 5: freqring.v1.Domain
+	(*Rule)(nil),              // 6: freqring.v1.Rule
+	(*RulesRequest)(nil),      // 7: freqring.v1.RulesRequest
+	(*RingRequest)(nil),       // 8: freqring.v1.RingRequest
+	(*RingResponse)(nil),      // 9: freqring.v1.RingResponse
+	(*Member)(nil),            // 10: freqring.v1.Member
+	(*Placement)(nil),         // 11: freqring.v1.Placement
+	(*StatusRequest)(nil),     // 12: freqring.v1.StatusRequest
+	(*StatusResponse)(nil),    // 13: freqring.v1.StatusResponse
+	(*DomainStatus)(nil),      // 14: freqring.v1.DomainStatus
+	(*RulesResponse)(nil),     // 15: freqring.v1.RulesResponse
+	(*AcquireRequest)(nil),    // 16: freqring.v1.AcquireRequest
+	(*AcquireResponse)(nil),   // 17: freqring.v1.AcquireResponse
+	(*ReleaseRequest)(nil),    // 18: freqring.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),   // 19: freqring.v1.ReleaseResponse
+	(*ReplicateRequest)(nil),  // 20: freqring.v1.ReplicateRequest
+	(*ReplicateResponse)(nil), // 21: freqring.v1.ReplicateResponse
+	(*FillRequest)(nil),       // 22: freqring.v1.FillRequest
+	(*FillResponse)(nil),      // 23: freqring.v1.FillResponse
+	(*HandbackRequest)(nil),   // 24: freqring.v1.HandbackRequest
+	(*HandbackResponse)(nil),  // 25: freqring.v1.HandbackResponse
+	nil,                       // 26: freqring.v1.CheckResponse.DomainsEntry
 }
 var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	0,  // 0: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
-	3,  // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	25, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
-	5,  // 3: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
-	9,  // 4: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
-	10, // 5: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
-	9,  // 6: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
-	13, // 7: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
-	4,  // 8: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
-	4,  // 9: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
-	1,  // 10: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
-	6,  // 11: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
-	7,  // 12: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
-	7,  // 13: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
-	11, // 14: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
-	1,  // 15: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
-	15, // 16: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
-	17, // 17: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
-	19, // 18: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
-	21, // 19: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
-	23, // 20: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
-	2,  // 21: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	14, // 22: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	8,  // 23: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
-	8,  // 24: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
-	12, // 25: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
-	2,  // 26: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
-	16, // 27: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
-	18, // 28: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
-	20, // 29: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
-	22, // 30: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
-	24, // 31: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
-	21, // [21:32] is the sub-list for method output_type
-	10, // [10:21] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	4,  // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
+	26, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	3,  // 3: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
+	6,  // 4: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
+	10, // 5: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
+	11, // 6: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
+	10, // 7: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
+	14, // 8: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
+	5,  // 9: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
+	5,  // 10: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
+	1,  // 11: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
+	1,  // 12: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
+	7,  // 13: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
+	8,  // 14: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
+	8,  // 15: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
+	12, // 16: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
+	1,  // 17: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
+	16, // 18: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
+	18, // 19: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
+	20, // 20: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
+	22, // 21: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
+	24, // 22: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
+	2,  // 23: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	2,  // 24: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
+	15, // 25: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	9,  // 26: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	9,  // 27: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	13, // 28: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	2,  // 29: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	17, // 30: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
+	19, // 31: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
+	21, // 32: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
+	23, // 33: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
+	25, // 34: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
+	23, // [23:35] is the sub-list for method output_type
+	11, // [11:23] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_freqring_v1_freqring_proto_init() }
@@ -2056,7 +2151,7 @@ func file_freqring_v1_freqring_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_freqring_v1_freqring_proto_rawDesc), len(file_freqring_v1_freqring_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -22,11 +22,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Limiter_Check_FullMethodName     = "/freqring.v1.Limiter/Check"
-	Limiter_Rules_FullMethodName     = "/freqring.v1.Limiter/Rules"
-	Limiter_Ring_FullMethodName      = "/freqring.v1.Limiter/Ring"
-	Limiter_WatchRing_FullMethodName = "/freqring.v1.Limiter/WatchRing"
-	Limiter_Status_FullMethodName    = "/freqring.v1.Limiter/Status"
+	Limiter_Check_FullMethodName       = "/freqring.v1.Limiter/Check"
+	Limiter_CheckStream_FullMethodName = "/freqring.v1.Limiter/CheckStream"
+	Limiter_Rules_FullMethodName       = "/freqring.v1.Limiter/Rules"
+	Limiter_Ring_FullMethodName        = "/freqring.v1.Limiter/Ring"
+	Limiter_WatchRing_FullMethodName   = "/freqring.v1.Limiter/WatchRing"
+	Limiter_Status_FullMethodName      = "/freqring.v1.Limiter/Status"
 )
 
 // LimiterClient is the client API for Limiter service.
@@ -43,6 +44,19 @@ type LimiterClient interface {
 	// another item) is reported in CheckResponse.errors, is not recorded, and
 	// does not stop the others.
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// CheckStream decides the requests a caller sends on one stream, each as
+	// Check would, and answers each as soon as it is decided, with the
+	// request's stream_id: the node decides a stream's requests concurrently
+	// (each may wait for its backup, the write-ahead log or a moving
+	// partition), so answers may come out of request order. A request that
+	// Check would fail whole gets a response with only stream_id and failed
+	// set; the stream goes on. The node reads no more requests from a stream
+	// while it decides MaxStreamRequests of them (64 by default), and ends
+	// its streams with UNAVAILABLE when it shuts down, after answering what
+	// it read. Bytes that are not a CheckRequest end the stream with
+	// INVALID_ARGUMENT, a request above the node's request size limit with
+	// RESOURCE_EXHAUSTED, as they fail a Check.
+	CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CheckRequest, CheckResponse], error)
 	// Rules lists the domains the node serves and their rules.
 	Rules(ctx context.Context, in *RulesRequest, opts ...grpc.CallOption) (*RulesResponse, error)
 	// Ring returns the node's view of the cluster: members, their addresses,
@@ -73,6 +87,19 @@ func (c *limiterClient) Check(ctx context.Context, in *CheckRequest, opts ...grp
 	return out, nil
 }
 
+func (c *limiterClient) CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CheckRequest, CheckResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Limiter_ServiceDesc.Streams[0], Limiter_CheckStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CheckRequest, CheckResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Limiter_CheckStreamClient = grpc.BidiStreamingClient[CheckRequest, CheckResponse]
+
 func (c *limiterClient) Rules(ctx context.Context, in *RulesRequest, opts ...grpc.CallOption) (*RulesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RulesResponse)
@@ -95,7 +122,7 @@ func (c *limiterClient) Ring(ctx context.Context, in *RingRequest, opts ...grpc.
 
 func (c *limiterClient) WatchRing(ctx context.Context, in *RingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RingResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Limiter_ServiceDesc.Streams[0], Limiter_WatchRing_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Limiter_ServiceDesc.Streams[1], Limiter_WatchRing_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +163,19 @@ type LimiterServer interface {
 	// another item) is reported in CheckResponse.errors, is not recorded, and
 	// does not stop the others.
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
+	// CheckStream decides the requests a caller sends on one stream, each as
+	// Check would, and answers each as soon as it is decided, with the
+	// request's stream_id: the node decides a stream's requests concurrently
+	// (each may wait for its backup, the write-ahead log or a moving
+	// partition), so answers may come out of request order. A request that
+	// Check would fail whole gets a response with only stream_id and failed
+	// set; the stream goes on. The node reads no more requests from a stream
+	// while it decides MaxStreamRequests of them (64 by default), and ends
+	// its streams with UNAVAILABLE when it shuts down, after answering what
+	// it read. Bytes that are not a CheckRequest end the stream with
+	// INVALID_ARGUMENT, a request above the node's request size limit with
+	// RESOURCE_EXHAUSTED, as they fail a Check.
+	CheckStream(grpc.BidiStreamingServer[CheckRequest, CheckResponse]) error
 	// Rules lists the domains the node serves and their rules.
 	Rules(context.Context, *RulesRequest) (*RulesResponse, error)
 	// Ring returns the node's view of the cluster: members, their addresses,
@@ -158,6 +198,9 @@ type UnimplementedLimiterServer struct{}
 
 func (UnimplementedLimiterServer) Check(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
+}
+func (UnimplementedLimiterServer) CheckStream(grpc.BidiStreamingServer[CheckRequest, CheckResponse]) error {
+	return status.Error(codes.Unimplemented, "method CheckStream not implemented")
 }
 func (UnimplementedLimiterServer) Rules(context.Context, *RulesRequest) (*RulesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Rules not implemented")
@@ -209,6 +252,13 @@ func _Limiter_Check_Handler(srv interface{}, ctx context.Context, dec func(inter
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Limiter_CheckStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LimiterServer).CheckStream(&grpc.GenericServerStream[CheckRequest, CheckResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Limiter_CheckStreamServer = grpc.BidiStreamingServer[CheckRequest, CheckResponse]
 
 func _Limiter_Rules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RulesRequest)
@@ -300,6 +350,12 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "CheckStream",
+			Handler:       _Limiter_CheckStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 		{
 			StreamName:    "WatchRing",
 			Handler:       _Limiter_WatchRing_Handler,

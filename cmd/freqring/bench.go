@@ -44,6 +44,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	svgPath := fs.String("svg", "", "write a chart (throughput and p99 over time, latency distribution) to this SVG file")
 	policy := fs.String("fail", "open", "freqring client failure policy: open or closed")
 	maxDelay := fs.Duration("max-delay", 0, "freqring client: how long single checks wait to share an RPC (0: the client's default, 200µs; negative: send at once)")
+	unary := fs.Bool("unary", false, "freqring client: send coalesced single checks (--batch 1) as unary Check RPCs instead of on a CheckStream per node (for comparison)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	tf := addTLSFlags(fs, false)
 	fs.Usage = func() {
@@ -123,7 +124,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				seeds = lc.Addrs()
 				fmt.Fprintf(stdout, "started a local cluster of %d nodes: %s\n", *startCluster, strings.Join(seeds, ", "))
 			}
-			t, err = bench.NewFreqringTarget(ctx, seeds, *domain, *templates, client.Config{FailurePolicy: fp, MaxDelay: *maxDelay, DialOptions: dial})
+			t, err = bench.NewFreqringTarget(ctx, seeds, *domain, *templates, client.Config{FailurePolicy: fp, MaxDelay: *maxDelay, UnaryChecks: *unary, DialOptions: dial})
 		case "redis", "redis-per-rule":
 			raddr := *redisAddr
 			if *startRedis {
