@@ -422,7 +422,10 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	}
 	var walErr error
 	if enc != nil {
-		walErr = n.appendWAL(ctx, enc, t)
+		// The sends are recorded in memory: they go to the WAL even if the
+		// caller has left (a deadline), or a crash would forget what the
+		// node counts now.
+		walErr = n.appendWAL(context.WithoutCancel(ctx), enc, t)
 	}
 	if replicated != nil {
 		<-replicated

@@ -351,3 +351,46 @@ func TestCheckBeforeOpenIsUnavailable(t *testing.T) {
 		t.Fatalf("Check after Close: %v, want Unavailable", err)
 	}
 }
+
+// canceledAfterAdmit is a context that its caller cancels once the node has
+// admitted the call: Err reports nothing the first time (admit's check) and
+// context.Canceled afterwards, as a client deadline that expires while the
+// batch is decided would.
+type canceledAfterAdmit struct {
+	context.Context
+	calls atomic.Int32
+}
+
+func (c *canceledAfterAdmit) Err() error {
+	if c.calls.Add(1) == 1 {
+		return nil
+	}
+	return context.Canceled
+}
+
+// TestDecidedSendsReachTheWALAfterTheCallerLeaves: a batch decided and
+// recorded in memory is written to the WAL even if its caller gives up
+// meanwhile. Before, the WAL append saw the canceled context and skipped the
+// record: the node counted the send in memory and forgot it at the next
+// crash.
+func TestDecidedSendsReachTheWALAfterTheCallerLeaves(t *testing.T) {
+	dir := t.TempDir()
+	clk := &testClock{}
+	clk.set(t0)
+	cfg := durableConfig(t, dir, clk)
+	a := openNode(t, cfg)
+	req := &pb.CheckRequest{Recipients: []string{"+8613800000001"}}
+	if _, err := a.Check(&canceledAfterAdmit{Context: context.Background()}, req); err != nil {
+		t.Fatalf("check whose caller left after admission: %v", err)
+	}
+	crash(t, a)
+	b := openNode(t, cfg)
+	defer b.Close()
+	resp, err := b.Check(context.Background(), &pb.CheckRequest{Recipients: req.Recipients, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Used[0] != 1 {
+		t.Fatalf("after a crash the send counts %d, want 1", resp.Used[0])
+	}
+}
