@@ -51,7 +51,7 @@ func TestMaxMemoryFlag(t *testing.T) {
 		{"0", 0, ""},
 		{"12GiB", 12 << 30, ""},
 		{"800MiB", 800 << 20, ""},
-		{"auto", 0, ""}, // no cgroup limit
+		{"auto", 0, ""}, // no cgroup limit and no /proc/meminfo
 		{"12GB", 0, `--max-memory "12GB": unit "GB"`},
 		{"lots", 0, `--max-memory "lots": unit "lots"`},
 		{"100MiB", 0, `--max-memory "100MiB": 104857600 bytes is below the least a node runs in, 128MiB`},
@@ -67,7 +67,16 @@ func TestMaxMemoryFlag(t *testing.T) {
 			t.Errorf("%q: %d, %v; want %d", tc.v, got, err, tc.want)
 		}
 	}
-	// auto takes 90% of the cgroup's limit.
+	// Without a cgroup limit, auto takes 90% of the machine's memory.
+	host := fstest.MapFS{"proc/meminfo": {Data: []byte("MemTotal:       24576000 kB\nMemFree:         1000 kB\n")}}
+	if got, from, err := maxMemory("auto", host); err != nil || got != 24576000*1024*9/10 || !strings.Contains(from, "machine's memory") {
+		t.Errorf("auto without a cgroup limit: %d (%s), %v; want 90%% of MemTotal", got, from, err)
+	}
+	// auto takes 90% of the cgroup's limit, before the machine's memory.
+	host["sys/fs/cgroup/memory.max"] = &fstest.MapFile{Data: []byte("2147483648\n")}
+	if got, _, err := maxMemory("auto", host); err != nil || got != 1932735283 {
+		t.Errorf("auto under a 2GiB cgroup on a bigger machine: %d, %v; want 90%% of the cgroup's", got, err)
+	}
 	v2 := fstest.MapFS{"sys/fs/cgroup/memory.max": {Data: []byte("2147483648\n")}}
 	if got, from, err := maxMemory("auto", v2); err != nil || got != 1932735283 || !strings.Contains(from, "/sys/fs/cgroup/memory.max") {
 		t.Errorf("auto under a 2GiB cgroup: %d (%s), %v; want 90%%", got, from, err)
