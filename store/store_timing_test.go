@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"testing"
@@ -83,7 +84,7 @@ func BenchmarkStoreCheck(b *testing.B) {
 	d, _ := window.NewDomain("default", window.DefaultRules())
 	now := t0 + 86_400_000
 	templates := steadyTemplates(b, d, 1000, now)
-	for _, n := range []int{10_000, 1_000_000, 10_000_000} {
+	for _, n := range withHundredMillion(10_000, 1_000_000, 10_000_000) {
 		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
 			st, ref := newTestStore(b, d, 0)
 			fillSteady(b, st, ref, n, templates)
@@ -118,7 +119,10 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 	for _, tc := range []struct {
 		n      int
 		unique bool // each record from its own sends; else copies of 1000 templates
-	}{{1_000_000, true}, {10_000_000, false}} {
+	}{{1_000_000, true}, {10_000_000, false}, {100_000_000, false}} {
+		if tc.n > 10_000_000 && len(withHundredMillion()) == 0 {
+			continue
+		}
 		b.Run(fmt.Sprintf("recipients=%d", tc.n), func(b *testing.B) {
 			for b.Loop() {
 				var templates [][]byte
@@ -184,7 +188,7 @@ func BenchmarkStoreBatch(b *testing.B) {
 	now := t0 + 86_400_000
 	templates := steadyTemplates(b, d, 1000, now)
 	const size = 100
-	for _, n := range []int{10_000, 1_000_000, 10_000_000} {
+	for _, n := range withHundredMillion(10_000, 1_000_000, 10_000_000) {
 		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
 			st, ref := newTestStore(b, d, 0)
 			fillSteady(b, st, ref, n, templates)
@@ -226,6 +230,18 @@ func BenchmarkStoreBatch(b *testing.B) {
 			b.ReportMetric(float64(apply)/float64(batch), "speedup")
 		})
 	}
+}
+
+// withHundredMillion returns ns, and 100,000,000 after them when the
+// environment sets FREQRING_BENCH_100M=1: that size needs about 15 GB of
+// memory and minutes to fill, so no benchmark run takes it by accident.
+//
+//	FREQRING_BENCH_100M=1 go test -run '^$' -bench 'StoreBatch/recipients=100000000' -benchtime 2000x ./store
+func withHundredMillion(ns ...int) []int {
+	if os.Getenv("FREQRING_BENCH_100M") == "1" {
+		ns = append(ns, 100_000_000)
+	}
+	return ns
 }
 
 // median returns the median of ds, which it sorts.
