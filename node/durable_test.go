@@ -394,3 +394,28 @@ func TestDecidedSendsReachTheWALAfterTheCallerLeaves(t *testing.T) {
 		t.Fatalf("after a crash the send counts %d, want 1", resp.Used[0])
 	}
 }
+
+func TestSnapshotDue(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+		walBytes int64
+		grown    int64
+		age      time.Duration
+		took     time.Duration
+		want     bool
+	}{
+		{"wal grew", time.Minute, 64 * mib, 64 * mib, time.Second, 50 * time.Millisecond, true},
+		{"interval passed", time.Minute, 64 * mib, 1, time.Minute, 50 * time.Millisecond, true},
+		{"interval passed, nothing new", time.Minute, 64 * mib, 0, time.Minute, 0, false},
+		{"neither", time.Minute, 64 * mib, mib, 30 * time.Second, 0, false},
+		{"wal grew, the last snapshot took 25 s", time.Minute, 64 * mib, 700 * mib, 3 * time.Minute, 25 * time.Second, false},
+		{"then ten times its duration passed", time.Minute, 64 * mib, 900 * mib, 250 * time.Second, 25 * time.Second, true},
+		{"disabled", -1, -1, 900 * mib, time.Hour, 0, false},
+	} {
+		if got := snapshotDue(tc.interval, tc.walBytes, tc.grown, tc.age, tc.took); got != tc.want {
+			t.Errorf("%s: snapshotDue = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

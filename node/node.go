@@ -71,7 +71,9 @@ type Config struct {
 	SnapshotInterval time.Duration
 	// SnapshotWALBytes takes a snapshot once the WAL has grown this much
 	// since the last one; 0 means 64 MiB, negative disables. With
-	// SnapshotInterval it bounds the WAL a restart replays.
+	// SnapshotInterval it bounds the WAL a restart replays. Neither starts a
+	// snapshot sooner than 10 times the last one's duration after it began,
+	// so that snapshots of a large store take at most a tenth of the time.
 	SnapshotWALBytes int64
 	// RetentionMargin is kept beyond the longest rule window before WAL
 	// segments are deleted; 0 means 10 minutes.
