@@ -77,6 +77,22 @@ func memTotal(root fs.FS) (int64, error) {
 	return 0, nil
 }
 
+// hugePageMode returns the kernel's transparent huge page mode (always,
+// madvise or never) from sys/kernel/mm/transparent_hugepage/enabled under
+// root, "" if it cannot tell. The Go heap gets huge pages only with always.
+func hugePageMode(root fs.FS) string {
+	b, err := fs.ReadFile(root, "sys/kernel/mm/transparent_hugepage/enabled")
+	if err != nil {
+		return ""
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if len(f) > 2 && f[0] == '[' && f[len(f)-1] == ']' {
+			return f[1 : len(f)-1]
+		}
+	}
+	return ""
+}
+
 // sizeUnits are the units parseSize takes: powers of 1024, spelled as
 // GOMEMLIMIT spells them or as Kubernetes quantities do.
 var sizeUnits = map[string]int64{

@@ -151,3 +151,19 @@ func TestCgroupMemoryLimit(t *testing.T) {
 		})
 	}
 }
+
+func TestHugePageMode(t *testing.T) {
+	for data, want := range map[string]string{
+		"always [madvise] never\n": "madvise",
+		"[always] madvise never\n": "always",
+		"always madvise never\n":   "",
+	} {
+		root := fstest.MapFS{"sys/kernel/mm/transparent_hugepage/enabled": {Data: []byte(data)}}
+		if got := hugePageMode(root); got != want {
+			t.Errorf("%q: %q, want %q", data, got, want)
+		}
+	}
+	if got := hugePageMode(fstest.MapFS{}); got != "" {
+		t.Errorf("no file: %q", got)
+	}
+}
