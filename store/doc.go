@@ -61,7 +61,11 @@
 // AppendImage writes a partition's records and ids (format in image.go);
 // MergeImage merges one in as a set union of sends (window.Domain.Merge),
 // checking the whole image before it changes anything. Snapshots are a
-// series of images; partition handoff will move them between nodes.
+// series of images, and partition handoff moves them between nodes. Image
+// version 2 holds records in window's format 2; version 1 (format 1) is
+// read, and written on request for peers of older releases. SplitImage
+// cuts an image into parts of bounded size whose union is the image, for
+// peer messages and WAL records.
 //
 // # Memory limit
 //
