@@ -28,14 +28,10 @@ func dirBytes(dir string) int64 {
 	return n
 }
 
-// BenchmarkRestart measures snapshot write and load at the seed's steady
-// state, and the restart of a node holding n recipients: a crash right after
-// a snapshot, so the restart loads it and replays an empty WAL tail.
-//
-//	go test -run '^$' -bench Restart -benchtime 1x ./node
-func BenchmarkRestart(b *testing.B) {
-	d, _ := window.NewDomain("default", window.DefaultRules())
-	now := t0 + 86_400_000
+// steadyTemplates returns 1000 distinct records of d at the seed's steady
+// state as of now (window.SteadyStateRecord), to copy into many recipients.
+func steadyTemplates(b *testing.B, d *window.Domain, now int64) [][]byte {
+	b.Helper()
 	rng := rand.New(rand.NewPCG(42, 1000))
 	var templates [][]byte
 	for range 1000 {
@@ -45,6 +41,18 @@ func BenchmarkRestart(b *testing.B) {
 		}
 		templates = append(templates, rec)
 	}
+	return templates
+}
+
+// BenchmarkRestart measures snapshot write and load at the seed's steady
+// state, and the restart of a node holding n recipients: a crash right after
+// a snapshot, so the restart loads it and replays an empty WAL tail.
+//
+//	go test -run '^$' -bench Restart -benchtime 1x ./node
+func BenchmarkRestart(b *testing.B) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	templates := steadyTemplates(b, d, now)
 	for _, n := range []int{1_000_000, 10_000_000} {
 		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
 			for b.Loop() {

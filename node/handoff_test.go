@@ -260,6 +260,19 @@ func testMembershipChangesUnderLoad(t *testing.T, inMemory bool) {
 	stop := make(chan struct{})
 	wg := runLoad(t, s, 64, population, stop, rec)
 	waitDecided(t, rec, 2000)
+	churn(t, c, rec, 2000, false)
+	close(stop)
+	wg.Wait()
+
+	wantExact(t, rs, s, rec, population)
+}
+
+// churn takes c, 3 nodes under load rec, through a join, a leave, a kill and
+// the restart of the killed node, waiting after each for the rings to
+// converge (and, with settle, for every partition to open) and for the load
+// to decide k more items.
+func churn(t *testing.T, c *nodetest.Cluster, rec *loadRecord, k int64, settle bool) {
+	t.Helper()
 	steps := []struct {
 		name string
 		do   func() error
@@ -286,12 +299,11 @@ func testMembershipChangesUnderLoad(t *testing.T, inMemory bool) {
 			t.Fatalf("%s: %v", st.name, err)
 		}
 		t.Logf("%s: rings converged on %d members in %v", st.name, st.size, time.Since(start))
-		waitDecided(t, rec, 2000)
+		if settle {
+			waitSettled(t, c)
+		}
+		waitDecided(t, rec, k)
 	}
-	close(stop)
-	wg.Wait()
-
-	wantExact(t, rs, s, rec, population)
 }
 
 // wantExact audits the load (auditLoad), logs the counts, and fails the test
@@ -679,33 +691,7 @@ func TestMovesInParts(t *testing.T) {
 	stop := make(chan struct{})
 	wg := runLoad(t, s, 16, population, stop, rec)
 	waitDecided(t, rec, 500)
-	steps := []struct {
-		name string
-		do   func() error
-		size int
-	}{
-		{"join", func() error { _, err := c.Add(context.Background()); return err }, 4},
-		{"leave", func() error { return c.Stop(c.Up()[1]) }, 3},
-		{"kill", func() error { return c.Kill(c.Up()[0]) }, 2},
-		{"restart", func() error {
-			for _, m := range c.Members() {
-				if m.Down() && m.Name == "node-0" {
-					return c.Restart(context.Background(), m)
-				}
-			}
-			return fmt.Errorf("node-0 is not down")
-		}, 3},
-	}
-	for _, st := range steps {
-		if err := st.do(); err != nil {
-			t.Fatalf("%s: %v", st.name, err)
-		}
-		if err := c.WaitConverged(context.Background(), st.size); err != nil {
-			t.Fatalf("%s: %v", st.name, err)
-		}
-		waitSettled(t, c)
-		waitDecided(t, rec, 500)
-	}
+	churn(t, c, rec, 500, true)
 	close(stop)
 	wg.Wait()
 	wantExact(t, rs, s, rec, population)

@@ -26,15 +26,8 @@ import (
 func BenchmarkMemoryOverhead(b *testing.B) {
 	d, _ := window.NewDomain("default", window.DefaultRules())
 	now := t0 + 86_400_000
-	rng := rand.New(rand.NewPCG(42, 1000))
-	var templates [][]byte
-	for range 1000 {
-		rec, err := window.SteadyStateRecord(d, rng, now)
-		if err != nil {
-			b.Fatal(err)
-		}
-		templates = append(templates, rec)
-	}
+	templates := steadyTemplates(b, d, now)
+	rng := rand.New(rand.NewPCG(42, 1001)) // recipients of the batches
 	for _, n := range []int{1_000_000, 3_000_000} {
 		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
 			for b.Loop() {

@@ -80,16 +80,7 @@ func (d *Domain) Build(s *Scratch, tag uint16, sends []Send) ([]byte, error) {
 			c.n++
 		}
 	}
-	d.prune(st, st.newest)
-	if len(st.recip) == 0 && len(st.clogs) == 0 {
-		return nil, nil
-	}
-	out := st.encode(s.out[:0])
-	s.out = out
-	if len(out) > MaxRecordBytes {
-		return nil, fmt.Errorf("%w: record would take %d bytes, more than %d", ErrFull, len(out), MaxRecordBytes)
-	}
-	return out, nil
+	return d.finish(s, st)
 }
 
 // findLog returns the index of the content log of fingerprint fp, or -1.

@@ -178,11 +178,9 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 		st.addContent(ci, fp, t, cost)
 	}
 	st.newest = t
-	d.prune(st, t)
-	out := st.encode(s.out[:0])
-	s.out = out
-	if len(out) > MaxRecordBytes {
-		return nil, fmt.Errorf("%w: record would take %d bytes, more than %d", ErrFull, len(out), MaxRecordBytes)
+	out, err := d.finish(s, st)
+	if err != nil {
+		return nil, err
 	}
 	dec.Recorded = true
 	for i, r := range d.rules {
@@ -275,6 +273,13 @@ func (d *Domain) Insert(s *Scratch, rec []byte, tag uint16, at int64, it Item) (
 		}
 	}
 	st.newest = max(st.newest, at)
+	return d.finish(s, st)
+}
+
+// finish prunes st at its newest send and returns its record, encoded in
+// s.out (valid until the next call with s), or nil when nothing is left. A
+// record over MaxRecordBytes fails with ErrFull.
+func (d *Domain) finish(s *Scratch, st *state) ([]byte, error) {
 	d.prune(st, st.newest)
 	if len(st.recip) == 0 && len(st.clogs) == 0 {
 		return nil, nil
@@ -435,16 +440,7 @@ func (d *Domain) Merge(s *Scratch, a, b []byte) ([]byte, error) {
 			}
 		}
 	}
-	d.prune(m, m.newest)
-	if len(m.recip) == 0 && len(m.clogs) == 0 {
-		return nil, nil
-	}
-	out := m.encode(s.out[:0])
-	s.out = out
-	if len(out) > MaxRecordBytes {
-		return nil, fmt.Errorf("%w: record would take %d bytes, more than %d", ErrFull, len(out), MaxRecordBytes)
-	}
-	return out, nil
+	return d.finish(s, m)
 }
 
 // unionLogs appends to dst the union of two ascending logs: each time as
