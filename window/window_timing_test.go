@@ -110,3 +110,34 @@ func BenchmarkBuildSteadyState(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkRecordBytes reports the mean record size, over 1,000 draws, of a
+// recipient at the seed's steady state and of one with 3 sends in the last
+// hour, each with its own content.
+//
+//	go test -run '^$' -bench RecordBytes -benchtime 1x ./window
+func BenchmarkRecordBytes(b *testing.B) {
+	d, _ := NewDomain("default", DefaultRules())
+	now := t0 + 86_400_000
+	for b.Loop() {
+		rng := rand.New(rand.NewPCG(1, 1))
+		var steady, three int
+		for range 1000 {
+			steady += len(steadyRecord(b, d, rng, now))
+			var s Scratch
+			var dec Decision
+			var rec []byte
+			start := now - 3_600_000 + rng.Int64N(1_800_000)
+			for i := range 3 {
+				out, err := d.Apply(&s, rec, 1, start+rng.Int64N(600_000)+int64(i)*600_000, Item{Content: uint64(i + 1)}, &dec)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rec = append(rec[:0], out...)
+			}
+			three += len(rec)
+		}
+		b.ReportMetric(float64(steady)/1000, "steady-B/record")
+		b.ReportMetric(float64(three)/1000, "3-sends-B/record")
+	}
+}
