@@ -50,7 +50,9 @@ func (n *Node) startCluster(ctx context.Context) error {
 	}
 	gc := *n.cfg.Cluster
 	gc.NodeName, gc.GRPCAddr, gc.Placement = n.cfg.Name, n.cfg.AdvertiseAddr, n.cfg.Placement
-	gc.Agreement = gossip.Agreement{Rules: n.cfg.Rules.Hash(), Protocol: ProtocolVersion, Version: Version()}
+	// Open holds reloadMu: a reload waits until the membership is stored,
+	// and then announces its rules to it.
+	gc.Agreement = n.agreement(n.view.Load().rules)
 	// Joining keeps this node out of every ring until it can decide.
 	gc.State = gossip.StateJoining
 	if gc.Logger == nil {

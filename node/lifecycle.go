@@ -23,6 +23,10 @@ func (n *Node) Open(ctx context.Context) error {
 		return errors.New("node: Open called twice")
 	}
 	n.opened = true
+	// A Reload waits until the node is open: recovery binds the rules in
+	// force, and startCluster publishes their hash.
+	n.reloadMu.Lock()
+	defer n.reloadMu.Unlock()
 	if n.cfg.DataDir != "" {
 		rs, err := n.recover(ctx)
 		if err != nil {

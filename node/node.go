@@ -277,6 +277,9 @@ type Node struct {
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
 	memLog                                      memoryLog
+
+	reloadMu                sync.Mutex // serialises Reload, and the agreement startCluster publishes with it
+	reloads, reloadFailures atomic.Int64
 }
 
 // view is a rule set bound to the node's store: what a Check reads, through
@@ -388,6 +391,7 @@ type Stats struct {
 	Checks, Admitted, Denied, Failed int64 // items decided here since start
 	ForwardedOut, ForwardedIn        int64 // items sent to their owners; items peers sent here
 	Snapshots                        int64 // snapshots written since start
+	Reloads, ReloadFailures          int64 // rules reloads since start: done (Reload), failed (refused, or ReloadFailed)
 	WAL                              wal.Stats
 	Gossip                           gossip.Stats // zero without Config.Cluster
 	Domains                          []DomainStats
@@ -415,6 +419,7 @@ type DomainStats struct {
 func (n *Node) Stats() Stats {
 	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(),
 		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load(),
+		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(),
 		Memory: n.store.Memory()}
 	if n.dur != nil {
 		s.WAL = n.dur.log.Stats()

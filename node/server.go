@@ -110,7 +110,7 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	srv, hs := n.NewGRPCServer(n.serverOptions()...)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
-	n.log.Info("listening", "addr", lis.Addr().String(), "tls", n.cfg.TLS != nil, "peer_mtls", n.cfg.PeerMTLS, "rules", n.cfg.Rules.Source(), "domains", n.cfg.Rules.Names(), "partitions", n.store.Partitions(), "data_dir", n.cfg.DataDir)
+	n.log.Info("listening", "addr", lis.Addr().String(), "tls", n.cfg.TLS != nil, "peer_mtls", n.cfg.PeerMTLS, "rules", n.view.Load().rules.Source(), "domains", n.view.Load().names, "partitions", n.store.Partitions(), "data_dir", n.cfg.DataDir)
 	if err := n.Open(ctx); err != nil {
 		srv.Stop()
 		<-errc

@@ -34,6 +34,7 @@ type Set struct {
 	domains map[string]*window.Domain
 	names   []string // sorted
 	hash    uint64   // see Hash
+	fileSum uint64   // checksum of the file's bytes, for Watch
 }
 
 // Source names where the rules came from.
@@ -115,7 +116,7 @@ func Parse(source string, data []byte) (*Set, error) {
 	if len(f.Domains) > MaxDomains {
 		return nil, fail(1, "%d domains, more than %d", len(f.Domains), MaxDomains)
 	}
-	rs := &Set{source: source, domains: make(map[string]*window.Domain, len(f.Domains))}
+	rs := &Set{source: source, domains: make(map[string]*window.Domain, len(f.Domains)), fileSum: checksum(data)}
 	for i, ds := range f.Domains {
 		dn := nodeAt(domainNodes, i)
 		if ds.Name == "" {

@@ -30,7 +30,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	configPath := fs.String("config", "", "YAML config file with the flags' names as keys, dashes as underscores (listen, rules, data_dir, ...); flags override it")
 	listen := fs.String("listen", "127.0.0.1:7070", "gRPC listen address")
-	rulesPath := fs.String("rules", "", "rules file (default: the embedded default rules)")
+	rulesPath := fs.String("rules", "", "rules file (default: the embedded default rules); reloaded when it changes and on SIGHUP (README, Changing the rules)")
+	rulesWatch := fs.Duration("rules-watch-interval", rules.DefaultWatchInterval, "how often to read the --rules file for changes (negative: only on SIGHUP)")
 	shards := fs.Int("shards", 0, "deprecated and ignored: the store has one lock per ring partition")
 	sweep := fs.Duration("sweep-interval", time.Minute, "how often idle records are reclaimed (negative disables)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -160,6 +161,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	var rulesWatcher sync.WaitGroup
+	rctx, cancelRules := context.WithCancel(ctx)
+	rulesWatcher.Go(func() { watchRules(rctx, *rulesPath, rs, *rulesWatch, n, logger) })
+	defer rulesWatcher.Wait()
+	defer cancelRules()
 	if keyring != nil {
 		var watcher sync.WaitGroup
 		wctx, cancel := context.WithCancel(ctx)

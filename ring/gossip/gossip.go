@@ -572,6 +572,28 @@ func (m *Membership) SetState(ctx context.Context, s State) error {
 	if !s.valid() {
 		return fmt.Errorf("gossip: state %d out of range [%d, %d]", s, StateJoining, StateLeaving)
 	}
+	return m.update(ctx, "state "+s.String(), func(md *meta) {
+		m.log.Info("gossip: state", "state", s, "prev", md.State)
+		md.State = s
+	})
+}
+
+// SetAgreement announces a new Agreement for the local node (after its
+// rules were reloaded), as SetState announces a state: the local metadata
+// and ring change at once, and it waits as SetState does. Placement stays.
+func (m *Membership) SetAgreement(ctx context.Context, a Agreement) error {
+	if len(a.Version) > maxVersion {
+		return fmt.Errorf("gossip: Agreement.Version is %d bytes, max %d", len(a.Version), maxVersion)
+	}
+	return m.update(ctx, "agreement", func(md *meta) {
+		m.log.Info("gossip: agreement", "rules", fmt.Sprintf("%016x", a.Rules), "prev_rules", fmt.Sprintf("%016x", md.Key.rules), "protocol", a.Protocol)
+		md.Key.rules, md.Key.protocol, md.Version = a.Rules, a.Protocol, a.Version
+	})
+}
+
+// update changes the local metadata with fn and announces it; what names
+// the change in errors.
+func (m *Membership) update(ctx context.Context, what string, fn func(*meta)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -584,12 +606,10 @@ func (m *Membership) SetState(ctx context.Context, s State) error {
 		return ErrLeft
 	}
 	m.metaMu.Lock()
-	prev := m.meta.State
-	m.meta.State = s
+	fn(&m.meta)
 	m.metaMu.Unlock()
-	m.log.Info("gossip: state", "state", s, "prev", prev)
 	if err := m.ml.UpdateNode(waitFor(ctx)); err != nil {
-		return fmt.Errorf("gossip: announce state %s: %w", s, err)
+		return fmt.Errorf("gossip: announce %s: %w", what, err)
 	}
 	return nil
 }
