@@ -485,6 +485,7 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 		ForwardedOut: s.ForwardedOut, ForwardedIn: s.ForwardedIn, StartedUnixMs: n.started.UnixMilli(),
 		GossipBadPackets: s.Gossip.BadPackets,
 		MemoryRefusals:   s.Memory.Refused, StoreBytes: s.Memory.HeldBytes, StoreLimitBytes: s.Memory.MaxBytes,
+		RulesReloads: s.Reloads, RulesReloadFailures: s.ReloadFailures,
 	}
 	if r := n.Ring(); r != nil {
 		resp.RingEpoch = r.Epoch()

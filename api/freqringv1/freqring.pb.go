@@ -999,11 +999,13 @@ type StatusResponse struct {
 	// Items refused since start because the node is at its memory limit
 	// (--max-memory): each failed with RESOURCE_EXHAUSTED, for a recipient
 	// the node held no record of.
-	MemoryRefusals  int64 `protobuf:"varint,25,opt,name=memory_refusals,json=memoryRefusals,proto3" json:"memory_refusals,omitempty"`
-	StoreBytes      int64 `protobuf:"varint,26,opt,name=store_bytes,json=storeBytes,proto3" json:"store_bytes,omitempty"`                  // heap the store holds, all domains
-	StoreLimitBytes int64 `protobuf:"varint,27,opt,name=store_limit_bytes,json=storeLimitBytes,proto3" json:"store_limit_bytes,omitempty"` // the store's limit, from --max-memory; 0 means none
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	MemoryRefusals      int64 `protobuf:"varint,25,opt,name=memory_refusals,json=memoryRefusals,proto3" json:"memory_refusals,omitempty"`
+	StoreBytes          int64 `protobuf:"varint,26,opt,name=store_bytes,json=storeBytes,proto3" json:"store_bytes,omitempty"`                              // heap the store holds, all domains
+	StoreLimitBytes     int64 `protobuf:"varint,27,opt,name=store_limit_bytes,json=storeLimitBytes,proto3" json:"store_limit_bytes,omitempty"`             // the store's limit, from --max-memory; 0 means none
+	RulesReloads        int64 `protobuf:"varint,28,opt,name=rules_reloads,json=rulesReloads,proto3" json:"rules_reloads,omitempty"`                        // rules reloads done since start (file changes, SIGHUP)
+	RulesReloadFailures int64 `protobuf:"varint,29,opt,name=rules_reload_failures,json=rulesReloadFailures,proto3" json:"rules_reload_failures,omitempty"` // reloads refused since start: a bad file, or one dropping a domain with records
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1221,6 +1223,20 @@ func (x *StatusResponse) GetStoreBytes() int64 {
 func (x *StatusResponse) GetStoreLimitBytes() int64 {
 	if x != nil {
 		return x.StoreLimitBytes
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetRulesReloads() int64 {
+	if x != nil {
+		return x.RulesReloads
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetRulesReloadFailures() int64 {
+	if x != nil {
+		return x.RulesReloadFailures
 	}
 	return 0
 }
@@ -1951,7 +1967,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
 	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
-	"\rStatusRequest\"\xf7\a\n" +
+	"\rStatusRequest\"\xd0\b\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
@@ -1982,7 +1998,9 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x0fmemory_refusals\x18\x19 \x01(\x03R\x0ememoryRefusals\x12\x1f\n" +
 	"\vstore_bytes\x18\x1a \x01(\x03R\n" +
 	"storeBytes\x12*\n" +
-	"\x11store_limit_bytes\x18\x1b \x01(\x03R\x0fstoreLimitBytes\"{\n" +
+	"\x11store_limit_bytes\x18\x1b \x01(\x03R\x0fstoreLimitBytes\x12#\n" +
+	"\rrules_reloads\x18\x1c \x01(\x03R\frulesReloads\x122\n" +
+	"\x15rules_reload_failures\x18\x1d \x01(\x03R\x13rulesReloadFailures\"{\n" +
 	"\fDomainStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/rules"
 )
 
@@ -135,4 +140,61 @@ func TestConfigFile(t *testing.T) {
 			t.Errorf("%q: %v, want an error containing %q", body, err, want)
 		}
 	}
+}
+
+// TestServeReloadsTheRulesFile: serve re-reads --rules when the file
+// changes, and keeps its rules, counting a failed reload, when it is bad.
+func TestServeReloadsTheRulesFile(t *testing.T) {
+	addr := freePort(t)
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	write := func(limit string) {
+		y := "domains:\n  - name: default\n    rules:\n      - {name: r, scope: recipient, limit: " + limit + ", window: 1h}\n"
+		if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("1")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := runCmd(ctx, "serve", "--listen", addr, "--rules", path, "--rules-watch-interval", "20ms", "--log-level", "error")
+		done <- code
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+	}()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	lc := pb.NewLimiterClient(conn)
+	// waitFor polls the node until ok holds of its rules and status.
+	waitFor := func(what string, ok func(*pb.RulesResponse, *pb.StatusResponse) bool) {
+		t.Helper()
+		var last string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			cctx, ccancel := context.WithTimeout(context.Background(), time.Second)
+			rr, err1 := lc.Rules(cctx, &pb.RulesRequest{}, grpc.WaitForReady(true))
+			st, err2 := lc.Status(cctx, &pb.StatusRequest{})
+			ccancel()
+			if err1 == nil && err2 == nil && ok(rr, st) {
+				return
+			}
+			last = fmt.Sprint(rr, st, err1, err2)
+		}
+		t.Fatalf("not %s within 10 s: %s", what, last)
+	}
+	limit := func(rr *pb.RulesResponse) uint32 { return rr.Domains[0].Rules[0].Limit }
+	waitFor("serving limit 1", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return st.Serving && limit(rr) == 1 })
+	write("5")
+	waitFor("limit 5", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return limit(rr) == 5 && st.RulesReloads == 1 })
+	write("-1")
+	waitFor("a failed reload", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return st.RulesReloadFailures == 1 })
+	waitFor("still limit 5", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return limit(rr) == 5 && st.RulesReloads == 1 })
+	write("7")
+	waitFor("limit 7", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return limit(rr) == 7 && st.RulesReloads == 2 })
 }

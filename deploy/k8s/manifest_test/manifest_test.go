@@ -515,6 +515,9 @@ func TestRules(t *testing.T) {
 		if ci < 0 {
 			t.Fatalf("volume %s names ConfigMap %s, which the kustomization does not make (a generated name must be rewritten by kustomize)", v.Name, v.ConfigMap.Name)
 		}
+		if name := d.objs.configMaps[ci].Name; name != "freqring-rules" {
+			t.Errorf("the rules ConfigMap is named %s: a name with a content hash rolls every pod on a rules edit; nodes reload the mounted file in place (disableNameSuffixHash)", name)
+		}
 		var ok bool
 		if data, ok = d.objs.configMaps[ci].Data[key]; !ok {
 			t.Fatalf("--rules=%s is key %q of ConfigMap %s, which has keys %v", rulesPath, key, v.ConfigMap.Name, keys(d.objs.configMaps[ci].Data))
