@@ -357,6 +357,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		x := &b.items[i]
 		resp.DeniedBy[j] = -1
 		ierr := x.err
+		dup := false
 		if ierr == nil && noMajority {
 			ierr = &itemError{codes.Unavailable, fmt.Sprintf("node %s sees %d members, not a majority of the cluster: it decides nothing until the cluster heals; retry", n.cfg.Name, r.Len())}
 		}
@@ -370,6 +371,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 					b.moved = append(b.moved, i)
 				}
 			} else if dec = &sb.Dec; sb.Dup {
+				dup = true
 				resp.Duplicates = append(resp.Duplicates, uint32(j))
 				if rs != nil {
 					// The first answer may have failed because the backup did
@@ -394,6 +396,9 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 			continue
 		}
 		resp.Domains[x.dv.d.Name()] = x.dv.proto
+		if !dup {
+			n.countUsage(now, x, dec)
+		}
 		if dec.Admitted {
 			admitted++
 		} else {

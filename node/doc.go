@@ -61,6 +61,7 @@
 //	removed.go    history of domains the rules lack: refuse, or drop when told
 //	memlimit.go   the memory limit: the store's budget, refusals at it
 //	walrec.go     the WAL payload of one Check
+//	usage.go      usage statistics: what decide counts, the Usage RPC, the DATA_DIR/usage file
 //	server.go     the gRPC services, health, reflection, Serve
 //	security.go   TLS on the listener; the Peer service kept to verified peers
 //

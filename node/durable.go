@@ -73,6 +73,7 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 		}
 	}()
 	now := n.nowMs()
+	n.loadUsage(dir)
 	var ss *snapshotState
 	snaps, err := listSnapshots(dir)
 	if err != nil {
@@ -244,6 +245,9 @@ func (n *Node) snapshot() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	start := time.Now()
+	if err := n.saveUsage(d.dir); err != nil {
+		n.log.Error("usage statistics not saved: a crash before the next snapshot loses those since the last one", "err", err)
+	}
 	// Every send appended before the rotation is in a segment before from,
 	// and in the records the snapshot copies; later ones carry higher shard
 	// sequence numbers than the snapshot saves, or are in it already.

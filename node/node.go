@@ -21,6 +21,7 @@ import (
 	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/store"
+	"github.com/freqring/freqring/usage"
 	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
 )
@@ -158,6 +159,13 @@ type Config struct {
 	// certificate verified against TLS.ClientCAs. It needs TLS with
 	// ClientAuth at least tls.VerifyClientCertIfGiven.
 	PeerMTLS bool
+	// StatsZone is the time zone whose calendar days usage statistics are
+	// kept in besides UTC's (see package usage); nil or UTC means UTC only.
+	StatsZone *time.Location
+	// StatsDays is how many calendar days of usage statistics each zone
+	// keeps, today included; 0 means 35. Older days are dropped whole.
+	StatsDays int
+
 	// PeerName, with PeerMTLS, is a DNS name the Peer service also wants in
 	// the client certificate (its SANs), so that a client whose certificate
 	// the same CA signed is not taken for a peer; "" means any verified
@@ -236,6 +244,9 @@ func (c *Config) validate() error {
 	if c.IdempotencyCapacity < 0 {
 		return fmt.Errorf("node: IdempotencyCapacity %d is negative", c.IdempotencyCapacity)
 	}
+	if c.StatsDays < 0 || c.StatsDays > usage.MaxDays {
+		return fmt.Errorf("node: StatsDays %d out of range [1, %d]; 0 means %d", c.StatsDays, usage.MaxDays, usage.DefaultDays)
+	}
 	if c.MaxMemory != 0 && c.MaxMemory < MinMaxMemory {
 		return fmt.Errorf("node: MaxMemory %d bytes is below %d (128 MiB); 0 means no limit", c.MaxMemory, MinMaxMemory)
 	}
@@ -277,8 +288,11 @@ type Node struct {
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
 	memLog                                      memoryLog
+	// usage counts decided items per day and domain (usage.go); saved in
+	// DataDir at each snapshot and on Close.
+	usage *usage.Tracker
 
-	reloadMu                sync.Mutex // serialises Reload, and the agreement startCluster publishes with it
+	reloadMu                sync.Mutex // serialises Reload; Open holds it
 	reloads, reloadFailures atomic.Int64
 }
 
@@ -296,9 +310,10 @@ type view struct {
 
 // domainView is one domain's rules, records and API description.
 type domainView struct {
-	d     *window.Domain
-	ref   store.Ref
-	proto *pb.Domain // shared by every response; never modified
+	d         *window.Domain
+	ref       store.Ref
+	proto     *pb.Domain // shared by every response; never modified
+	ruleNames []string   // rule names in domain order, for usage statistics
 }
 
 // New returns a node serving cfg.Rules.
@@ -312,8 +327,12 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	tr, err := usage.New(usage.Config{Zone: cfg.StatsZone, Days: cfg.StatsDays})
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), store: st, peers: cfg.Peers, started: time.Now(),
-		stopping: make(chan struct{})}
+		stopping: make(chan struct{}), usage: tr}
 	if n.peers == nil {
 		n.peers = GRPCPeers()
 	}
@@ -330,7 +349,11 @@ func (n *Node) bind(rs *rules.Set) *view {
 	v := &view{rules: rs, domains: map[string]*domainView{}, names: rs.Names(), maxContent: n.cfg.Limits.MaxContentBytes}
 	for _, name := range v.names {
 		d := rs.Domain(name)
-		v.domains[name] = &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d)}
+		dv := &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d)}
+		for _, r := range d.Rules() {
+			dv.ruleNames = append(dv.ruleNames, r.Name)
+		}
+		v.domains[name] = dv
 		v.longest = max(v.longest, d.Longest())
 	}
 	return v

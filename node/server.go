@@ -47,6 +47,10 @@ func (s limiterServer) Status(ctx context.Context, req *pb.StatusRequest) (*pb.S
 	return s.n.Status(ctx, req)
 }
 
+func (s limiterServer) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.UsageResponse, error) {
+	return s.n.Usage(ctx, req)
+}
+
 // peerServer adapts a Node to the Peer service.
 type peerServer struct {
 	pb.UnimplementedPeerServer

@@ -77,6 +77,56 @@ func (Mode) EnumDescriptor() ([]byte, []int) {
 	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{0}
 }
 
+// UsageZone chooses the calendar of the days Usage reports.
+type UsageZone int32
+
+const (
+	// Days in UTC.
+	UsageZone_USAGE_ZONE_UTC UsageZone = 0
+	// Days in the node's configured zone (serve --stats-timezone); UTC when
+	// it has none.
+	UsageZone_USAGE_ZONE_CONFIGURED UsageZone = 1
+)
+
+// Enum value maps for UsageZone.
+var (
+	UsageZone_name = map[int32]string{
+		0: "USAGE_ZONE_UTC",
+		1: "USAGE_ZONE_CONFIGURED",
+	}
+	UsageZone_value = map[string]int32{
+		"USAGE_ZONE_UTC":        0,
+		"USAGE_ZONE_CONFIGURED": 1,
+	}
+)
+
+func (x UsageZone) Enum() *UsageZone {
+	p := new(UsageZone)
+	*p = x
+	return p
+}
+
+func (x UsageZone) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UsageZone) Descriptor() protoreflect.EnumDescriptor {
+	return file_freqring_v1_freqring_proto_enumTypes[1].Descriptor()
+}
+
+func (UsageZone) Type() protoreflect.EnumType {
+	return &file_freqring_v1_freqring_proto_enumTypes[1]
+}
+
+func (x UsageZone) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UsageZone.Descriptor instead.
+func (UsageZone) EnumDescriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{1}
+}
+
 // CheckRequest is a batch of items in columns, which encode far cheaper
 // than one sub-message per item. Item i is recipients[i] with the i-th entry
 // of every other per-item column. A per-item column holds no entries (every
@@ -1890,6 +1940,316 @@ func (*HandbackResponse) Descriptor() ([]byte, []int) {
 	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{24}
 }
 
+type UsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Calendar days to report, ending with the node's today in the zone; 0
+	// means 1, at most the days the node keeps (UsageResponse.retention_days).
+	Days uint32 `protobuf:"varint,1,opt,name=days,proto3" json:"days,omitempty"`
+	// Only this domain; "" means every domain.
+	Domain        string    `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
+	Zone          UsageZone `protobuf:"varint,3,opt,name=zone,proto3,enum=freqring.v1.UsageZone" json:"zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRequest) Reset() {
+	*x = UsageRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRequest) ProtoMessage() {}
+
+func (x *UsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
+func (*UsageRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *UsageRequest) GetDays() uint32 {
+	if x != nil {
+		return x.Days
+	}
+	return 0
+}
+
+func (x *UsageRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *UsageRequest) GetZone() UsageZone {
+	if x != nil {
+		return x.Zone
+	}
+	return UsageZone_USAGE_ZONE_UTC
+}
+
+type UsageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// IANA name of the zone the dates are days of ("UTC" for UTC).
+	Zone string `protobuf:"bytes,2,opt,name=zone,proto3" json:"zone,omitempty"`
+	// Per day and domain with items counted, ordered by date then domain.
+	Days []*UsageDay `protobuf:"bytes,3,rep,name=days,proto3" json:"days,omitempty"`
+	// Relative standard error of the distinct-recipient estimates (0.0081).
+	DistinctStdError float64 `protobuf:"fixed64,4,opt,name=distinct_std_error,json=distinctStdError,proto3" json:"distinct_std_error,omitempty"`
+	// Calendar days the node keeps; older days are dropped whole.
+	RetentionDays uint32 `protobuf:"varint,5,opt,name=retention_days,json=retentionDays,proto3" json:"retention_days,omitempty"`
+	// The node's clock when it answered, unix milliseconds.
+	NowMs         int64 `protobuf:"varint,6,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageResponse) Reset() {
+	*x = UsageResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageResponse) ProtoMessage() {}
+
+func (x *UsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
+func (*UsageResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *UsageResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *UsageResponse) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *UsageResponse) GetDays() []*UsageDay {
+	if x != nil {
+		return x.Days
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetDistinctStdError() float64 {
+	if x != nil {
+		return x.DistinctStdError
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetRetentionDays() uint32 {
+	if x != nil {
+		return x.RetentionDays
+	}
+	return 0
+}
+
+func (x *UsageResponse) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
+// UsageDay is one domain's statistics on one day, on the answering node.
+type UsageDay struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Date     string                 `protobuf:"bytes,1,opt,name=date,proto3" json:"date,omitempty"` // YYYY-MM-DD in the response's zone
+	Domain   string                 `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
+	Admitted int64                  `protobuf:"varint,3,opt,name=admitted,proto3" json:"admitted,omitempty"` // items admitted (check-and-record and record-only)
+	Denied   int64                  `protobuf:"varint,4,opt,name=denied,proto3" json:"denied,omitempty"`     // items denied
+	// Per rule that counted something, by rule name.
+	Rules []*UsageRule `protobuf:"bytes,5,rep,name=rules,proto3" json:"rules,omitempty"`
+	// The HyperLogLog sketch of the distinct recipients (package usage's
+	// sketch encoding): merge the sketches of several nodes for a cluster's
+	// count.
+	RecipientsSketch []byte `protobuf:"bytes,6,opt,name=recipients_sketch,json=recipientsSketch,proto3" json:"recipients_sketch,omitempty"`
+	// This node's estimate of the distinct recipients, from the sketch.
+	DistinctRecipients float64 `protobuf:"fixed64,7,opt,name=distinct_recipients,json=distinctRecipients,proto3" json:"distinct_recipients,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *UsageDay) Reset() {
+	*x = UsageDay{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageDay) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageDay) ProtoMessage() {}
+
+func (x *UsageDay) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageDay.ProtoReflect.Descriptor instead.
+func (*UsageDay) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *UsageDay) GetDate() string {
+	if x != nil {
+		return x.Date
+	}
+	return ""
+}
+
+func (x *UsageDay) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *UsageDay) GetAdmitted() int64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return 0
+}
+
+func (x *UsageDay) GetDenied() int64 {
+	if x != nil {
+		return x.Denied
+	}
+	return 0
+}
+
+func (x *UsageDay) GetRules() []*UsageRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+func (x *UsageDay) GetRecipientsSketch() []byte {
+	if x != nil {
+		return x.RecipientsSketch
+	}
+	return nil
+}
+
+func (x *UsageDay) GetDistinctRecipients() float64 {
+	if x != nil {
+		return x.DistinctRecipients
+	}
+	return 0
+}
+
+type UsageRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Denied        int64                  `protobuf:"varint,2,opt,name=denied,proto3" json:"denied,omitempty"`                        // items this rule denied (denied_by)
+	WouldDeny     int64                  `protobuf:"varint,3,opt,name=would_deny,json=wouldDeny,proto3" json:"would_deny,omitempty"` // items this shadow rule would have denied
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRule) Reset() {
+	*x = UsageRule{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRule) ProtoMessage() {}
+
+func (x *UsageRule) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRule.ProtoReflect.Descriptor instead.
+func (*UsageRule) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *UsageRule) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UsageRule) GetDenied() int64 {
+	if x != nil {
+		return x.Denied
+	}
+	return 0
+}
+
+func (x *UsageRule) GetWouldDeny() int64 {
+	if x != nil {
+		return x.WouldDeny
+	}
+	return 0
+}
+
 var File_freqring_v1_freqring_proto protoreflect.FileDescriptor
 
 const file_freqring_v1_freqring_proto_rawDesc = "" +
@@ -2052,18 +2412,46 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"partitions\x18\x03 \x03(\rR\n" +
 	"partitions\x12 \n" +
 	"\vgenerations\x18\x04 \x03(\x06R\vgenerations\"\x12\n" +
-	"\x10HandbackResponse*F\n" +
+	"\x10HandbackResponse\"f\n" +
+	"\fUsageRequest\x12\x12\n" +
+	"\x04days\x18\x01 \x01(\rR\x04days\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12*\n" +
+	"\x04zone\x18\x03 \x01(\x0e2\x16.freqring.v1.UsageZoneR\x04zone\"\xce\x01\n" +
+	"\rUsageResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04zone\x18\x02 \x01(\tR\x04zone\x12)\n" +
+	"\x04days\x18\x03 \x03(\v2\x15.freqring.v1.UsageDayR\x04days\x12,\n" +
+	"\x12distinct_std_error\x18\x04 \x01(\x01R\x10distinctStdError\x12%\n" +
+	"\x0eretention_days\x18\x05 \x01(\rR\rretentionDays\x12\x15\n" +
+	"\x06now_ms\x18\x06 \x01(\x03R\x05nowMs\"\xf6\x01\n" +
+	"\bUsageDay\x12\x12\n" +
+	"\x04date\x18\x01 \x01(\tR\x04date\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1a\n" +
+	"\badmitted\x18\x03 \x01(\x03R\badmitted\x12\x16\n" +
+	"\x06denied\x18\x04 \x01(\x03R\x06denied\x12,\n" +
+	"\x05rules\x18\x05 \x03(\v2\x16.freqring.v1.UsageRuleR\x05rules\x12+\n" +
+	"\x11recipients_sketch\x18\x06 \x01(\fR\x10recipientsSketch\x12/\n" +
+	"\x13distinct_recipients\x18\a \x01(\x01R\x12distinctRecipients\"V\n" +
+	"\tUsageRule\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06denied\x18\x02 \x01(\x03R\x06denied\x12\x1d\n" +
+	"\n" +
+	"would_deny\x18\x03 \x01(\x03R\twouldDeny*F\n" +
 	"\x04Mode\x12\x19\n" +
 	"\x15MODE_CHECK_AND_RECORD\x10\x00\x12\r\n" +
 	"\tMODE_PEEK\x10\x01\x12\x14\n" +
-	"\x10MODE_RECORD_ONLY\x10\x022\x97\x03\n" +
+	"\x10MODE_RECORD_ONLY\x10\x02*:\n" +
+	"\tUsageZone\x12\x12\n" +
+	"\x0eUSAGE_ZONE_UTC\x10\x00\x12\x19\n" +
+	"\x15USAGE_ZONE_CONFIGURED\x10\x012\xd7\x03\n" +
 	"\aLimiter\x12>\n" +
 	"\x05Check\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12H\n" +
 	"\vCheckStream\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse(\x010\x01\x12>\n" +
 	"\x05Rules\x12\x19.freqring.v1.RulesRequest\x1a\x1a.freqring.v1.RulesResponse\x12;\n" +
 	"\x04Ring\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse\x12B\n" +
 	"\tWatchRing\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse0\x01\x12A\n" +
-	"\x06Status\x12\x1a.freqring.v1.StatusRequest\x1a\x1b.freqring.v1.StatusResponse2\xa6\x03\n" +
+	"\x06Status\x12\x1a.freqring.v1.StatusRequest\x1a\x1b.freqring.v1.StatusResponse\x12>\n" +
+	"\x05Usage\x12\x19.freqring.v1.UsageRequest\x1a\x1a.freqring.v1.UsageResponse2\xa6\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12D\n" +
 	"\aAcquire\x12\x1b.freqring.v1.AcquireRequest\x1a\x1c.freqring.v1.AcquireResponse\x12D\n" +
@@ -2084,78 +2472,88 @@ func file_freqring_v1_freqring_proto_rawDescGZIP() []byte {
 	return file_freqring_v1_freqring_proto_rawDescData
 }
 
-var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_freqring_v1_freqring_proto_goTypes = []any{
 	(Mode)(0),                 // 0: freqring.v1.Mode
-	(*CheckRequest)(nil),      // 1: freqring.v1.CheckRequest
-	(*CheckResponse)(nil),     // 2: freqring.v1.CheckResponse
-	(*RequestError)(nil),      // 3: freqring.v1.RequestError
-	(*ItemError)(nil),         // 4: freqring.v1.ItemError
-	(*Domain)(nil),            // 5: freqring.v1.Domain
-	(*Rule)(nil),              // 6: freqring.v1.Rule
-	(*RulesRequest)(nil),      // 7: freqring.v1.RulesRequest
-	(*RingRequest)(nil),       // 8: freqring.v1.RingRequest
-	(*RingResponse)(nil),      // 9: freqring.v1.RingResponse
-	(*Member)(nil),            // 10: freqring.v1.Member
-	(*Placement)(nil),         // 11: freqring.v1.Placement
-	(*StatusRequest)(nil),     // 12: freqring.v1.StatusRequest
-	(*StatusResponse)(nil),    // 13: freqring.v1.StatusResponse
-	(*DomainStatus)(nil),      // 14: freqring.v1.DomainStatus
-	(*RulesResponse)(nil),     // 15: freqring.v1.RulesResponse
-	(*AcquireRequest)(nil),    // 16: freqring.v1.AcquireRequest
-	(*AcquireResponse)(nil),   // 17: freqring.v1.AcquireResponse
-	(*ReleaseRequest)(nil),    // 18: freqring.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),   // 19: freqring.v1.ReleaseResponse
-	(*ReplicateRequest)(nil),  // 20: freqring.v1.ReplicateRequest
-	(*ReplicateResponse)(nil), // 21: freqring.v1.ReplicateResponse
-	(*FillRequest)(nil),       // 22: freqring.v1.FillRequest
-	(*FillResponse)(nil),      // 23: freqring.v1.FillResponse
-	(*HandbackRequest)(nil),   // 24: freqring.v1.HandbackRequest
-	(*HandbackResponse)(nil),  // 25: freqring.v1.HandbackResponse
-	nil,                       // 26: freqring.v1.CheckResponse.DomainsEntry
+	(UsageZone)(0),            // 1: freqring.v1.UsageZone
+	(*CheckRequest)(nil),      // 2: freqring.v1.CheckRequest
+	(*CheckResponse)(nil),     // 3: freqring.v1.CheckResponse
+	(*RequestError)(nil),      // 4: freqring.v1.RequestError
+	(*ItemError)(nil),         // 5: freqring.v1.ItemError
+	(*Domain)(nil),            // 6: freqring.v1.Domain
+	(*Rule)(nil),              // 7: freqring.v1.Rule
+	(*RulesRequest)(nil),      // 8: freqring.v1.RulesRequest
+	(*RingRequest)(nil),       // 9: freqring.v1.RingRequest
+	(*RingResponse)(nil),      // 10: freqring.v1.RingResponse
+	(*Member)(nil),            // 11: freqring.v1.Member
+	(*Placement)(nil),         // 12: freqring.v1.Placement
+	(*StatusRequest)(nil),     // 13: freqring.v1.StatusRequest
+	(*StatusResponse)(nil),    // 14: freqring.v1.StatusResponse
+	(*DomainStatus)(nil),      // 15: freqring.v1.DomainStatus
+	(*RulesResponse)(nil),     // 16: freqring.v1.RulesResponse
+	(*AcquireRequest)(nil),    // 17: freqring.v1.AcquireRequest
+	(*AcquireResponse)(nil),   // 18: freqring.v1.AcquireResponse
+	(*ReleaseRequest)(nil),    // 19: freqring.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),   // 20: freqring.v1.ReleaseResponse
+	(*ReplicateRequest)(nil),  // 21: freqring.v1.ReplicateRequest
+	(*ReplicateResponse)(nil), // 22: freqring.v1.ReplicateResponse
+	(*FillRequest)(nil),       // 23: freqring.v1.FillRequest
+	(*FillResponse)(nil),      // 24: freqring.v1.FillResponse
+	(*HandbackRequest)(nil),   // 25: freqring.v1.HandbackRequest
+	(*HandbackResponse)(nil),  // 26: freqring.v1.HandbackResponse
+	(*UsageRequest)(nil),      // 27: freqring.v1.UsageRequest
+	(*UsageResponse)(nil),     // 28: freqring.v1.UsageResponse
+	(*UsageDay)(nil),          // 29: freqring.v1.UsageDay
+	(*UsageRule)(nil),         // 30: freqring.v1.UsageRule
+	nil,                       // 31: freqring.v1.CheckResponse.DomainsEntry
 }
 var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	0,  // 0: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
-	4,  // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	26, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
-	3,  // 3: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
-	6,  // 4: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
-	10, // 5: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
-	11, // 6: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
-	10, // 7: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
-	14, // 8: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
-	5,  // 9: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
-	5,  // 10: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
-	1,  // 11: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
-	1,  // 12: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
-	7,  // 13: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
-	8,  // 14: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
-	8,  // 15: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
-	12, // 16: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
-	1,  // 17: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
-	16, // 18: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
-	18, // 19: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
-	20, // 20: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
-	22, // 21: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
-	24, // 22: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
-	2,  // 23: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	2,  // 24: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
-	15, // 25: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	9,  // 26: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
-	9,  // 27: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
-	13, // 28: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
-	2,  // 29: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
-	17, // 30: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
-	19, // 31: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
-	21, // 32: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
-	23, // 33: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
-	25, // 34: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
-	23, // [23:35] is the sub-list for method output_type
-	11, // [11:23] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	5,  // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
+	31, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	4,  // 3: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
+	7,  // 4: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
+	11, // 5: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
+	12, // 6: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
+	11, // 7: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
+	15, // 8: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
+	6,  // 9: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
+	1,  // 10: freqring.v1.UsageRequest.zone:type_name -> freqring.v1.UsageZone
+	29, // 11: freqring.v1.UsageResponse.days:type_name -> freqring.v1.UsageDay
+	30, // 12: freqring.v1.UsageDay.rules:type_name -> freqring.v1.UsageRule
+	6,  // 13: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
+	2,  // 14: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
+	2,  // 15: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
+	8,  // 16: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
+	9,  // 17: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
+	9,  // 18: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
+	13, // 19: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
+	27, // 20: freqring.v1.Limiter.Usage:input_type -> freqring.v1.UsageRequest
+	2,  // 21: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
+	17, // 22: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
+	19, // 23: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
+	21, // 24: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
+	23, // 25: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
+	25, // 26: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
+	3,  // 27: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	3,  // 28: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
+	16, // 29: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	10, // 30: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	10, // 31: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	14, // 32: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	28, // 33: freqring.v1.Limiter.Usage:output_type -> freqring.v1.UsageResponse
+	3,  // 34: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	18, // 35: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
+	20, // 36: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
+	22, // 37: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
+	24, // 38: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
+	26, // 39: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
+	27, // [27:40] is the sub-list for method output_type
+	14, // [14:27] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_freqring_v1_freqring_proto_init() }
@@ -2168,8 +2566,8 @@ func file_freqring_v1_freqring_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_freqring_v1_freqring_proto_rawDesc), len(file_freqring_v1_freqring_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   26,
+			NumEnums:      2,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

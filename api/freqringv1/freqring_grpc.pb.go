@@ -28,6 +28,7 @@ const (
 	Limiter_Ring_FullMethodName        = "/freqring.v1.Limiter/Ring"
 	Limiter_WatchRing_FullMethodName   = "/freqring.v1.Limiter/WatchRing"
 	Limiter_Status_FullMethodName      = "/freqring.v1.Limiter/Status"
+	Limiter_Usage_FullMethodName       = "/freqring.v1.Limiter/Usage"
 )
 
 // LimiterClient is the client API for Limiter service.
@@ -67,6 +68,16 @@ type LimiterClient interface {
 	WatchRing(ctx context.Context, in *RingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RingResponse], error)
 	// Status reports the node's own counters and store sizes.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Usage reports the node's usage statistics: per calendar day and
+	// domain, the items it decided (admitted; denied, in total and per
+	// denying rule; would-deny per shadow rule) and a sketch of their
+	// distinct recipients. Each item is counted once, by the node that
+	// decided it (its owner), never by a node that forwarded it; peeks and
+	// duplicates answered from request ids are not counted. A cluster's
+	// statistics are the sum over its members (counters added, sketches
+	// merged), as `freqring stats` does. A bad request (days out of range)
+	// fails with INVALID_ARGUMENT naming the field.
+	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
 }
 
 type limiterClient struct {
@@ -149,6 +160,16 @@ func (c *limiterClient) Status(ctx context.Context, in *StatusRequest, opts ...g
 	return out, nil
 }
 
+func (c *limiterClient) Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UsageResponse)
+	err := c.cc.Invoke(ctx, Limiter_Usage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LimiterServer is the server API for Limiter service.
 // All implementations must embed UnimplementedLimiterServer
 // for forward compatibility.
@@ -186,6 +207,16 @@ type LimiterServer interface {
 	WatchRing(*RingRequest, grpc.ServerStreamingServer[RingResponse]) error
 	// Status reports the node's own counters and store sizes.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Usage reports the node's usage statistics: per calendar day and
+	// domain, the items it decided (admitted; denied, in total and per
+	// denying rule; would-deny per shadow rule) and a sketch of their
+	// distinct recipients. Each item is counted once, by the node that
+	// decided it (its owner), never by a node that forwarded it; peeks and
+	// duplicates answered from request ids are not counted. A cluster's
+	// statistics are the sum over its members (counters added, sketches
+	// merged), as `freqring stats` does. A bad request (days out of range)
+	// fails with INVALID_ARGUMENT naming the field.
+	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
 	mustEmbedUnimplementedLimiterServer()
 }
 
@@ -213,6 +244,9 @@ func (UnimplementedLimiterServer) WatchRing(*RingRequest, grpc.ServerStreamingSe
 }
 func (UnimplementedLimiterServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedLimiterServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
 }
 func (UnimplementedLimiterServer) mustEmbedUnimplementedLimiterServer() {}
 func (UnimplementedLimiterServer) testEmbeddedByValue()                 {}
@@ -325,6 +359,24 @@ func _Limiter_Status_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Limiter_Usage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).Usage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_Usage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).Usage(ctx, req.(*UsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Limiter_ServiceDesc is the grpc.ServiceDesc for Limiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -347,6 +399,10 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Limiter_Status_Handler,
+		},
+		{
+			MethodName: "Usage",
+			Handler:    _Limiter_Usage_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

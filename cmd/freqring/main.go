@@ -3,6 +3,7 @@
 //	freqring serve [flags]                 run a node
 //	freqring check [flags] RECIPIENT...    ask a node whether messages may go out
 //	freqring status [flags]                show the ring and each member
+//	freqring stats [flags]                 usage statistics per day and domain, summed over the cluster
 //	freqring cluster [flags]               run a local cluster in one process
 //	freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
 //	freqring synth [flags]                 write a data directory of N recipients at steady state
@@ -20,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	_ "time/tzdata" // --stats-timezone loads zones in an image without /usr/share/zoneinfo (FROM scratch)
 )
 
 const usage = `freqring: exact sliding-window frequency limits for message recipients.
@@ -28,6 +30,7 @@ Usage:
   freqring serve [flags]                 run a node
   freqring check [flags] RECIPIENT...    ask a node whether messages may go out
   freqring status [flags]                show the ring and each member
+  freqring stats [flags]                 usage statistics per day and domain, summed over the cluster
   freqring cluster [flags]               run a local cluster in one process
   freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
   freqring synth [flags]                 write a data directory of N recipients at steady state
@@ -59,6 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = rulesCmd(args[1:], stdout, stderr)
 	case "status":
 		err = status(ctx, args[1:], stdout, stderr)
+	case "stats":
+		err = stats(ctx, args[1:], stdout, stderr)
 	case "cluster":
 		err = cluster(ctx, args[1:], stdout, stderr)
 	case "bench":

@@ -23,6 +23,7 @@ import (
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/rules"
+	statsusage "github.com/freqring/freqring/usage"
 	"github.com/freqring/freqring/wal"
 )
 
@@ -62,6 +63,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&lim.IdleTimeout, "idle-timeout", 15*time.Minute, "close a connection with no call for this long (negative: never)")
 	fs.DurationVar(&lim.PingInterval, "ping-interval", time.Minute, "ping a connection silent for this long, and close it if the ping is not answered within --ping-timeout")
 	fs.DurationVar(&lim.PingTimeout, "ping-timeout", 20*time.Second, "see --ping-interval")
+	statsZone := fs.String("stats-timezone", "", "IANA time zone (e.g. Asia/Shanghai) whose calendar days usage statistics are kept in besides UTC's (default: UTC only)")
+	statsDays := fs.Int("stats-days", statsusage.DefaultDays, "calendar days of usage statistics kept per zone, today included; older days are dropped whole")
 	fs.IntVar(&lim.MaxWatchers, "max-watchers", 4096, "concurrent ring watches (one per client); more fail with RESOURCE_EXHAUSTED")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring serve [flags]\n\nRuns a node until SIGINT or SIGTERM, then finishes in-flight calls and exits.\n\n")
@@ -140,6 +143,15 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Name: *name, AdvertiseAddr: *advertise, MaxMemory: budget,
 	}
 	nc.DropRemovedDomains = *dropRemoved
+	if *statsDays < 1 || *statsDays > statsusage.MaxDays {
+		return usagef("--stats-days %d out of range [1, %d]", *statsDays, statsusage.MaxDays)
+	}
+	nc.StatsDays = *statsDays
+	if *statsZone != "" {
+		if nc.StatsZone, err = time.LoadLocation(*statsZone); err != nil {
+			return usagef("--stats-timezone %q: %v", *statsZone, err)
+		}
+	}
 	if *gossipBind != "" || len(seeds) > 0 {
 		gc, err := gossipConfig(*gossipBind, *gossipAdv, seeds, *rejoin)
 		if err != nil {
