@@ -293,8 +293,10 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 				if f := printOf(it, true).mismatch(e.idPrint); f != "" {
 					return 0, false, fmt.Errorf("%w: request id %d was first used for an item of other %s", ErrIDReused, id, f)
 				}
+				// The counts as of now: a peek of cost 1, since a record-only
+				// send may cost more than a limit, which a peek refuses.
 				peek := it
-				peek.Mode = window.Peek
+				peek.Mode, peek.Cost = window.Peek, 1
 				if _, err := r.rules.Apply(ws, rec, tag, now, peek, dec); err != nil {
 					return 0, false, err
 				}

@@ -178,3 +178,23 @@ func TestClosedPartition(t *testing.T) {
 		t.Fatalf("reopened: used %d (%v), want 2: the send applied and the one recorded", dec.Rules[0].Used, err)
 	}
 }
+
+// TestDuplicateOfACostlyRecordOnlySend: a retry of a record-only send whose
+// cost exceeds a limit is answered as the duplicate it is, not refused for
+// its cost (which only a check or a peek may not exceed).
+func TestDuplicateOfACostlyRecordOnlySend(t *testing.T) {
+	d, err := window.NewDomain("fast", []window.Rule{{Name: "c-1-1s", Scope: window.ScopeRecipient, Limit: 1, Window: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ref := newTestStore(t, d, 4)
+	key, tag := keyOf("+1")
+	it := window.Item{Cost: 2, Mode: window.RecordOnly}
+	var dec window.Decision
+	if _, dup, err := apply(st, ref, key, tag, t0, it, 42, &dec); err != nil || dup || !dec.Recorded {
+		t.Fatalf("first: dup %v, err %v, %+v", dup, err, dec)
+	}
+	if _, dup, err := apply(st, ref, key, tag, t0+10, it, 42, &dec); err != nil || !dup || !dec.Recorded || dec.At != t0 || dec.Rules[0].Used != 1 {
+		t.Fatalf("retry: dup %v, err %v, %+v; want the first decision, used 1 (saturated at the limit)", dup, err, dec)
+	}
+}
