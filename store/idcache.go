@@ -51,10 +51,12 @@ func (c *idCache) account() {
 	c.acct = want
 }
 
-// idEntry is a remembered id: when its item was decided, and what it was.
+// idEntry is a remembered id: when its item was decided, what it was, and
+// whether its send was refunded (taken back by Refund or Unrecord).
 type idEntry struct {
 	at int64 // decision time, unix ms
 	idPrint
+	refunded bool
 }
 
 // idPrint is what an id's item was. A zero field is unknown and matches
@@ -125,8 +127,21 @@ func (c *idCache) get(k uint64, now, horizon int64) (idEntry, bool) {
 // put remembers k as decided at at, for an item of print p.
 func (c *idCache) put(k uint64, at int64, p idPrint, now, horizon int64, capacity int) {
 	c.rotate(now, horizon, capacity)
-	c.cur[k] = idEntry{at, p}
+	c.cur[k] = idEntry{at: at, idPrint: p}
 	c.account()
+}
+
+// markRefunded notes that k's send was refunded; it reports whether k is
+// remembered.
+func (c *idCache) markRefunded(k uint64) bool {
+	for _, m := range []map[uint64]idEntry{c.cur, c.prev} {
+		if e, ok := m[k]; ok {
+			e.refunded = true
+			m[k] = e
+			return true
+		}
+	}
+	return false
 }
 
 func (c *idCache) len() int { return len(c.cur) + len(c.prev) }

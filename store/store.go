@@ -483,6 +483,14 @@ func (sp *space) put(key uint64, pos int, rec []byte, collision bool) error {
 	return nil
 }
 
+// drop removes the record at index position pos.
+func (sp *space) drop(pos int) {
+	r := sp.index.ref(pos)
+	sp.slabs[r.class()].release(r.slot())
+	sp.index.remove(pos)
+	sp.records--
+}
+
 // Sweep reclaims, in partition p, the records of domain r whose newest send
 // is at or before cutoff (unix ms), visiting at most budget index entries
 // from position from. It returns the position to continue from, or -1 when
@@ -511,9 +519,7 @@ func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next in
 			pos++
 			continue
 		}
-		sp.slabs[ref.class()].release(ref.slot())
-		t.remove(pos) // a later entry may move into pos: look at it again
-		sp.records--
+		sp.drop(pos) // a later entry may move into pos: look at it again
 		sp.expired++
 		reclaimed++
 	}

@@ -1,0 +1,114 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/freqring/freqring/window"
+)
+
+// ErrRefundUnknown reports a refund whose request id names no send the
+// store remembers for the recipient: never recorded with that id, or
+// recorded longer ago than the id horizon (Config.IDHorizon).
+var ErrRefundUnknown = errors.New("store: no recorded send with this request id")
+
+// Refund takes back the send that request id recorded for the recipient with
+// key hash key and tag in domain r, in partition p (open), so that it no
+// longer counts (window.Domain.Remove). it carries the send's content: a
+// content the id's send is known not to have fails with ErrIDReused; its cost
+// is the send's when the store knows it, else it.Cost. A refund is done once:
+// a refund of an id refunded before changes nothing and returns again. A
+// refund gets seq, its partition's next sequence number, as a recorded send
+// does, so that it reaches the WAL and the backup in order; at and cost are
+// those of the send taken back (for the WAL). An id the store does not
+// remember fails with ErrRefundUnknown.
+func (s *Store) Refund(p int, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64) (seq uint64, at int64, cost int, again bool, err error) {
+	key = storedKey(key)
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if pt.closed {
+		return 0, 0, 0, false, fmt.Errorf("%w: partition %d", ErrClosed, p)
+	}
+	sp := pt.space(r.id, false)
+	var e idEntry
+	ok := false
+	if sp != nil && id != 0 {
+		e, ok = sp.ids.get(idKey(id, key), now, s.idHorizon)
+	}
+	if !ok {
+		return 0, 0, 0, false, fmt.Errorf("%w: request id %d, within the last %d ms", ErrRefundUnknown, id, s.idHorizon)
+	}
+	if e.refunded {
+		return 0, e.at, 0, true, nil
+	}
+	want := printOf(it, false)
+	want.cost = 0 // the refund's cost is the send's
+	if f := want.mismatch(e.idPrint); f != "" {
+		return 0, 0, 0, false, fmt.Errorf("%w: request id %d recorded a send of other %s than the refund's", ErrIDReused, id, f)
+	}
+	if e.cost != 0 {
+		it.Cost = int(e.cost)
+	}
+	if err := s.unrecord(pt, sp, r, key, tag, e.at, it); err != nil {
+		return 0, 0, 0, false, err
+	}
+	sp.ids.markRefunded(idKey(id, key))
+	pt.seq++
+	return pt.seq, e.at, max(it.Cost, 1), false, nil
+}
+
+// Unrecord takes back a send recorded at time at (unix ms), as Refund does,
+// in partition p whether open or closed: a node replays a refund from its WAL
+// this way, and a backup applies its owner's. A nonzero seq raises the
+// partition's sequence number to seq if it is below (replay); seq 0 numbers
+// the refund with the partition's next sequence number (a backup), which it
+// returns. A refund of a remembered id that was refunded already changes
+// nothing.
+func (s *Store) Unrecord(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, id, seq uint64, now int64) (uint64, error) {
+	key = storedKey(key)
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if seq == 0 {
+		pt.seq++
+		seq = pt.seq
+	} else {
+		pt.seq = max(pt.seq, seq)
+	}
+	sp := pt.space(r.id, false)
+	if sp == nil {
+		return seq, nil
+	}
+	if id != 0 {
+		if e, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok && e.refunded {
+			return seq, nil
+		}
+	}
+	if err := s.unrecord(pt, sp, r, key, tag, at, it); err != nil {
+		return seq, err
+	}
+	if id != 0 {
+		sp.ids.markRefunded(idKey(id, key))
+	}
+	return seq, nil
+}
+
+// unrecord removes the send at at from the recipient's record in sp, with
+// the partition's lock held.
+func (s *Store) unrecord(pt *partition, sp *space, r Ref, key uint64, tag uint16, at int64, it window.Item) error {
+	pos, rec, other := sp.lookup(key, tag)
+	if pos < 0 {
+		return nil // nothing left to take back: the record expired
+	}
+	out, removed, emptied, err := r.rules.Remove(&pt.scratch, rec, tag, at, it)
+	switch {
+	case err != nil:
+		return err
+	case emptied:
+		sp.drop(pos)
+	case removed > 0:
+		return sp.put(key, pos, out, other)
+	}
+	return nil
+}

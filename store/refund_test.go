@@ -1,0 +1,100 @@
+package store
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/freqring/freqring/window"
+)
+
+// TestRefundFreesExactlyOneSend: a refund takes back one recorded send, a
+// repeated refund frees nothing, and refunds of unknown ids or of another
+// content fail and change nothing.
+func TestRefundFreesExactlyOneSend(t *testing.T) {
+	d, err := window.NewDomain("d", []window.Rule{
+		{Name: "r-5-1h", Scope: window.ScopeRecipient, Limit: 5, Window: time.Hour},
+		{Name: "c-3-1h", Scope: window.ScopeContent, Limit: 3, Window: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := New(Config{Partitions: 4, IDHorizon: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	key, tag := keyOf("+1")
+	p := st.PartitionOf(storedKey(key))
+	send := func(now int64, content, id uint64) window.Decision {
+		t.Helper()
+		var dec window.Decision
+		if _, _, err := st.Apply(p, ref, key, tag, now, window.Item{Content: content}, id, &dec); err != nil {
+			t.Fatal(err)
+		}
+		return dec
+	}
+	used := func(now int64, content uint64) (int, int) {
+		var dec window.Decision
+		if _, _, err := st.Apply(p, ref, key, tag, now, window.Item{Content: content, Mode: window.Peek}, 0, &dec); err != nil {
+			t.Fatal(err)
+		}
+		return dec.Rules[0].Used, dec.Rules[1].Used
+	}
+	send(t0, 7, 1)
+	send(t0, 7, 2) // the same ms and content: a refund of id 2 takes back one of the two
+	send(t0+5, 8, 3)
+	// Logs below their capacity (5 and 3): a refund is exact (see
+	// window.Domain.Remove for full logs).
+	seq0 := st.Seq(p)
+	seq, at, cost, again, err := st.Refund(p, ref, key, tag, t0+10, window.Item{Content: 7}, 2)
+	if err != nil || again || at != t0 || cost != 1 || seq != seq0+1 {
+		t.Fatalf("refund: seq %d at %d cost %d again %v err %v", seq, at, cost, again, err)
+	}
+	if r, c := used(t0+11, 7); r != 2 || c != 1 {
+		t.Fatalf("after the refund: used %d, content %d; want 2, 1", r, c)
+	}
+	if _, _, _, again, err := st.Refund(p, ref, key, tag, t0+12, window.Item{Content: 7}, 2); err != nil || !again {
+		t.Fatalf("a second refund: again %v, err %v; want again", again, err)
+	}
+	if r, c := used(t0+13, 7); r != 2 || c != 1 {
+		t.Fatalf("after a second refund: used %d, content %d; want still 2, 1", r, c)
+	}
+	if _, _, _, _, err := st.Refund(p, ref, key, tag, t0+14, window.Item{Content: 7}, 99); !errors.Is(err, ErrRefundUnknown) {
+		t.Fatalf("refund of an unknown id: %v", err)
+	}
+	if _, _, _, _, err := st.Refund(p, ref, key, tag, t0+14, window.Item{Content: 8}, 1); !errors.Is(err, ErrIDReused) {
+		t.Fatalf("refund with another content: %v", err)
+	}
+	if _, _, _, _, err := st.Refund(p, ref, key, tag, t0+5+time.Minute.Milliseconds(), window.Item{Content: 8}, 3); !errors.Is(err, ErrRefundUnknown) {
+		t.Fatalf("refund past the id horizon: %v", err)
+	}
+	if r, c := used(t0+15, 7); r != 2 || c != 1 {
+		t.Fatalf("after failed refunds: used %d, content %d; want still 2, 1", r, c)
+	}
+
+	// Replay: the same sends and the refund give the same counts.
+	st2, _ := New(Config{Partitions: 4, IDHorizon: time.Minute})
+	ref2 := st2.Bind(d)
+	for i, s := range []struct {
+		at      int64
+		content uint64
+	}{{t0, 7}, {t0, 7}, {t0 + 5, 8}} {
+		if err := st2.Insert(p, ref2, key, tag, s.at, window.Item{Content: s.content}, uint64(i+1), uint64(i+1), t0+20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st2.Unrecord(p, ref2, key, tag, t0, window.Item{Content: 7, Cost: 1}, 2, 4, t0+20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st2.Unrecord(p, ref2, key, tag, t0, window.Item{Content: 7, Cost: 1}, 2, 4, t0+20); err != nil { // replayed twice
+		t.Fatal(err)
+	}
+	var dec window.Decision
+	if _, _, err := st2.Apply(p, ref2, key, tag, t0+21, window.Item{Content: 7, Mode: window.Peek}, 0, &dec); err != nil {
+		t.Fatal(err)
+	}
+	if dec.Rules[0].Used != 2 || dec.Rules[1].Used != 1 || st2.Seq(p) != 4 {
+		t.Fatalf("replayed: used %d, content %d, seq %d; want 2, 1, 4", dec.Rules[0].Used, dec.Rules[1].Used, st2.Seq(p))
+	}
+}
