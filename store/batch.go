@@ -17,11 +17,15 @@ type BatchItem struct {
 	Tag  uint16 // recipient's verifier tag
 	Item window.Item
 	ID   uint64 // request id, 0 for none
+	// Refund makes the item a Refund of the send ID recorded instead of an
+	// Apply: Dec, Seq and Err are Refund's, Dup its again, Cost its cost.
+	Refund bool
 
-	Dec window.Decision // as Apply fills dec
-	Seq uint64          // as Apply returns seq
-	Dup bool            // as Apply returns dup
-	Err error           // as Apply returns err
+	Dec  window.Decision // as Apply fills dec
+	Seq  uint64          // as Apply returns seq
+	Dup  bool            // as Apply returns dup
+	Err  error           // as Apply returns err
+	Cost int             // a refund's cost
 }
 
 // batchAhead is how many partition groups ahead of the one being decided
@@ -111,6 +115,10 @@ func (s *Store) ApplyBatch(now int64, items []BatchItem) {
 		pt := &s.parts[gr.part]
 		for _, o := range order[gr.start:gr.end] {
 			x := &items[uint32(o)]
+			if x.Refund {
+				x.Seq, x.Cost, x.Dup, x.Err = s.refund(pt, gr.part, &sc.ws, x.Ref, x.Key, x.Tag, now, x.Item, x.ID, &x.Dec)
+				continue
+			}
 			x.Seq, x.Dup, x.Err = s.apply(pt, gr.part, &sc.ws, x.Ref, x.Key, x.Tag, now, x.Item, x.ID, &x.Dec)
 		}
 		pt.mu.Unlock()

@@ -19,16 +19,23 @@ var ErrRefundUnknown = errors.New("store: no recorded send with this request id"
 // is the send's when the store knows it, else it.Cost. A refund is done once:
 // a refund of an id refunded before changes nothing and returns again. A
 // refund gets seq, its partition's next sequence number, as a recorded send
-// does, so that it reaches the WAL and the backup in order; at and cost are
-// those of the send taken back (for the WAL). An id the store does not
-// remember fails with ErrRefundUnknown.
-func (s *Store) Refund(p int, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64) (seq uint64, at int64, cost int, again bool, err error) {
-	key = storedKey(key)
+// does, so that it reaches the WAL and the backup in order; cost is that of
+// the send taken back. dec is filled as a peek of the recipient at now after
+// the refund, with At the refunded send's time (for the WAL), Admitted set and
+// Recorded not. An id the store does not remember fails with
+// ErrRefundUnknown.
+func (s *Store) Refund(p int, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (seq uint64, cost int, again bool, err error) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	return s.refund(pt, p, &pt.scratch, r, key, tag, now, it, id, dec)
+}
+
+// refund is Refund with partition p's lock held; pt is &s.parts[p].
+func (s *Store) refund(pt *partition, p int, ws *window.Scratch, r Ref, key uint64, tag uint16, now int64, it window.Item, id uint64, dec *window.Decision) (seq uint64, cost int, again bool, err error) {
+	key = storedKey(key)
 	if pt.closed {
-		return 0, 0, 0, false, fmt.Errorf("%w: partition %d", ErrClosed, p)
+		return 0, 0, false, fmt.Errorf("%w: partition %d", ErrClosed, p)
 	}
 	sp := pt.space(r.id, false)
 	var e idEntry
@@ -37,25 +44,34 @@ func (s *Store) Refund(p int, r Ref, key uint64, tag uint16, now int64, it windo
 		e, ok = sp.ids.get(idKey(id, key), now, s.idHorizon)
 	}
 	if !ok {
-		return 0, 0, 0, false, fmt.Errorf("%w: request id %d, within the last %d ms", ErrRefundUnknown, id, s.idHorizon)
-	}
-	if e.refunded {
-		return 0, e.at, 0, true, nil
+		return 0, 0, false, fmt.Errorf("%w: request id %d, within the last %d ms", ErrRefundUnknown, id, s.idHorizon)
 	}
 	want := printOf(it, false)
 	want.cost = 0 // the refund's cost is the send's
 	if f := want.mismatch(e.idPrint); f != "" {
-		return 0, 0, 0, false, fmt.Errorf("%w: request id %d recorded a send of other %s than the refund's", ErrIDReused, id, f)
+		return 0, 0, false, fmt.Errorf("%w: request id %d recorded a send of other %s than the refund's", ErrIDReused, id, f)
 	}
 	if e.cost != 0 {
 		it.Cost = int(e.cost)
 	}
-	if err := s.unrecord(pt, sp, r, key, tag, e.at, it); err != nil {
-		return 0, 0, 0, false, err
+	cost = max(it.Cost, 1)
+	if !e.refunded {
+		if err := s.unrecord(pt, sp, ws, r, key, tag, e.at, it); err != nil {
+			return 0, 0, false, err
+		}
+		sp.ids.markRefunded(idKey(id, key))
+		pt.seq++
+		seq = pt.seq
 	}
-	sp.ids.markRefunded(idKey(id, key))
-	pt.seq++
-	return pt.seq, e.at, max(it.Cost, 1), false, nil
+	_, rec, _ := sp.lookup(key, tag)
+	if _, err := r.rules.Apply(ws, rec, tag, now, window.Item{Content: it.Content, Mode: window.Peek}, dec); err != nil {
+		return 0, 0, false, err
+	}
+	dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At = true, false, -1, 0, e.at
+	for i := range dec.NumRules {
+		dec.Rules[i].RetryAfter = 0
+	}
+	return seq, cost, e.refunded, nil
 }
 
 // Unrecord takes back a send recorded at time at (unix ms), as Refund does,
@@ -85,7 +101,7 @@ func (s *Store) Unrecord(p int, r Ref, key uint64, tag uint16, at int64, it wind
 			return seq, nil
 		}
 	}
-	if err := s.unrecord(pt, sp, r, key, tag, at, it); err != nil {
+	if err := s.unrecord(pt, sp, &pt.scratch, r, key, tag, at, it); err != nil {
 		return seq, err
 	}
 	if id != 0 {
@@ -96,12 +112,12 @@ func (s *Store) Unrecord(p int, r Ref, key uint64, tag uint16, at int64, it wind
 
 // unrecord removes the send at at from the recipient's record in sp, with
 // the partition's lock held.
-func (s *Store) unrecord(pt *partition, sp *space, r Ref, key uint64, tag uint16, at int64, it window.Item) error {
+func (s *Store) unrecord(pt *partition, sp *space, ws *window.Scratch, r Ref, key uint64, tag uint16, at int64, it window.Item) error {
 	pos, rec, other := sp.lookup(key, tag)
 	if pos < 0 {
 		return nil // nothing left to take back: the record expired
 	}
-	out, removed, emptied, err := r.rules.Remove(&pt.scratch, rec, tag, at, it)
+	out, removed, emptied, err := r.rules.Remove(ws, rec, tag, at, it)
 	switch {
 	case err != nil:
 		return err

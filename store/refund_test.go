@@ -47,26 +47,28 @@ func TestRefundFreesExactlyOneSend(t *testing.T) {
 	// Logs below their capacity (5 and 3): a refund is exact (see
 	// window.Domain.Remove for full logs).
 	seq0 := st.Seq(p)
-	seq, at, cost, again, err := st.Refund(p, ref, key, tag, t0+10, window.Item{Content: 7}, 2)
-	if err != nil || again || at != t0 || cost != 1 || seq != seq0+1 {
+	var rdec window.Decision
+	seq, cost, again, err := st.Refund(p, ref, key, tag, t0+10, window.Item{Content: 7}, 2, &rdec)
+	at := rdec.At
+	if err != nil || again || at != t0 || cost != 1 || seq != seq0+1 || rdec.Rules[0].Used != 2 || rdec.Recorded {
 		t.Fatalf("refund: seq %d at %d cost %d again %v err %v", seq, at, cost, again, err)
 	}
 	if r, c := used(t0+11, 7); r != 2 || c != 1 {
 		t.Fatalf("after the refund: used %d, content %d; want 2, 1", r, c)
 	}
-	if _, _, _, again, err := st.Refund(p, ref, key, tag, t0+12, window.Item{Content: 7}, 2); err != nil || !again {
+	if _, _, again, err := st.Refund(p, ref, key, tag, t0+12, window.Item{Content: 7}, 2, &rdec); err != nil || !again {
 		t.Fatalf("a second refund: again %v, err %v; want again", again, err)
 	}
 	if r, c := used(t0+13, 7); r != 2 || c != 1 {
 		t.Fatalf("after a second refund: used %d, content %d; want still 2, 1", r, c)
 	}
-	if _, _, _, _, err := st.Refund(p, ref, key, tag, t0+14, window.Item{Content: 7}, 99); !errors.Is(err, ErrRefundUnknown) {
+	if _, _, _, err := st.Refund(p, ref, key, tag, t0+14, window.Item{Content: 7}, 99, &rdec); !errors.Is(err, ErrRefundUnknown) {
 		t.Fatalf("refund of an unknown id: %v", err)
 	}
-	if _, _, _, _, err := st.Refund(p, ref, key, tag, t0+14, window.Item{Content: 8}, 1); !errors.Is(err, ErrIDReused) {
+	if _, _, _, err := st.Refund(p, ref, key, tag, t0+14, window.Item{Content: 8}, 1, &rdec); !errors.Is(err, ErrIDReused) {
 		t.Fatalf("refund with another content: %v", err)
 	}
-	if _, _, _, _, err := st.Refund(p, ref, key, tag, t0+5+time.Minute.Milliseconds(), window.Item{Content: 8}, 3); !errors.Is(err, ErrRefundUnknown) {
+	if _, _, _, err := st.Refund(p, ref, key, tag, t0+5+time.Minute.Milliseconds(), window.Item{Content: 8}, 3, &rdec); !errors.Is(err, ErrRefundUnknown) {
 		t.Fatalf("refund past the id horizon: %v", err)
 	}
 	if r, c := used(t0+15, 7); r != 2 || c != 1 {
