@@ -29,6 +29,14 @@ const (
 	// RecordOnly records the item without checking it: check with Peek,
 	// send, then record.
 	RecordOnly
+	// Refund takes back the send that the item's RequestID recorded for its
+	// recipient (in its domain, with its content), because the message was
+	// not delivered: it no longer counts. RequestID is required; Cost is the
+	// send's. One refund per send: a repeated refund changes nothing and is
+	// answered with Duplicate. A refund must come while the node remembers
+	// the id (its idempotency window, 1 minute by default); after that the
+	// item fails with NOT_FOUND.
+	Refund
 )
 
 func (m Mode) String() string {
@@ -39,6 +47,8 @@ func (m Mode) String() string {
 		return "Peek"
 	case RecordOnly:
 		return "RecordOnly"
+	case Refund:
+		return "Refund"
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
@@ -81,7 +91,9 @@ type Decision struct {
 	// an earlier call with the same Item.RequestID): the answer is the first
 	// decision (admitted and recorded, DecidedAt its time; Rules as of now)
 	// and nothing was recorded again.
-	Duplicate  bool
+	Duplicate bool
+	// Refunded means this Refund item took back its send now.
+	Refunded   bool
 	DeniedBy   string        // the rule that denied the item (the one with the longest RetryAfter); "" if admitted
 	RetryAfter time.Duration // until the item would be admitted; 0 if admitted
 	// DecidedAt is the node's clock at the decision (millisecond precision),
@@ -213,6 +225,11 @@ func prepare(it *Item, i int) (prepared, *ItemError) {
 		mode = pb.Mode_MODE_PEEK
 	case RecordOnly:
 		mode = pb.Mode_MODE_RECORD_ONLY
+	case Refund:
+		if it.RequestID == 0 {
+			return bad("RequestID: 0; a Refund names the send it takes back by the RequestID it was recorded with")
+		}
+		mode = pb.Mode_MODE_REFUND
 	default:
 		return bad("Mode: unknown mode %d", int(it.Mode))
 	}

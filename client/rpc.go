@@ -120,6 +120,10 @@ func refused(st *status.Status, node string, err error) outcome {
 // decode emits the outcome of each of n items from resp.
 func decode(resp *pb.CheckResponse, n int, at func(int) *prepared, node string, emit func(int, outcome)) {
 	failed, dup, err := checkResponse(resp, n)
+	var refunded []bool
+	if err == nil {
+		refunded, err = indexSet("refunded", resp.Refunded, n)
+	}
 	if err != nil {
 		o := outcome{err: fmt.Errorf("client: malformed response from %s: %w", node, err)}
 		for j := range n {
@@ -155,7 +159,7 @@ func decode(resp *pb.CheckResponse, n int, at func(int) *prepared, node string, 
 			dom = resp.Domains[d]
 		}
 		dec := Decision{
-			Admitted: resp.Admitted[j], Recorded: resp.Recorded[j], Duplicate: dup != nil && dup[j],
+			Admitted: resp.Admitted[j], Recorded: resp.Recorded[j], Duplicate: dup != nil && dup[j], Refunded: refunded != nil && refunded[j],
 			RetryAfter: time.Duration(resp.RetryAfterMs[j]) * time.Millisecond,
 			DecidedAt:  time.UnixMilli(resp.DecidedAtMs[j]),
 			Node:       node,
@@ -214,14 +218,24 @@ func checkResponse(resp *pb.CheckResponse, n int) (failed []*pb.ItemError, dup [
 			failed[e.Index] = e
 		}
 	}
-	if len(resp.Duplicates) > 0 {
-		dup = make([]bool, n)
-		for _, i := range resp.Duplicates {
-			if int(i) >= n {
-				return nil, nil, fmt.Errorf("duplicate item %d of %d", i, n)
-			}
-			dup[i] = true
-		}
+	if dup, err = indexSet("duplicates", resp.Duplicates, n); err != nil {
+		return nil, nil, err
 	}
 	return failed, dup, nil
+}
+
+// indexSet returns which of n items a response's list of item indices
+// names, or nil if it names none.
+func indexSet(name string, idx []uint32, n int) ([]bool, error) {
+	if len(idx) == 0 {
+		return nil, nil
+	}
+	set := make([]bool, n)
+	for _, i := range idx {
+		if int(i) >= n {
+			return nil, fmt.Errorf("%s names item %d of %d", name, i, n)
+		}
+		set[i] = true
+	}
+	return set, nil
 }

@@ -32,7 +32,9 @@ type item struct {
 	tag  uint16 // CRC-32C of the recipient
 	part int    // ring partition of key
 	id   uint64 // request id, 0 for none
-	err  *itemError
+	// refund makes the item a refund of the send id recorded (MODE_REFUND).
+	refund bool
+	err    *itemError
 }
 
 // batch is a decoded request: its items in request order. Batches are
@@ -78,6 +80,9 @@ func decode(req *pb.CheckRequest, v *view, r *ring.Ring) *batch {
 			x.key, x.tag = KeyOf(req.Recipients[i])
 			x.part = r.PartitionHash(x.key)
 			x.id = column(req.RequestIds, i, 0)
+			if x.refund = column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD) == pb.Mode_MODE_REFUND; x.refund && x.id == 0 {
+				x.err = badItem("request_ids[%d]: a refund (modes[%d] MODE_REFUND) names the send it takes back by its request id; it has none", i, i)
+			}
 		}
 	}
 	return b
@@ -189,6 +194,8 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 		it.Mode = window.Peek
 	case pb.Mode_MODE_RECORD_ONLY:
 		it.Mode = window.RecordOnly
+	case pb.Mode_MODE_REFUND:
+		it.Mode = window.CheckAndRecord // unused: decode marks the item a refund
 	default:
 		return nil, it, badItem("modes[%d]: unknown mode %d", i, int32(mode))
 	}
@@ -336,7 +343,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	}
 	now := n.nowMs()
 	var dec *window.Decision
-	var admitted, denied, failed int64
+	var admitted, denied, failed, refunds int64
 	var enc *walEncoder
 	if t != nil {
 		enc, _ = n.encoders.Get().(*walEncoder)
@@ -370,7 +377,26 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 				if errors.Is(sb.Err, store.ErrClosed) {
 					b.moved = append(b.moved, i)
 				}
-			} else if dec = &sb.Dec; sb.Dup {
+			} else if dec = &sb.Dec; x.refund {
+				dup = true // a refund is no decision: not counted as one
+				s := walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, seq: sb.Seq, at: dec.At, content: x.it.Content, cost: sb.Cost, id: x.id, refund: true}
+				if sb.Dup {
+					resp.Duplicates = append(resp.Duplicates, uint32(j))
+				} else {
+					resp.Refunded = append(resp.Refunded, uint32(j))
+					refunds++
+					if enc != nil {
+						enc.add(s)
+					}
+				}
+				if rs != nil {
+					// A repeated refund goes to the backup again, as a
+					// duplicate send does: its first answer may have failed
+					// there. The backup skips a refund it has applied.
+					s.seq = 0
+					rs.add(r, x.part, j, s)
+				}
+			} else if sb.Dup {
 				dup = true
 				resp.Duplicates = append(resp.Duplicates, uint32(j))
 				if rs != nil {
@@ -399,9 +425,11 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		if !dup {
 			n.countUsage(now, x, dec)
 		}
-		if dec.Admitted {
+		switch {
+		case x.refund:
+		case dec.Admitted:
 			admitted++
-		} else {
+		default:
 			denied++
 		}
 		resp.Admitted[j] = dec.Admitted
@@ -420,6 +448,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	n.admitted.Add(admitted)
 	n.denied.Add(denied)
 	n.failed.Add(failed)
+	n.refunds.Add(refunds)
 	var replicated chan struct{}
 	if rs != nil && len(rs.backups) > 0 {
 		replicated = make(chan struct{})
@@ -460,7 +489,7 @@ func (b *batch) applyChunk(n *Node, idx []int, lo, hi int, r *ring.Ring, mustOwn
 			continue
 		}
 		b.slot = append(b.slot, int32(len(b.decided)))
-		b.decided = append(b.decided, store.BatchItem{Part: x.part, Ref: x.dv.ref, Key: x.key, Tag: x.tag, Item: x.it, ID: x.id})
+		b.decided = append(b.decided, store.BatchItem{Part: x.part, Ref: x.dv.ref, Key: x.key, Tag: x.tag, Item: x.it, ID: x.id, Refund: x.refund})
 	}
 	n.store.ApplyBatch(now, b.decided)
 }
@@ -529,6 +558,9 @@ func (n *Node) applyError(rcp string, p int, r *ring.Ring, err error) *itemError
 	case errors.Is(err, store.ErrIDReused):
 		return &itemError{codes.AlreadyExists, fmt.Sprintf("request_ids: recipient %s: %s; not recorded (a retry repeats its item exactly)",
 			quote(rcp), strings.TrimPrefix(err.Error(), store.ErrIDReused.Error()+": "))}
+	case errors.Is(err, store.ErrRefundUnknown):
+		return &itemError{codes.NotFound, fmt.Sprintf("request_ids: recipient %s: %s: nothing refunded (a refund must come within the idempotency window of its send, and only a recorded send can be refunded)",
+			quote(rcp), strings.TrimPrefix(err.Error(), store.ErrRefundUnknown.Error()+": "))}
 	case errors.Is(err, store.ErrMemoryLimit):
 		return n.refusedAtLimit(rcp)
 	case errors.Is(err, window.ErrFull):

@@ -162,6 +162,10 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 				return nil
 			}
 			rs.Replayed++
+			if s.refund {
+				_, _, err := n.store.Unrecord(part, dv.ref, s.key, s.tag, s.at, windowItem(s), s.id, s.seq, now)
+				return err
+			}
 			return n.store.Insert(part, dv.ref, s.key, s.tag, s.at, windowItem(s), s.seq, s.id, now)
 		})
 	})

@@ -294,6 +294,7 @@ type Node struct {
 
 	reloadMu                sync.Mutex // serialises Reload; Open holds it
 	reloads, reloadFailures atomic.Int64
+	refunds                 atomic.Int64 // sends taken back by MODE_REFUND items decided here
 }
 
 // view is a rule set bound to the node's store: what a Check reads, through
@@ -415,6 +416,7 @@ type Stats struct {
 	ForwardedOut, ForwardedIn        int64 // items sent to their owners; items peers sent here
 	Snapshots                        int64 // snapshots written since start
 	Reloads, ReloadFailures          int64 // rules reloads since start: done (Reload), failed (refused, or ReloadFailed)
+	Refunds                          int64 // sends taken back by refunds decided here since start
 	WAL                              wal.Stats
 	Gossip                           gossip.Stats // zero without Config.Cluster
 	Domains                          []DomainStats
@@ -442,7 +444,7 @@ type DomainStats struct {
 func (n *Node) Stats() Stats {
 	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(),
 		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load(),
-		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(),
+		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
 		Memory: n.store.Memory()}
 	if n.dur != nil {
 		s.WAL = n.dur.log.Stats()

@@ -294,12 +294,21 @@ func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.Rep
 	var enc walEncoder
 	for _, s := range sends {
 		p := n.store.PartitionOf(s.key)
-		seq, dup, err := n.store.Record(p, v.domains[s.domain].ref, s.key, s.tag, s.at, windowItem(s), s.id, now)
+		var seq uint64
+		var dup bool
+		var err error
+		if s.refund {
+			var applied bool
+			seq, applied, err = n.store.Unrecord(p, v.domains[s.domain].ref, s.key, s.tag, s.at, windowItem(s), s.id, 0, now)
+			dup = !applied
+		} else {
+			seq, dup, err = n.store.Record(p, v.domains[s.domain].ref, s.key, s.tag, s.at, windowItem(s), s.id, now)
+		}
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "node %s: recording a replicated send: %v", n.cfg.Name, err)
 		}
 		if dup {
-			continue // sent again with its request id: recorded already
+			continue // sent again with its request id: recorded (or refunded) already
 		}
 		if n.dur != nil {
 			s.seq = seq

@@ -21,13 +21,16 @@ var ErrBadPayload = errors.New("node: bad wal payload")
 //	  tag     2 bytes LE: its CRC-32C tag
 //	  seq     the send's sequence number in its shard
 //	  at      zigzag varint: decision time - base, ms
-//	  flags   byte: bit 0 = a content hash follows, bit 1 = a request id follows
+//	  flags   byte: bit 0 = a content hash follows, bit 1 = a request id follows,
+//	          bit 2 = a refund (version 3 on): the send at that time is taken back
 //	  content 8 bytes LE, if flagged
 //	  id      8 bytes LE, if flagged (version 2 on)
 //	  cost
 //
 // Fields may only be added under a new version; the decoder reads every
-// version up to its own.
+// version up to its own. A payload is written in version 2 unless it holds a
+// refund, so that a binary of the previous release still reads everything
+// but refunds (which it refuses by version rather than misread).
 //
 // A payload whose first byte is walImages instead holds partition images
 // this node merged (taken over from a peer, or filled as a backup):
@@ -38,7 +41,7 @@ var ErrBadPayload = errors.New("node: bad wal payload")
 // Replaying one merges the images again, which changes nothing that is
 // already there (a merge is a set union).
 const (
-	walVersion = 2
+	walVersion = 3 // the newest version this node reads
 	walImages  = 0x80
 )
 
@@ -82,6 +85,7 @@ type walSend struct {
 	content uint64
 	cost    int
 	id      uint64 // request id, 0 for none
+	refund  bool   // takes back the send at at instead (MODE_REFUND)
 }
 
 // walEncoder builds one payload. The zero value is ready; reset reuses it.
@@ -91,10 +95,11 @@ type walEncoder struct {
 	n       int
 	base    int64
 	out     []byte
+	refunds bool // a refund is in: the payload is version 3
 }
 
 func (e *walEncoder) reset() {
-	e.domains, e.sends, e.n, e.out = e.domains[:0], e.sends[:0], 0, e.out[:0]
+	e.domains, e.sends, e.n, e.out, e.refunds = e.domains[:0], e.sends[:0], 0, e.out[:0], false
 }
 
 func (e *walEncoder) add(s walSend) {
@@ -124,6 +129,10 @@ func (e *walEncoder) add(s walSend) {
 	if s.id != 0 {
 		flags |= 2
 	}
+	if s.refund {
+		flags |= 4
+		e.refunds = true
+	}
 	b = append(b, flags)
 	if s.content != 0 {
 		b = binary.LittleEndian.AppendUint64(b, s.content)
@@ -137,7 +146,11 @@ func (e *walEncoder) add(s walSend) {
 
 // bytes returns the payload; it is valid until the next reset.
 func (e *walEncoder) bytes() []byte {
-	b := append(e.out[:0], walVersion)
+	v := byte(2)
+	if e.refunds {
+		v = 3
+	}
+	b := append(e.out[:0], v)
 	b = binary.AppendUvarint(b, uint64(e.base))
 	b = binary.AppendUvarint(b, uint64(len(e.domains)))
 	for _, d := range e.domains {
@@ -185,6 +198,7 @@ func decodeWAL(p []byte, fn func(s walSend) error) error {
 		if flags&2 != 0 && v >= 2 {
 			s.id = r.u64()
 		}
+		s.refund = flags&4 != 0 && v >= 3
 		cost := r.uvarint()
 		if r.err != nil {
 			return fmt.Errorf("%w: send %d: %v", ErrBadPayload, i, r.err)

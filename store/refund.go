@@ -76,38 +76,36 @@ func (s *Store) refund(pt *partition, p int, ws *window.Scratch, r Ref, key uint
 
 // Unrecord takes back a send recorded at time at (unix ms), as Refund does,
 // in partition p whether open or closed: a node replays a refund from its WAL
-// this way, and a backup applies its owner's. A nonzero seq raises the
-// partition's sequence number to seq if it is below (replay); seq 0 numbers
-// the refund with the partition's next sequence number (a backup), which it
-// returns. A refund of a remembered id that was refunded already changes
-// nothing.
-func (s *Store) Unrecord(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, id, seq uint64, now int64) (uint64, error) {
+// this way, and a backup applies its owner's. A refund of a remembered id
+// that was refunded already changes nothing and returns applied false. A
+// nonzero seq raises the partition's sequence number to seq if it is below
+// (replay); seq 0 numbers an applied refund with the partition's next
+// sequence number (a backup), which it returns.
+func (s *Store) Unrecord(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, id, seq uint64, now int64) (_ uint64, applied bool, err error) {
 	key = storedKey(key)
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	pt.seq = max(pt.seq, seq)
+	sp := pt.space(r.id, false)
+	if sp != nil && id != 0 {
+		if e, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok && e.refunded {
+			return seq, false, nil
+		}
+	}
+	if sp != nil {
+		if err := s.unrecord(pt, sp, &pt.scratch, r, key, tag, at, it); err != nil {
+			return seq, false, err
+		}
+		if id != 0 {
+			sp.ids.markRefunded(idKey(id, key))
+		}
+	}
 	if seq == 0 {
 		pt.seq++
 		seq = pt.seq
-	} else {
-		pt.seq = max(pt.seq, seq)
 	}
-	sp := pt.space(r.id, false)
-	if sp == nil {
-		return seq, nil
-	}
-	if id != 0 {
-		if e, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok && e.refunded {
-			return seq, nil
-		}
-	}
-	if err := s.unrecord(pt, sp, &pt.scratch, r, key, tag, at, it); err != nil {
-		return seq, err
-	}
-	if id != 0 {
-		sp.ids.markRefunded(idKey(id, key))
-	}
-	return seq, nil
+	return seq, true, nil
 }
 
 // unrecord removes the send at at from the recipient's record in sp, with

@@ -86,11 +86,11 @@ func TestRefundFreesExactlyOneSend(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := st2.Unrecord(p, ref2, key, tag, t0, window.Item{Content: 7, Cost: 1}, 2, 4, t0+20); err != nil {
-		t.Fatal(err)
+	if _, applied, err := st2.Unrecord(p, ref2, key, tag, t0, window.Item{Content: 7, Cost: 1}, 2, 4, t0+20); err != nil || !applied {
+		t.Fatal(applied, err)
 	}
-	if _, err := st2.Unrecord(p, ref2, key, tag, t0, window.Item{Content: 7, Cost: 1}, 2, 4, t0+20); err != nil { // replayed twice
-		t.Fatal(err)
+	if _, applied, err := st2.Unrecord(p, ref2, key, tag, t0, window.Item{Content: 7, Cost: 1}, 2, 4, t0+20); err != nil || applied { // replayed twice
+		t.Fatal(applied, err)
 	}
 	var dec window.Decision
 	if _, _, err := st2.Apply(p, ref2, key, tag, t0+21, window.Item{Content: 7, Mode: window.Peek}, 0, &dec); err != nil {

@@ -34,6 +34,17 @@ const (
 	Mode_MODE_PEEK Mode = 1
 	// Record the item without checking it (check with PEEK, send, then record).
 	Mode_MODE_RECORD_ONLY Mode = 2
+	// Take back the send that this item's request id recorded for the
+	// recipient, in its domain, because it was not delivered: it no longer
+	// counts. The item needs the request id, and the send's content (or
+	// none); its cost is the send's. One refund per send: a repeated refund
+	// changes nothing and is listed in duplicates. A refund is possible while
+	// the node remembers the id (the idempotency window, 1 minute by default;
+	// at least half of it under a load past the id capacity); after that, or
+	// for an id that recorded nothing (a denied check), the item fails with
+	// NOT_FOUND. Its answer: admitted, not recorded, decided_at_ms the
+	// refunded send's time, per-rule entries as of now after the refund.
+	Mode_MODE_REFUND Mode = 3
 )
 
 // Enum value maps for Mode.
@@ -42,11 +53,13 @@ var (
 		0: "MODE_CHECK_AND_RECORD",
 		1: "MODE_PEEK",
 		2: "MODE_RECORD_ONLY",
+		3: "MODE_REFUND",
 	}
 	Mode_value = map[string]int32{
 		"MODE_CHECK_AND_RECORD": 0,
 		"MODE_PEEK":             1,
 		"MODE_RECORD_ONLY":      2,
+		"MODE_REFUND":           3,
 	}
 )
 
@@ -308,7 +321,9 @@ type CheckResponse struct {
 	// it would have returned (INVALID_ARGUMENT for a malformed batch,
 	// UNAVAILABLE while the node is not serving, ...); the other fields are
 	// then empty.
-	Failed        *RequestError `protobuf:"bytes,15,opt,name=failed,proto3" json:"failed,omitempty"`
+	Failed *RequestError `protobuf:"bytes,15,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Indices of MODE_REFUND items whose refund took back their send now.
+	Refunded      []uint32 `protobuf:"varint,17,rep,packed,name=refunded,proto3" json:"refunded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -444,6 +459,13 @@ func (x *CheckResponse) GetStreamId() uint64 {
 func (x *CheckResponse) GetFailed() *RequestError {
 	if x != nil {
 		return x.Failed
+	}
+	return nil
+}
+
+func (x *CheckResponse) GetRefunded() []uint32 {
+	if x != nil {
+		return x.Refunded
 	}
 	return nil
 }
@@ -2268,7 +2290,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"requestIds\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\b \x01(\x04R\tringEpoch\x12\x1b\n" +
-	"\tstream_id\x18\t \x01(\x04R\bstreamId\"\x83\x05\n" +
+	"\tstream_id\x18\t \x01(\x04R\bstreamId\"\x9f\x05\n" +
 	"\rCheckResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x03(\bR\badmitted\x12\x1a\n" +
 	"\brecorded\x18\x02 \x03(\bR\brecorded\x12\x1b\n" +
@@ -2289,7 +2311,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"duplicates\x18\r \x03(\rR\n" +
 	"duplicates\x12\x1b\n" +
 	"\tstream_id\x18\x0e \x01(\x04R\bstreamId\x121\n" +
-	"\x06failed\x18\x0f \x01(\v2\x19.freqring.v1.RequestErrorR\x06failed\x1aO\n" +
+	"\x06failed\x18\x0f \x01(\v2\x19.freqring.v1.RequestErrorR\x06failed\x12\x1a\n" +
+	"\brefunded\x18\x11 \x03(\rR\brefunded\x1aO\n" +
 	"\fDomainsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
 	"\x05value\x18\x02 \x01(\v2\x13.freqring.v1.DomainR\x05value:\x028\x01\"<\n" +
@@ -2436,11 +2459,12 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06denied\x18\x02 \x01(\x03R\x06denied\x12\x1d\n" +
 	"\n" +
-	"would_deny\x18\x03 \x01(\x03R\twouldDeny*F\n" +
+	"would_deny\x18\x03 \x01(\x03R\twouldDeny*W\n" +
 	"\x04Mode\x12\x19\n" +
 	"\x15MODE_CHECK_AND_RECORD\x10\x00\x12\r\n" +
 	"\tMODE_PEEK\x10\x01\x12\x14\n" +
-	"\x10MODE_RECORD_ONLY\x10\x02*:\n" +
+	"\x10MODE_RECORD_ONLY\x10\x02\x12\x0f\n" +
+	"\vMODE_REFUND\x10\x03*:\n" +
 	"\tUsageZone\x12\x12\n" +
 	"\x0eUSAGE_ZONE_UTC\x10\x00\x12\x19\n" +
 	"\x15USAGE_ZONE_CONFIGURED\x10\x012\xd7\x03\n" +

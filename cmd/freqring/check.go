@@ -22,6 +22,8 @@ type checkResult struct {
 	Recorded     bool         `json:"recorded"`
 	Degraded     bool         `json:"degraded,omitempty"`
 	Duplicate    bool         `json:"duplicate,omitempty"`
+	Refund       bool         `json:"refund,omitempty"`
+	Refunded     bool         `json:"refunded,omitempty"`
 	Node         string       `json:"node,omitempty"`
 	DeniedBy     string       `json:"denied_by,omitempty"`
 	RetryAfterMs int64        `json:"retry_after_ms"`
@@ -45,7 +47,8 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	domain := fs.String("domain", "default", "domain (rule set)")
 	content := fs.String("content", "", "message content (content rules apply only with content)")
 	cost := fs.Int("cost", 1, "sends each message counts as, 1 to 1000; 0 means 1, as in the client and the API")
-	mode := fs.String("mode", "check", "check (check and record), peek (change nothing), or record (record without checking)")
+	mode := fs.String("mode", "check", "check (check and record), peek (change nothing), record (record without checking), or refund (take back the send --request-id recorded: it was not delivered)")
+	requestID := fs.Uint64("request-id", 0, "request id of each item (0: a random one per call); a retry with the same id is not recorded twice, and a refund names its send by it")
 	asJSON := fs.Bool("json", false, "print one JSON object per recipient")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call; past it the failure policy answers")
 	fail := fs.String("fail", "open", "failure policy when no node answers in time: open (admit) or closed (deny); either way marked degraded")
@@ -61,10 +64,13 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(recipients) == 0 {
 		return usagef("want at least one RECIPIENT")
 	}
-	modes := map[string]client.Mode{"check": client.CheckAndRecord, "peek": client.Peek, "record": client.RecordOnly}
+	modes := map[string]client.Mode{"check": client.CheckAndRecord, "peek": client.Peek, "record": client.RecordOnly, "refund": client.Refund}
 	m, ok := modes[*mode]
 	if !ok {
-		return usagef("mode %q is not one of check, peek, record", *mode)
+		return usagef("mode %q is not one of check, peek, record, refund", *mode)
+	}
+	if m == client.Refund && *requestID == 0 {
+		return usagef("--mode refund needs --request-id: the id the send was recorded with")
 	}
 	policy := client.FailOpen
 	switch *fail {
@@ -76,7 +82,7 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	items := make([]client.Item, len(recipients))
 	for i, r := range recipients {
-		items[i] = client.Item{Domain: *domain, Recipient: r, Content: []byte(*content), Cost: *cost, Mode: m}
+		items[i] = client.Item{Domain: *domain, Recipient: r, Content: []byte(*content), Cost: *cost, Mode: m, RequestID: *requestID}
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -98,6 +104,7 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	results := make([]checkResult, len(items))
 	for i, d := range decs {
 		results[i] = resultOf(items[i].Recipient, d)
+		results[i].Refund = m == client.Refund
 	}
 	for _, e := range bad {
 		results[e.Index].Error = fmt.Sprintf("%s: %s", e.Code, e.Message)
@@ -121,7 +128,7 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // resultOf converts a client decision for printing.
 func resultOf(recipient string, d client.Decision) checkResult {
 	r := checkResult{Recipient: recipient, Admitted: d.Admitted, Recorded: d.Recorded, Degraded: d.Degraded,
-		DeniedBy: d.DeniedBy, RetryAfterMs: d.RetryAfter.Milliseconds(), DecidedAt: d.DecidedAt.UTC(), Node: d.Node, Duplicate: d.Duplicate}
+		DeniedBy: d.DeniedBy, RetryAfterMs: d.RetryAfter.Milliseconds(), DecidedAt: d.DecidedAt.UTC(), Node: d.Node, Duplicate: d.Duplicate, Refunded: d.Refunded}
 	for _, rs := range d.Rules {
 		r.Rules = append(r.Rules, ruleResult{Name: rs.Name, Limit: uint32(rs.Limit), Window: rs.Window.String(),
 			Used: uint32(rs.Used), Remaining: uint32(rs.Remaining), RetryAfterMs: rs.RetryAfter.Milliseconds()})
@@ -142,6 +149,10 @@ func printResults(w io.Writer, results []checkResult) {
 		case r.Degraded:
 			fmt.Fprintf(w, "%s  DEGRADED: no node answered in time; the failure policy says admitted=%v\n", r.Recipient, r.Admitted)
 			continue
+		case r.Refund && r.Refunded:
+			fmt.Fprintf(w, "%s  REFUNDED: the send of %s no longer counts  by %s\n", r.Recipient, at, r.Node)
+		case r.Refund:
+			fmt.Fprintf(w, "%s  NOT REFUNDED AGAIN: the send of %s was refunded earlier  by %s\n", r.Recipient, at, r.Node)
 		case r.Duplicate:
 			fmt.Fprintf(w, "%s  ADMITTED (recorded earlier: a repeat of the same request)  at %s  by %s\n", r.Recipient, at, r.Node)
 		case r.Admitted && r.Recorded:
