@@ -43,7 +43,8 @@ func (rs *Set) Source() string { return rs.source }
 func (rs *Set) Domain(name string) *window.Domain { return rs.domains[name] }
 
 // Hash returns a stable 64-bit digest of what the set decides: every
-// domain's name and, in order, each rule's name, scope, limit and window.
+// domain's name and, in order, each rule's name, scope, shadow flag, limit
+// and window.
 // The source, comments and layout of the file do not count, so two nodes
 // that load equal rules from different files agree. It is the same on every
 // platform and in every version that keeps this encoding (TestHashGolden).
@@ -76,8 +77,9 @@ type rulesFile struct {
 }
 
 type domainSpec struct {
-	Name  string     `yaml:"name"`
-	Rules []ruleSpec `yaml:"rules"`
+	Name   string     `yaml:"name"`
+	Shadow bool       `yaml:"shadow"` // every rule of the domain is a shadow
+	Rules  []ruleSpec `yaml:"rules"`
 }
 
 type ruleSpec struct {
@@ -85,6 +87,7 @@ type ruleSpec struct {
 	Scope  string `yaml:"scope"`
 	Limit  int    `yaml:"limit"`
 	Window string `yaml:"window"`
+	Shadow bool   `yaml:"shadow"` // evaluated and reported, never denies (window.Rule.Shadow)
 }
 
 // Parse validates the rules file data read from source. Errors read
@@ -151,6 +154,7 @@ func Parse(source string, data []byte) (*Set, error) {
 				}
 				return nil, fail(fieldLine(rn, field), "domain %q rule %q: %v", ds.Name, name, err)
 			}
+			r.Shadow = spec.Shadow || ds.Shadow
 			rules = append(rules, r)
 		}
 		d, err := window.NewDomain(ds.Name, rules)
@@ -238,8 +242,9 @@ func fieldLine(m *yaml.Node, field string) int {
 }
 
 // digest computes Hash: SHA-256 over a canonical encoding (domains sorted by
-// name; per rule its name, scope, limit and window in ms, length-prefixed),
-// cut to its first 8 bytes.
+// name; per rule its name, scope (|0x80 for a shadow rule, so that a set
+// without shadows hashes as before shadows existed), limit and window in ms,
+// length-prefixed), cut to its first 8 bytes.
 func (rs *Set) digest() uint64 {
 	h := sha256.New()
 	var b []byte
@@ -256,7 +261,11 @@ func (rs *Set) digest() uint64 {
 		for i := range d.NumRules() {
 			r := d.Rule(i)
 			str(r.Name)
-			b = append(b, byte(r.Scope))
+			sc := byte(r.Scope)
+			if r.Shadow {
+				sc |= 0x80
+			}
+			b = append(b, sc)
 			b = binary.AppendUvarint(b, uint64(r.Limit))
 			b = binary.AppendUvarint(b, uint64(r.WindowMillis()))
 		}

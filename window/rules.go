@@ -59,11 +59,17 @@ const (
 // Rule admits at most Limit sends of its Scope in any sliding window of
 // length Window: a send at t is admitted only if fewer than Limit admitted
 // sends lie in (t-Window, t].
+//
+// A Shadow rule is evaluated and reported like any other but never denies:
+// an item that only shadow rules would deny is admitted (and recorded per
+// its mode), and Decision.ShadowDeniedBy names the rule (envoyproxy/
+// ratelimit's shadow_mode). Its limit still sizes the records, as any rule's.
 type Rule struct {
 	Name   string
 	Scope  Scope
 	Limit  int           // sends, in [1, MaxLimit]
 	Window time.Duration // whole milliseconds, in [1ms, MaxWindow]
+	Shadow bool          // evaluated and reported, never denies
 }
 
 // WindowMillis returns the rule's window in milliseconds.
