@@ -276,6 +276,7 @@ type Node struct {
 
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
+	decisions                                   decisionCounts // per domain and rule, by name
 	memLog                                      memoryLog
 }
 
@@ -293,9 +294,10 @@ type view struct {
 
 // domainView is one domain's rules, records and API description.
 type domainView struct {
-	d     *window.Domain
-	ref   store.Ref
-	proto *pb.Domain // shared by every response; never modified
+	d      *window.Domain
+	ref    store.Ref
+	proto  *pb.Domain    // shared by every response; never modified
+	counts *domainCounts // decisions of the domain, kept across rebinding
 }
 
 // New returns a node serving cfg.Rules.
@@ -327,7 +329,7 @@ func (n *Node) bind(rs *rules.Set) *view {
 	v := &view{rules: rs, domains: map[string]*domainView{}, names: rs.Names(), maxContent: n.cfg.Limits.MaxContentBytes}
 	for _, name := range v.names {
 		d := rs.Domain(name)
-		v.domains[name] = &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d)}
+		v.domains[name] = &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d), counts: n.decisions.of(d)}
 		v.longest = max(v.longest, d.Longest())
 	}
 	return v
@@ -346,7 +348,7 @@ func domainProto(d *window.Domain) *pb.Domain {
 	for _, r := range d.Rules() {
 		p.Rules = append(p.Rules, &pb.Rule{
 			Name: r.Name, Scope: r.Scope.String(), Limit: uint32(r.Limit),
-			WindowMs: r.WindowMillis(), Window: r.Window.String(),
+			WindowMs: r.WindowMillis(), Window: r.Window.String(), Shadow: r.Shadow,
 		})
 	}
 	return p
@@ -409,6 +411,17 @@ type DomainStats struct {
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs
 	LiveBytes  int64 // bytes of record slots in use
+	// Rules counts, per rule of the domain in its order, the items it denied
+	// and those it would have denied as a shadow, since start; kept by domain
+	// and rule name across rule changes.
+	Rules []RuleStats
+}
+
+// RuleStats counts one rule's decisions since start.
+type RuleStats struct {
+	Name         string
+	Denied       int64 // items this rule denied (the denying rule with the longest retry)
+	ShadowDenied int64 // items this shadow rule would have denied (never denies)
 }
 
 // Stats returns the node's counters. It takes each partition lock briefly.
@@ -428,6 +441,7 @@ func (n *Node) Stats() Stats {
 		s.Domains = append(s.Domains, DomainStats{
 			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired,
 			IndexBytes: st.IndexBytes, SlabBytes: st.SlabBytes, LiveBytes: st.LiveBytes,
+			Rules: v.domains[name].counts.stats(v.domains[name].d),
 		})
 	}
 	sort.Slice(s.Domains, func(i, j int) bool { return s.Domains[i].Name < s.Domains[j].Name })

@@ -238,7 +238,7 @@ type CheckResponse struct {
 	// used 0.
 	Used             []uint32 `protobuf:"varint,6,rep,packed,name=used,proto3" json:"used,omitempty"`                                                     // sends in the rule's window after the decision
 	Remaining        []uint32 `protobuf:"varint,7,rep,packed,name=remaining,proto3" json:"remaining,omitempty"`                                           // limit - used, at least 0
-	RuleRetryAfterMs []int64  `protobuf:"varint,8,rep,packed,name=rule_retry_after_ms,json=ruleRetryAfterMs,proto3" json:"rule_retry_after_ms,omitempty"` // until this rule admits; 0 if it does
+	RuleRetryAfterMs []int64  `protobuf:"varint,8,rep,packed,name=rule_retry_after_ms,json=ruleRetryAfterMs,proto3" json:"rule_retry_after_ms,omitempty"` // until this rule admits; 0 if it does; -1 never (a shadow rule whose limit is below the item's cost)
 	// Items that failed, by index; they were not recorded.
 	Errors []*ItemError `protobuf:"bytes,9,rep,name=errors,proto3" json:"errors,omitempty"`
 	// The rules of every domain the items named, by name.
@@ -258,9 +258,15 @@ type CheckResponse struct {
 	// it would have returned (INVALID_ARGUMENT for a malformed batch,
 	// UNAVAILABLE while the node is not serving, ...); the other fields are
 	// then empty.
-	Failed        *RequestError `protobuf:"bytes,15,opt,name=failed,proto3" json:"failed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Failed *RequestError `protobuf:"bytes,15,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Per item, the index in its domain's rules of the shadow rule that would
+	// have denied it (the one with the longest retry-after; a shadow rule never
+	// denies), -1 if none or failed. Empty when no item of the response has
+	// one, so a domain without shadow rules pays nothing; otherwise one entry
+	// per item.
+	ShadowDeniedBy []int32 `protobuf:"varint,16,rep,packed,name=shadow_denied_by,json=shadowDeniedBy,proto3" json:"shadow_denied_by,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
@@ -394,6 +400,13 @@ func (x *CheckResponse) GetStreamId() uint64 {
 func (x *CheckResponse) GetFailed() *RequestError {
 	if x != nil {
 		return x.Failed
+	}
+	return nil
+}
+
+func (x *CheckResponse) GetShadowDeniedBy() []int32 {
+	if x != nil {
+		return x.ShadowDeniedBy
 	}
 	return nil
 }
@@ -567,12 +580,14 @@ func (x *Domain) GetRules() []*Rule {
 
 // Rule admits at most limit sends of its scope in any sliding window.
 type Rule struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Scope         string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"` // "recipient" or "recipient+content"
-	Limit         uint32                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
-	WindowMs      int64                  `protobuf:"varint,4,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
-	Window        string                 `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"` // the same, as a Go duration: "59s", "24h0m0s"
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Scope    string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"` // "recipient" or "recipient+content"
+	Limit    uint32                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	WindowMs int64                  `protobuf:"varint,4,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	Window   string                 `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"` // the same, as a Go duration: "59s", "24h0m0s"
+	// Evaluated and reported (CheckResponse.shadow_denied_by), never denies.
+	Shadow        bool `protobuf:"varint,6,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -640,6 +655,13 @@ func (x *Rule) GetWindow() string {
 		return x.Window
 	}
 	return ""
+}
+
+func (x *Rule) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
 }
 
 type RulesRequest struct {
@@ -1892,7 +1914,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"requestIds\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\b \x01(\x04R\tringEpoch\x12\x1b\n" +
-	"\tstream_id\x18\t \x01(\x04R\bstreamId\"\x83\x05\n" +
+	"\tstream_id\x18\t \x01(\x04R\bstreamId\"\xad\x05\n" +
 	"\rCheckResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x03(\bR\badmitted\x12\x1a\n" +
 	"\brecorded\x18\x02 \x03(\bR\brecorded\x12\x1b\n" +
@@ -1913,7 +1935,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"duplicates\x18\r \x03(\rR\n" +
 	"duplicates\x12\x1b\n" +
 	"\tstream_id\x18\x0e \x01(\x04R\bstreamId\x121\n" +
-	"\x06failed\x18\x0f \x01(\v2\x19.freqring.v1.RequestErrorR\x06failed\x1aO\n" +
+	"\x06failed\x18\x0f \x01(\v2\x19.freqring.v1.RequestErrorR\x06failed\x12(\n" +
+	"\x10shadow_denied_by\x18\x10 \x03(\x05R\x0eshadowDeniedBy\x1aO\n" +
 	"\fDomainsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
 	"\x05value\x18\x02 \x01(\v2\x13.freqring.v1.DomainR\x05value:\x028\x01\"<\n" +
@@ -1926,13 +1949,14 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\amessage\x18\x03 \x01(\tR\amessage\"E\n" +
 	"\x06Domain\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
-	"\x05rules\x18\x02 \x03(\v2\x11.freqring.v1.RuleR\x05rules\"{\n" +
+	"\x05rules\x18\x02 \x03(\v2\x11.freqring.v1.RuleR\x05rules\"\x93\x01\n" +
 	"\x04Rule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x1b\n" +
 	"\twindow_ms\x18\x04 \x01(\x03R\bwindowMs\x12\x16\n" +
-	"\x06window\x18\x05 \x01(\tR\x06window\"\x0e\n" +
+	"\x06window\x18\x05 \x01(\tR\x06window\x12\x16\n" +
+	"\x06shadow\x18\x06 \x01(\bR\x06shadow\"\x0e\n" +
 	"\fRulesRequest\"\r\n" +
 	"\vRingRequest\"\xc8\x01\n" +
 	"\fRingResponse\x12\x14\n" +
