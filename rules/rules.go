@@ -34,6 +34,8 @@ type Set struct {
 	domains map[string]*window.Domain
 	names   []string // sorted
 	hash    uint64   // see Hash
+	// overrides are the file's overrides, in file order, each valid.
+	overrides []Override
 }
 
 // Source names where the rules came from.
@@ -73,7 +75,17 @@ func Load(path string) (*Set, error) {
 
 // The YAML shape of a rules file. Unknown fields are errors.
 type rulesFile struct {
-	Domains []domainSpec `yaml:"domains"`
+	Domains   []domainSpec   `yaml:"domains"`
+	Overrides []overrideSpec `yaml:"overrides"`
+}
+
+type overrideSpec struct {
+	Name       string         `yaml:"name"`
+	Domain     string         `yaml:"domain"`
+	Recipients []string       `yaml:"recipients"`
+	Prefixes   []string       `yaml:"prefixes"`
+	Limits     map[string]int `yaml:"limits"`
+	Exempt     bool           `yaml:"exempt"`
 }
 
 type domainSpec struct {
@@ -165,8 +177,51 @@ func Parse(source string, data []byte) (*Set, error) {
 		rs.names = append(rs.names, ds.Name)
 	}
 	slices.Sort(rs.names)
+	if err := rs.parseOverrides(f.Overrides, seqItems(mapValue(docMapping(&root), "overrides")), fail); err != nil {
+		return nil, err
+	}
 	rs.hash = rs.digest()
 	return rs, nil
+}
+
+// parseOverrides validates the file's overrides into rs.overrides. Two
+// overrides of one domain may not list the same recipient or prefix.
+func (rs *Set) parseOverrides(specs []overrideSpec, nodes []*yaml.Node, fail func(int, string, ...any) error) error {
+	if len(specs) > MaxOverrides {
+		return fail(line(nodeAt(nodes, MaxOverrides)), "%d overrides, more than %d", len(specs), MaxOverrides)
+	}
+	names := map[string]bool{}
+	type claim struct{ domain, field, key string }
+	claims := map[claim]string{}
+	for i, spec := range specs {
+		on := nodeAt(nodes, i)
+		o := Override{Name: spec.Name, Domain: spec.Domain, Recipients: spec.Recipients, Prefixes: spec.Prefixes, Limits: spec.Limits, Exempt: spec.Exempt}
+		if err := o.Validate(rs); err != nil {
+			var oe *OverrideError
+			if errors.As(err, &oe) {
+				if o.Name == "" {
+					oe.Override = fmt.Sprintf("#%d", i+1)
+				}
+				return fail(fieldLine(on, oe.Field), "%v", oe)
+			}
+			return fail(line(on), "%v", err)
+		}
+		if names[o.Name] {
+			return fail(fieldLine(on, "name"), "override %q appears twice", o.Name)
+		}
+		names[o.Name] = true
+		for field, keys := range map[string][]string{"recipients": o.Recipients, "prefixes": o.Prefixes} {
+			for _, k := range keys {
+				c := claim{o.Domain, field, k}
+				if prev, ok := claims[c]; ok {
+					return fail(fieldLine(on, field), "override %q: %s: %q is also in override %q of domain %q", o.Name, field, k, prev, o.Domain)
+				}
+				claims[c] = o.Name
+			}
+		}
+		rs.overrides = append(rs.overrides, o)
+	}
+	return nil
 }
 
 // rule converts the spec, returning the field at fault on error.
@@ -268,6 +323,17 @@ func (rs *Set) digest() uint64 {
 			b = append(b, sc)
 			b = binary.AppendUvarint(b, uint64(r.Limit))
 			b = binary.AppendUvarint(b, uint64(r.WindowMillis()))
+		}
+	}
+	if len(rs.overrides) > 0 {
+		// After the domains, only when there are overrides: a set without
+		// overrides hashes as before they existed.
+		os := slices.Clone(rs.overrides)
+		slices.SortFunc(os, func(a, b Override) int { return strings.Compare(a.Name, b.Name) })
+		b = append(b, "overrides"...)
+		b = binary.AppendUvarint(b, uint64(len(os)))
+		for _, o := range os {
+			b = appendOverride(b, o)
 		}
 	}
 	h.Write(b)
