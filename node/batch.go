@@ -164,6 +164,7 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 	if dv == nil {
 		return nil, it, badItem("domains[%d]: unknown domain %s (this node serves %v)", i, quote(name), v.names)
 	}
+	dv = dv.forKey(rcp)
 	if len(req.Contents) > 0 {
 		c := column(req.Contents, i, nil)
 		if len(c) > v.maxContent {
@@ -417,7 +418,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		if dec.DeniedBy >= 0 {
 			x.dv.counts.denied(dec.DeniedBy)
 		}
-		if dec.ShadowDeniedBy >= 0 {
+		if dec.ShadowDeniedBy >= 0 && !x.dv.exempt {
 			setShadowDeniedBy(resp, j, int32(dec.ShadowDeniedBy))
 			x.dv.counts.shadowDenied(dec.ShadowDeniedBy)
 		}

@@ -277,6 +277,7 @@ type Node struct {
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
 	decisions                                   decisionCounts // per domain and rule, by name
+	admin                                       adminOverrides // the admin override layer of the view (overrides.go)
 	memLog                                      memoryLog
 }
 
@@ -298,6 +299,27 @@ type domainView struct {
 	ref    store.Ref
 	proto  *pb.Domain    // shared by every response; never modified
 	counts *domainCounts // decisions of the domain, kept across rebinding
+
+	// over finds a key's override; nil when the domain has none (the hot
+	// path's one nil check). variants[i] decides the keys of
+	// over.Overrides[i]: its rules with the override's limits, over the
+	// same records (the same name), sharing proto and counts.
+	over     *rules.Binding
+	variants []*domainView
+	exempt   bool   // a variant of an exempt override: its keys are admitted unchecked, still recorded
+	override string // the variant's override name; "" for the domain itself
+}
+
+// forKey returns the view that decides recipient rcp: its override's
+// variant, or dv.
+func (dv *domainView) forKey(rcp string) *domainView {
+	if dv.over == nil {
+		return dv
+	}
+	if i := dv.over.Lookup(rcp); i >= 0 {
+		return dv.variants[i]
+	}
+	return dv
 }
 
 // New returns a node serving cfg.Rules.
@@ -327,9 +349,24 @@ func New(cfg Config) (*Node, error) {
 // bind binds a rule set to the node's store.
 func (n *Node) bind(rs *rules.Set) *view {
 	v := &view{rules: rs, domains: map[string]*domainView{}, names: rs.Names(), maxContent: n.cfg.Limits.MaxContentBytes}
+	overrides := n.overridesFor(rs)
 	for _, name := range v.names {
 		d := rs.Domain(name)
-		v.domains[name] = &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d), counts: n.decisions.of(d)}
+		b, err := rules.Bind(d, overrides)
+		if err != nil {
+			// Validated overrides bind; this is a bug, not bad input.
+			n.log.Error("BUG: overrides of a domain did not bind: serving it without them", "domain", name, "err", err)
+			b = &rules.Binding{Base: d}
+		}
+		dv := &domainView{d: b.Base, ref: n.store.Bind(b.Base), proto: domainProto(d), counts: n.decisions.of(d)}
+		if len(b.Overrides) > 0 {
+			dv.over = b
+			for _, o := range b.Overrides {
+				dv.variants = append(dv.variants, &domainView{d: o.Domain, ref: n.store.Bind(o.Domain), proto: dv.proto, counts: dv.counts,
+					exempt: o.Exempt, override: o.Name})
+			}
+		}
+		v.domains[name] = dv
 		v.longest = max(v.longest, d.Longest())
 	}
 	return v

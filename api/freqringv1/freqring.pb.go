@@ -77,6 +77,390 @@ func (Mode) EnumDescriptor() ([]byte, []int) {
 	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{0}
 }
 
+// Override gives listed keys of one domain other limits, or none.
+type Override struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`                                                                                // unique per node, up to 64 bytes
+	Domain     string                 `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`                                                                            // the domain it overrides
+	Recipients []string               `protobuf:"bytes,3,rep,name=recipients,proto3" json:"recipients,omitempty"`                                                                    // exact keys
+	Prefixes   []string               `protobuf:"bytes,4,rep,name=prefixes,proto3" json:"prefixes,omitempty"`                                                                        // key prefixes; an exact key beats a prefix, the longest prefix wins
+	Limits     map[string]uint32      `protobuf:"bytes,5,rep,name=limits,proto3" json:"limits,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // rule name -> limit (1 to 1000); the other rules keep theirs
+	Exempt     bool                   `protobuf:"varint,6,opt,name=exempt,proto3" json:"exempt,omitempty"`                                                                           // admitted without a check, still recorded; not with limits
+	// Orders overrides that claim the same key (the newer wins): the set time
+	// in unix ms; 0 in a SetOverride means the node's clock. Rules-file
+	// overrides have 0.
+	Version       int64  `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
+	Source        string `protobuf:"bytes,8,opt,name=source,proto3" json:"source,omitempty"` // in lists: "admin" or "file"
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Override) Reset() {
+	*x = Override{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Override) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Override) ProtoMessage() {}
+
+func (x *Override) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Override.ProtoReflect.Descriptor instead.
+func (*Override) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Override) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Override) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *Override) GetRecipients() []string {
+	if x != nil {
+		return x.Recipients
+	}
+	return nil
+}
+
+func (x *Override) GetPrefixes() []string {
+	if x != nil {
+		return x.Prefixes
+	}
+	return nil
+}
+
+func (x *Override) GetLimits() map[string]uint32 {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *Override) GetExempt() bool {
+	if x != nil {
+		return x.Exempt
+	}
+	return false
+}
+
+func (x *Override) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Override) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+type OverrideSetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Override      *Override              `protobuf:"bytes,1,opt,name=override,proto3" json:"override,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideSetRequest) Reset() {
+	*x = OverrideSetRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideSetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideSetRequest) ProtoMessage() {}
+
+func (x *OverrideSetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideSetRequest.ProtoReflect.Descriptor instead.
+func (*OverrideSetRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *OverrideSetRequest) GetOverride() *Override {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+type OverrideSetResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Override      *Override              `protobuf:"bytes,2,opt,name=override,proto3" json:"override,omitempty"` // as stored, with its version
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideSetResponse) Reset() {
+	*x = OverrideSetResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideSetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideSetResponse) ProtoMessage() {}
+
+func (x *OverrideSetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideSetResponse.ProtoReflect.Descriptor instead.
+func (*OverrideSetResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *OverrideSetResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OverrideSetResponse) GetOverride() *Override {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+type OverrideDeleteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideDeleteRequest) Reset() {
+	*x = OverrideDeleteRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideDeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideDeleteRequest) ProtoMessage() {}
+
+func (x *OverrideDeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideDeleteRequest.ProtoReflect.Descriptor instead.
+func (*OverrideDeleteRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *OverrideDeleteRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type OverrideDeleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Deleted       bool                   `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideDeleteResponse) Reset() {
+	*x = OverrideDeleteResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideDeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideDeleteResponse) ProtoMessage() {}
+
+func (x *OverrideDeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideDeleteResponse.ProtoReflect.Descriptor instead.
+func (*OverrideDeleteResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *OverrideDeleteResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OverrideDeleteResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+type OverrideListRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideListRequest) Reset() {
+	*x = OverrideListRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideListRequest) ProtoMessage() {}
+
+func (x *OverrideListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideListRequest.ProtoReflect.Descriptor instead.
+func (*OverrideListRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{5}
+}
+
+type OverrideListResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Overrides     []*Override            `protobuf:"bytes,2,rep,name=overrides,proto3" json:"overrides,omitempty"` // sorted by name
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideListResponse) Reset() {
+	*x = OverrideListResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideListResponse) ProtoMessage() {}
+
+func (x *OverrideListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideListResponse.ProtoReflect.Descriptor instead.
+func (*OverrideListResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *OverrideListResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OverrideListResponse) GetOverrides() []*Override {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
 // CheckRequest is a batch of items in columns, which encode far cheaper
 // than one sub-message per item. Item i is recipients[i] with the i-th entry
 // of every other per-item column. A per-item column holds no entries (every
@@ -125,7 +509,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[0]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -137,7 +521,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[0]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -150,7 +534,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{0}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CheckRequest) GetRecipients() []string {
@@ -271,7 +655,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[1]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -283,7 +667,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[1]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -296,7 +680,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{1}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckResponse) GetAdmitted() []bool {
@@ -422,7 +806,7 @@ type RequestError struct {
 
 func (x *RequestError) Reset() {
 	*x = RequestError{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +818,7 @@ func (x *RequestError) String() string {
 func (*RequestError) ProtoMessage() {}
 
 func (x *RequestError) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +831,7 @@ func (x *RequestError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestError.ProtoReflect.Descriptor instead.
 func (*RequestError) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{2}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RequestError) GetCode() uint32 {
@@ -476,7 +860,7 @@ type ItemError struct {
 
 func (x *ItemError) Reset() {
 	*x = ItemError{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -488,7 +872,7 @@ func (x *ItemError) String() string {
 func (*ItemError) ProtoMessage() {}
 
 func (x *ItemError) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -501,7 +885,7 @@ func (x *ItemError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
 func (*ItemError) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{3}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ItemError) GetIndex() uint32 {
@@ -536,7 +920,7 @@ type Domain struct {
 
 func (x *Domain) Reset() {
 	*x = Domain{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -548,7 +932,7 @@ func (x *Domain) String() string {
 func (*Domain) ProtoMessage() {}
 
 func (x *Domain) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -561,7 +945,7 @@ func (x *Domain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Domain.ProtoReflect.Descriptor instead.
 func (*Domain) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{4}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Domain) GetName() string {
@@ -594,7 +978,7 @@ type Rule struct {
 
 func (x *Rule) Reset() {
 	*x = Rule{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +990,7 @@ func (x *Rule) String() string {
 func (*Rule) ProtoMessage() {}
 
 func (x *Rule) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +1003,7 @@ func (x *Rule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rule.ProtoReflect.Descriptor instead.
 func (*Rule) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{5}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Rule) GetName() string {
@@ -672,7 +1056,7 @@ type RulesRequest struct {
 
 func (x *RulesRequest) Reset() {
 	*x = RulesRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +1068,7 @@ func (x *RulesRequest) String() string {
 func (*RulesRequest) ProtoMessage() {}
 
 func (x *RulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +1081,7 @@ func (x *RulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesRequest.ProtoReflect.Descriptor instead.
 func (*RulesRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{6}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{13}
 }
 
 type RingRequest struct {
@@ -708,7 +1092,7 @@ type RingRequest struct {
 
 func (x *RingRequest) Reset() {
 	*x = RingRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +1104,7 @@ func (x *RingRequest) String() string {
 func (*RingRequest) ProtoMessage() {}
 
 func (x *RingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +1117,7 @@ func (x *RingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingRequest.ProtoReflect.Descriptor instead.
 func (*RingRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{7}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{14}
 }
 
 // RingResponse is one node's view of the ring.
@@ -755,7 +1139,7 @@ type RingResponse struct {
 
 func (x *RingResponse) Reset() {
 	*x = RingResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +1151,7 @@ func (x *RingResponse) String() string {
 func (*RingResponse) ProtoMessage() {}
 
 func (x *RingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +1164,7 @@ func (x *RingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingResponse.ProtoReflect.Descriptor instead.
 func (*RingResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{8}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RingResponse) GetEpoch() uint64 {
@@ -831,7 +1215,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +1227,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +1240,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{9}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Member) GetName() string {
@@ -907,7 +1291,7 @@ type Placement struct {
 
 func (x *Placement) Reset() {
 	*x = Placement{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1303,7 @@ func (x *Placement) String() string {
 func (*Placement) ProtoMessage() {}
 
 func (x *Placement) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1316,7 @@ func (x *Placement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Placement.ProtoReflect.Descriptor instead.
 func (*Placement) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{10}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Placement) GetPartitionCount() uint32 {
@@ -964,7 +1348,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1360,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1373,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{11}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{18}
 }
 
 type StatusResponse struct {
@@ -1030,7 +1414,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1426,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1439,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{12}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1259,7 +1643,7 @@ type DomainStatus struct {
 
 func (x *DomainStatus) Reset() {
 	*x = DomainStatus{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1655,7 @@ func (x *DomainStatus) String() string {
 func (*DomainStatus) ProtoMessage() {}
 
 func (x *DomainStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1668,7 @@ func (x *DomainStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DomainStatus.ProtoReflect.Descriptor instead.
 func (*DomainStatus) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{13}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DomainStatus) GetName() string {
@@ -1324,7 +1708,7 @@ type RulesResponse struct {
 
 func (x *RulesResponse) Reset() {
 	*x = RulesResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1720,7 @@ func (x *RulesResponse) String() string {
 func (*RulesResponse) ProtoMessage() {}
 
 func (x *RulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1733,7 @@ func (x *RulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesResponse.ProtoReflect.Descriptor instead.
 func (*RulesResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{14}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RulesResponse) GetDomains() []*Domain {
@@ -1374,7 +1758,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1770,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1783,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{15}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AcquireRequest) GetNode() string {
@@ -1444,7 +1828,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1456,7 +1840,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1469,7 +1853,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{16}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AcquireResponse) GetNode() string {
@@ -1504,7 +1888,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1900,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1913,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{17}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReleaseRequest) GetNode() string {
@@ -1562,7 +1946,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +1958,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +1971,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{18}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReleaseResponse) GetDropped() []uint32 {
@@ -1608,7 +1992,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +2004,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +2017,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{19}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReplicateRequest) GetNode() string {
@@ -1665,7 +2049,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +2061,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +2074,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{20}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{27}
 }
 
 type FillRequest struct {
@@ -1704,7 +2088,7 @@ type FillRequest struct {
 
 func (x *FillRequest) Reset() {
 	*x = FillRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +2100,7 @@ func (x *FillRequest) String() string {
 func (*FillRequest) ProtoMessage() {}
 
 func (x *FillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +2113,7 @@ func (x *FillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FillRequest.ProtoReflect.Descriptor instead.
 func (*FillRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{21}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FillRequest) GetNode() string {
@@ -1761,7 +2145,7 @@ type FillResponse struct {
 
 func (x *FillResponse) Reset() {
 	*x = FillResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +2157,7 @@ func (x *FillResponse) String() string {
 func (*FillResponse) ProtoMessage() {}
 
 func (x *FillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +2170,7 @@ func (x *FillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FillResponse.ProtoReflect.Descriptor instead.
 func (*FillResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{22}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{29}
 }
 
 type HandbackRequest struct {
@@ -1804,7 +2188,7 @@ type HandbackRequest struct {
 
 func (x *HandbackRequest) Reset() {
 	*x = HandbackRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +2200,7 @@ func (x *HandbackRequest) String() string {
 func (*HandbackRequest) ProtoMessage() {}
 
 func (x *HandbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +2213,7 @@ func (x *HandbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandbackRequest.ProtoReflect.Descriptor instead.
 func (*HandbackRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{23}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HandbackRequest) GetNode() string {
@@ -1868,7 +2252,7 @@ type HandbackResponse struct {
 
 func (x *HandbackResponse) Reset() {
 	*x = HandbackResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +2264,7 @@ func (x *HandbackResponse) String() string {
 func (*HandbackResponse) ProtoMessage() {}
 
 func (x *HandbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,14 +2277,42 @@ func (x *HandbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandbackResponse.ProtoReflect.Descriptor instead.
 func (*HandbackResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{24}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{31}
 }
 
 var File_freqring_v1_freqring_proto protoreflect.FileDescriptor
 
 const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
-	"\x1afreqring/v1/freqring.proto\x12\vfreqring.v1\"\xa7\x02\n" +
+	"\x1afreqring/v1/freqring.proto\x12\vfreqring.v1\"\xb2\x02\n" +
+	"\bOverride\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1e\n" +
+	"\n" +
+	"recipients\x18\x03 \x03(\tR\n" +
+	"recipients\x12\x1a\n" +
+	"\bprefixes\x18\x04 \x03(\tR\bprefixes\x129\n" +
+	"\x06limits\x18\x05 \x03(\v2!.freqring.v1.Override.LimitsEntryR\x06limits\x12\x16\n" +
+	"\x06exempt\x18\x06 \x01(\bR\x06exempt\x12\x18\n" +
+	"\aversion\x18\a \x01(\x03R\aversion\x12\x16\n" +
+	"\x06source\x18\b \x01(\tR\x06source\x1a9\n" +
+	"\vLimitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"G\n" +
+	"\x12OverrideSetRequest\x121\n" +
+	"\boverride\x18\x01 \x01(\v2\x15.freqring.v1.OverrideR\boverride\"\\\n" +
+	"\x13OverrideSetResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x121\n" +
+	"\boverride\x18\x02 \x01(\v2\x15.freqring.v1.OverrideR\boverride\"+\n" +
+	"\x15OverrideDeleteRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"F\n" +
+	"\x16OverrideDeleteResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\"\x15\n" +
+	"\x13OverrideListRequest\"_\n" +
+	"\x14OverrideListResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x123\n" +
+	"\toverrides\x18\x02 \x03(\v2\x15.freqring.v1.OverrideR\toverrides\"\xa7\x02\n" +
 	"\fCheckRequest\x12\x1e\n" +
 	"\n" +
 	"recipients\x18\x01 \x03(\tR\n" +
@@ -2076,7 +2488,11 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\aRelease\x12\x1b.freqring.v1.ReleaseRequest\x1a\x1c.freqring.v1.ReleaseResponse\x12J\n" +
 	"\tReplicate\x12\x1d.freqring.v1.ReplicateRequest\x1a\x1e.freqring.v1.ReplicateResponse\x12;\n" +
 	"\x04Fill\x12\x18.freqring.v1.FillRequest\x1a\x19.freqring.v1.FillResponse\x12G\n" +
-	"\bHandback\x12\x1c.freqring.v1.HandbackRequest\x1a\x1d.freqring.v1.HandbackResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
+	"\bHandback\x12\x1c.freqring.v1.HandbackRequest\x1a\x1d.freqring.v1.HandbackResponse2\x8a\x02\n" +
+	"\x05Admin\x12P\n" +
+	"\vSetOverride\x12\x1f.freqring.v1.OverrideSetRequest\x1a .freqring.v1.OverrideSetResponse\x12Y\n" +
+	"\x0eDeleteOverride\x12\".freqring.v1.OverrideDeleteRequest\x1a#.freqring.v1.OverrideDeleteResponse\x12T\n" +
+	"\rListOverrides\x12 .freqring.v1.OverrideListRequest\x1a!.freqring.v1.OverrideListResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
 
 var (
 	file_freqring_v1_freqring_proto_rawDescOnce sync.Once
@@ -2091,77 +2507,95 @@ func file_freqring_v1_freqring_proto_rawDescGZIP() []byte {
 }
 
 var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_freqring_v1_freqring_proto_goTypes = []any{
-	(Mode)(0),                 // 0: freqring.v1.Mode
-	(*CheckRequest)(nil),      // 1: freqring.v1.CheckRequest
-	(*CheckResponse)(nil),     // 2: freqring.v1.CheckResponse
-	(*RequestError)(nil),      // 3: freqring.v1.RequestError
-	(*ItemError)(nil),         // 4: freqring.v1.ItemError
-	(*Domain)(nil),            // 5: freqring.v1.Domain
-	(*Rule)(nil),              // 6: freqring.v1.Rule
-	(*RulesRequest)(nil),      // 7: freqring.v1.RulesRequest
-	(*RingRequest)(nil),       // 8: freqring.v1.RingRequest
-	(*RingResponse)(nil),      // 9: freqring.v1.RingResponse
-	(*Member)(nil),            // 10: freqring.v1.Member
-	(*Placement)(nil),         // 11: freqring.v1.Placement
-	(*StatusRequest)(nil),     // 12: freqring.v1.StatusRequest
-	(*StatusResponse)(nil),    // 13: freqring.v1.StatusResponse
-	(*DomainStatus)(nil),      // 14: freqring.v1.DomainStatus
-	(*RulesResponse)(nil),     // 15: freqring.v1.RulesResponse
-	(*AcquireRequest)(nil),    // 16: freqring.v1.AcquireRequest
-	(*AcquireResponse)(nil),   // 17: freqring.v1.AcquireResponse
-	(*ReleaseRequest)(nil),    // 18: freqring.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),   // 19: freqring.v1.ReleaseResponse
-	(*ReplicateRequest)(nil),  // 20: freqring.v1.ReplicateRequest
-	(*ReplicateResponse)(nil), // 21: freqring.v1.ReplicateResponse
-	(*FillRequest)(nil),       // 22: freqring.v1.FillRequest
-	(*FillResponse)(nil),      // 23: freqring.v1.FillResponse
-	(*HandbackRequest)(nil),   // 24: freqring.v1.HandbackRequest
-	(*HandbackResponse)(nil),  // 25: freqring.v1.HandbackResponse
-	nil,                       // 26: freqring.v1.CheckResponse.DomainsEntry
+	(Mode)(0),                      // 0: freqring.v1.Mode
+	(*Override)(nil),               // 1: freqring.v1.Override
+	(*OverrideSetRequest)(nil),     // 2: freqring.v1.OverrideSetRequest
+	(*OverrideSetResponse)(nil),    // 3: freqring.v1.OverrideSetResponse
+	(*OverrideDeleteRequest)(nil),  // 4: freqring.v1.OverrideDeleteRequest
+	(*OverrideDeleteResponse)(nil), // 5: freqring.v1.OverrideDeleteResponse
+	(*OverrideListRequest)(nil),    // 6: freqring.v1.OverrideListRequest
+	(*OverrideListResponse)(nil),   // 7: freqring.v1.OverrideListResponse
+	(*CheckRequest)(nil),           // 8: freqring.v1.CheckRequest
+	(*CheckResponse)(nil),          // 9: freqring.v1.CheckResponse
+	(*RequestError)(nil),           // 10: freqring.v1.RequestError
+	(*ItemError)(nil),              // 11: freqring.v1.ItemError
+	(*Domain)(nil),                 // 12: freqring.v1.Domain
+	(*Rule)(nil),                   // 13: freqring.v1.Rule
+	(*RulesRequest)(nil),           // 14: freqring.v1.RulesRequest
+	(*RingRequest)(nil),            // 15: freqring.v1.RingRequest
+	(*RingResponse)(nil),           // 16: freqring.v1.RingResponse
+	(*Member)(nil),                 // 17: freqring.v1.Member
+	(*Placement)(nil),              // 18: freqring.v1.Placement
+	(*StatusRequest)(nil),          // 19: freqring.v1.StatusRequest
+	(*StatusResponse)(nil),         // 20: freqring.v1.StatusResponse
+	(*DomainStatus)(nil),           // 21: freqring.v1.DomainStatus
+	(*RulesResponse)(nil),          // 22: freqring.v1.RulesResponse
+	(*AcquireRequest)(nil),         // 23: freqring.v1.AcquireRequest
+	(*AcquireResponse)(nil),        // 24: freqring.v1.AcquireResponse
+	(*ReleaseRequest)(nil),         // 25: freqring.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 26: freqring.v1.ReleaseResponse
+	(*ReplicateRequest)(nil),       // 27: freqring.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 28: freqring.v1.ReplicateResponse
+	(*FillRequest)(nil),            // 29: freqring.v1.FillRequest
+	(*FillResponse)(nil),           // 30: freqring.v1.FillResponse
+	(*HandbackRequest)(nil),        // 31: freqring.v1.HandbackRequest
+	(*HandbackResponse)(nil),       // 32: freqring.v1.HandbackResponse
+	nil,                            // 33: freqring.v1.Override.LimitsEntry
+	nil,                            // 34: freqring.v1.CheckResponse.DomainsEntry
 }
 var file_freqring_v1_freqring_proto_depIdxs = []int32{
-	0,  // 0: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
-	4,  // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	26, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
-	3,  // 3: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
-	6,  // 4: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
-	10, // 5: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
-	11, // 6: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
-	10, // 7: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
-	14, // 8: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
-	5,  // 9: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
-	5,  // 10: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
-	1,  // 11: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
-	1,  // 12: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
-	7,  // 13: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
-	8,  // 14: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
-	8,  // 15: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
-	12, // 16: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
-	1,  // 17: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
-	16, // 18: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
-	18, // 19: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
-	20, // 20: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
-	22, // 21: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
-	24, // 22: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
-	2,  // 23: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	2,  // 24: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
-	15, // 25: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	9,  // 26: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
-	9,  // 27: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
-	13, // 28: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
-	2,  // 29: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
-	17, // 30: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
-	19, // 31: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
-	21, // 32: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
-	23, // 33: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
-	25, // 34: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
-	23, // [23:35] is the sub-list for method output_type
-	11, // [11:23] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	33, // 0: freqring.v1.Override.limits:type_name -> freqring.v1.Override.LimitsEntry
+	1,  // 1: freqring.v1.OverrideSetRequest.override:type_name -> freqring.v1.Override
+	1,  // 2: freqring.v1.OverrideSetResponse.override:type_name -> freqring.v1.Override
+	1,  // 3: freqring.v1.OverrideListResponse.overrides:type_name -> freqring.v1.Override
+	0,  // 4: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
+	11, // 5: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
+	34, // 6: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	10, // 7: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
+	13, // 8: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
+	17, // 9: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
+	18, // 10: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
+	17, // 11: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
+	21, // 12: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
+	12, // 13: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
+	12, // 14: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
+	8,  // 15: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
+	8,  // 16: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
+	14, // 17: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
+	15, // 18: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
+	15, // 19: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
+	19, // 20: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
+	8,  // 21: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
+	23, // 22: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
+	25, // 23: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
+	27, // 24: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
+	29, // 25: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
+	31, // 26: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
+	2,  // 27: freqring.v1.Admin.SetOverride:input_type -> freqring.v1.OverrideSetRequest
+	4,  // 28: freqring.v1.Admin.DeleteOverride:input_type -> freqring.v1.OverrideDeleteRequest
+	6,  // 29: freqring.v1.Admin.ListOverrides:input_type -> freqring.v1.OverrideListRequest
+	9,  // 30: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	9,  // 31: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
+	22, // 32: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	16, // 33: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	16, // 34: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	20, // 35: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	9,  // 36: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	24, // 37: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
+	26, // 38: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
+	28, // 39: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
+	30, // 40: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
+	32, // 41: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
+	3,  // 42: freqring.v1.Admin.SetOverride:output_type -> freqring.v1.OverrideSetResponse
+	5,  // 43: freqring.v1.Admin.DeleteOverride:output_type -> freqring.v1.OverrideDeleteResponse
+	7,  // 44: freqring.v1.Admin.ListOverrides:output_type -> freqring.v1.OverrideListResponse
+	30, // [30:45] is the sub-list for method output_type
+	15, // [15:30] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_freqring_v1_freqring_proto_init() }
@@ -2175,9 +2609,9 @@ func file_freqring_v1_freqring_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_freqring_v1_freqring_proto_rawDesc), len(file_freqring_v1_freqring_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   34,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_freqring_v1_freqring_proto_goTypes,
 		DependencyIndexes: file_freqring_v1_freqring_proto_depIdxs,
