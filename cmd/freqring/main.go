@@ -28,6 +28,7 @@ Usage:
   freqring serve [flags]                 run a node
   freqring check [flags] RECIPIENT...    ask a node whether messages may go out
   freqring status [flags]                show the ring and each member
+  freqring override set|delete|list      change or list overrides on every member
   freqring cluster [flags]               run a local cluster in one process
   freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
   freqring synth [flags]                 write a data directory of N recipients at steady state
@@ -59,6 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = rulesCmd(args[1:], stdout, stderr)
 	case "status":
 		err = status(ctx, args[1:], stdout, stderr)
+	case "override":
+		err = overrideCmd(ctx, args[1:], stdout, stderr)
 	case "cluster":
 		err = cluster(ctx, args[1:], stdout, stderr)
 	case "bench":
