@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,14 +34,19 @@ const overridesFile = "overrides.json"
 
 // adminOverrides is the node's admin override layer.
 type adminOverrides struct {
-	mu   sync.Mutex // guards list; held across a change, its file write and the rebinding, so changes apply in order
+	mu   sync.Mutex // guards list, tombs; held across a change, its file write and the rebinding, so changes apply in order
 	list map[string]rules.Override
+	// tombs holds the version (unix ms) of each lifted admin override, at
+	// most MaxOverrides (the oldest go first), so that a member that missed
+	// the delete does not bring it back through SyncOverrides.
+	tombs map[string]int64
 }
 
 // overridesJSON is the file format of overridesFile.
 type overridesJSON struct {
 	Format    int              `json:"format"` // 1
 	Overrides []rules.Override `json:"overrides"`
+	Deleted   map[string]int64 `json:"deleted,omitempty"` // tombstones: name -> version
 }
 
 // adminList returns the admin overrides sorted by name.
@@ -97,6 +103,7 @@ func (n *Node) loadOverrides() error {
 	for _, o := range f.Overrides {
 		n.admin.list[o.Name] = o
 	}
+	n.admin.tombs = f.Deleted
 	n.rebind(n.view.Load().rules)
 	n.log.Info("admin overrides loaded", "file", path, "overrides", len(f.Overrides))
 	return nil
@@ -105,12 +112,12 @@ func (n *Node) loadOverrides() error {
 // saveOverrides writes list as the data directory's admin overrides:
 // temp file, fsync, rename, fsync the directory. Without a DataDir it does
 // nothing.
-func (n *Node) saveOverrides(list []rules.Override) error {
+func (n *Node) saveOverrides(list []rules.Override, tombs map[string]int64) error {
 	dir := n.cfg.DataDir
 	if dir == "" {
 		return nil
 	}
-	b, err := json.MarshalIndent(overridesJSON{Format: 1, Overrides: list}, "", "  ")
+	b, err := json.MarshalIndent(overridesJSON{Format: 1, Overrides: list, Deleted: tombs}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -187,6 +194,9 @@ func (n *Node) SetOverride(ctx context.Context, req *pb.OverrideSetRequest) (*pb
 	if err := o.Validate(rs); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if v, ok := n.admin.tombs[o.Name]; ok && v >= o.Version {
+		return nil, status.Errorf(codes.FailedPrecondition, "override %q: version: %d is not newer than its deletion (%d)", o.Name, o.Version, v)
+	}
 	for _, f := range rs.Overrides() {
 		if f.Name == o.Name {
 			return nil, status.Errorf(codes.InvalidArgument, "override %q: name: a rules-file override has this name (%s); change it there, or choose another name", o.Name, rs.Source())
@@ -203,7 +213,9 @@ func (n *Node) SetOverride(ctx context.Context, req *pb.OverrideSetRequest) (*pb
 		next = map[string]rules.Override{}
 	}
 	next[o.Name] = o
-	if err := n.commitOverrides(next, rs); err != nil {
+	tombs := maps.Clone(n.admin.tombs)
+	delete(tombs, o.Name)
+	if err := n.commitOverrides(next, tombs, rs); err != nil {
 		return nil, err
 	}
 	n.log.Info("admin override set", "override", o.Name, "domain", o.Domain, "recipients", len(o.Recipients), "prefixes", len(o.Prefixes), "limits", o.Limits, "exempt", o.Exempt)
@@ -213,14 +225,22 @@ func (n *Node) SetOverride(ctx context.Context, req *pb.OverrideSetRequest) (*pb
 // DeleteOverride answers Admin.DeleteOverride: it lifts the admin override
 // of that name, durably, and swaps in a view without it.
 func (n *Node) DeleteOverride(ctx context.Context, req *pb.OverrideDeleteRequest) (*pb.OverrideDeleteResponse, error) {
+	version := req.Version
+	if version == 0 {
+		version = n.nowMs()
+	}
 	n.admin.mu.Lock()
 	defer n.admin.mu.Unlock()
-	if _, ok := n.admin.list[req.Name]; !ok {
+	prev, ok := n.admin.list[req.Name]
+	if !ok {
 		return &pb.OverrideDeleteResponse{Node: n.cfg.Name}, nil
+	}
+	if prev.Version > version {
+		return nil, status.Errorf(codes.FailedPrecondition, "override %q: version: the delete's %d is older than the override in force (%d)", req.Name, version, prev.Version)
 	}
 	next := maps.Clone(n.admin.list)
 	delete(next, req.Name)
-	if err := n.commitOverrides(next, n.view.Load().rules); err != nil {
+	if err := n.commitOverrides(next, withTomb(n.admin.tombs, req.Name, version), n.view.Load().rules); err != nil {
 		return nil, err
 	}
 	n.log.Info("admin override lifted", "override", req.Name)
@@ -229,16 +249,36 @@ func (n *Node) DeleteOverride(ctx context.Context, req *pb.OverrideDeleteRequest
 
 // commitOverrides makes next the admin layer: on disk first, then in
 // memory and in the view. Callers hold n.admin.mu.
-func (n *Node) commitOverrides(next map[string]rules.Override, rs *rules.Set) error {
+func (n *Node) commitOverrides(next map[string]rules.Override, tombs map[string]int64, rs *rules.Set) error {
 	list := slices.Collect(maps.Values(next))
 	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
-	if err := n.saveOverrides(list); err != nil {
+	if err := n.saveOverrides(list, tombs); err != nil {
 		n.log.Error("admin overrides not saved: nothing changed", "err", err)
 		return status.Errorf(codes.Internal, "saving the admin overrides: %v; nothing changed", err)
 	}
-	n.admin.list = next
+	n.admin.list, n.admin.tombs = next, tombs
 	n.rebind(rs)
 	return nil
+}
+
+// withTomb returns a copy of tombs with name deleted at version, keeping
+// the newest MaxOverrides.
+func withTomb(tombs map[string]int64, name string, version int64) map[string]int64 {
+	out := maps.Clone(tombs)
+	if out == nil {
+		out = map[string]int64{}
+	}
+	out[name] = max(out[name], version)
+	for len(out) > rules.MaxOverrides {
+		oldest, ov := "", int64(0)
+		for k, v := range out {
+			if oldest == "" || v < ov || v == ov && k < oldest {
+				oldest, ov = k, v
+			}
+		}
+		delete(out, oldest)
+	}
+	return out
 }
 
 // ListOverrides answers Admin.ListOverrides: the rules file's overrides
@@ -246,8 +286,11 @@ func (n *Node) commitOverrides(next map[string]rules.Override, rs *rules.Set) er
 func (n *Node) ListOverrides(context.Context, *pb.OverrideListRequest) (*pb.OverrideListResponse, error) {
 	n.admin.mu.Lock()
 	admin := n.admin.sorted()
-	n.admin.mu.Unlock()
 	resp := &pb.OverrideListResponse{Node: n.cfg.Name}
+	for _, name := range slices.Sorted(maps.Keys(n.admin.tombs)) {
+		resp.Deleted = append(resp.Deleted, &pb.Override{Name: name, Version: n.admin.tombs[name], Source: "admin"})
+	}
+	n.admin.mu.Unlock()
 	for _, o := range n.view.Load().rules.Overrides() {
 		resp.Overrides = append(resp.Overrides, overrideProto(o, "file"))
 	}
@@ -258,4 +301,110 @@ func (n *Node) ListOverrides(context.Context, *pb.OverrideListRequest) (*pb.Over
 		return strings.Compare(resp.Overrides[i].Name, resp.Overrides[j].Name) < 0
 	})
 	return resp, nil
+}
+
+// syncTimeout bounds one member's ListOverrides call in SyncOverrides.
+const syncTimeout = 5 * time.Second
+
+// syncLoop pulls the admin overrides of the ring's other members each time
+// kick fires (Open, and every ring change), until ctx is done.
+func (n *Node) syncLoop(ctx context.Context, kick <-chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-kick:
+		}
+		n.SyncOverrides(ctx)
+	}
+}
+
+// SyncOverrides asks every other member of the ring for its admin
+// overrides and adopts, per name, the newest version of the override or of
+// its deletion, if newer than this node's. An override that does not fit
+// this node's rules is logged and not adopted. Members it cannot reach are
+// logged; the next ring change tries again. A member that joins or restarts
+// thus gets the overrides set while it was away, and a delete it missed
+// does not come back from it: the tombstone is newer.
+func (n *Node) SyncOverrides(ctx context.Context) {
+	r := n.clus.Load().ring()
+	type entry struct {
+		o       *pb.Override
+		deleted bool
+	}
+	newest := map[string]entry{}
+	for _, m := range r.Members() {
+		if m.Name == n.cfg.Name {
+			continue
+		}
+		p, err := n.peers.Peer(m)
+		if err != nil {
+			n.log.Warn("override sync: peer unreachable", "peer", m.Name, "err", err)
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, syncTimeout)
+		resp, err := p.ListOverrides(cctx, &pb.OverrideListRequest{})
+		cancel()
+		if err != nil {
+			n.log.Warn("override sync: listing a peer's overrides failed", "peer", m.Name, "err", err)
+			continue
+		}
+		for _, o := range resp.Overrides {
+			if o.Source == "admin" && (newest[o.Name].o == nil || o.Version > newest[o.Name].o.Version) {
+				newest[o.Name] = entry{o: o}
+			}
+		}
+		for _, o := range resp.Deleted {
+			if e := newest[o.Name]; e.o == nil || o.Version >= e.o.Version {
+				newest[o.Name] = entry{o: o, deleted: true}
+			}
+		}
+	}
+	if len(newest) == 0 {
+		return
+	}
+	n.admin.mu.Lock()
+	defer n.admin.mu.Unlock()
+	rs := n.view.Load().rules
+	next, tombs := maps.Clone(n.admin.list), maps.Clone(n.admin.tombs)
+	if next == nil {
+		next = map[string]rules.Override{}
+	}
+	changed := 0
+	for _, name := range slices.Sorted(maps.Keys(newest)) {
+		e := newest[name]
+		local := int64(-1)
+		if o, ok := next[name]; ok {
+			local = o.Version
+		}
+		if v, ok := tombs[name]; ok {
+			local = max(local, v)
+		}
+		if e.o.Version <= local {
+			continue
+		}
+		if e.deleted {
+			if _, ok := next[name]; ok || tombs[name] < e.o.Version {
+				delete(next, name)
+				tombs = withTomb(tombs, name, e.o.Version)
+				changed++
+			}
+			continue
+		}
+		o := overrideOf(e.o)
+		if err := o.Validate(rs); err != nil {
+			n.log.Warn("override sync: a peer's override does not fit the rules here: not adopted", "override", name, "err", err)
+			continue
+		}
+		next[name] = o
+		delete(tombs, name)
+		changed++
+	}
+	if changed == 0 {
+		return
+	}
+	if err := n.commitOverrides(next, tombs, rs); err != nil {
+		return // logged
+	}
+	n.log.Info("override sync: adopted peers' newer admin overrides", "changed", changed)
 }

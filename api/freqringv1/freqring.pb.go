@@ -278,8 +278,12 @@ func (x *OverrideSetResponse) GetOverride() *Override {
 }
 
 type OverrideDeleteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The delete's time in unix ms (0: the node's clock): it lifts the
+	// override only if no newer version of it was set, and is kept as a
+	// tombstone so that a member that missed it does not bring it back.
+	Version       int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -319,6 +323,13 @@ func (x *OverrideDeleteRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *OverrideDeleteRequest) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 type OverrideDeleteResponse struct {
@@ -410,9 +421,12 @@ func (*OverrideListRequest) Descriptor() ([]byte, []int) {
 }
 
 type OverrideListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Overrides     []*Override            `protobuf:"bytes,2,rep,name=overrides,proto3" json:"overrides,omitempty"` // sorted by name
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Node      string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Overrides []*Override            `protobuf:"bytes,2,rep,name=overrides,proto3" json:"overrides,omitempty"` // sorted by name
+	// Admin overrides lifted, with the delete's version (name and version
+	// only): members merge their peers' lists, newest version per name.
+	Deleted       []*Override `protobuf:"bytes,3,rep,name=deleted,proto3" json:"deleted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -457,6 +471,13 @@ func (x *OverrideListResponse) GetNode() string {
 func (x *OverrideListResponse) GetOverrides() []*Override {
 	if x != nil {
 		return x.Overrides
+	}
+	return nil
+}
+
+func (x *OverrideListResponse) GetDeleted() []*Override {
+	if x != nil {
+		return x.Deleted
 	}
 	return nil
 }
@@ -2303,16 +2324,18 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\boverride\x18\x01 \x01(\v2\x15.freqring.v1.OverrideR\boverride\"\\\n" +
 	"\x13OverrideSetResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x121\n" +
-	"\boverride\x18\x02 \x01(\v2\x15.freqring.v1.OverrideR\boverride\"+\n" +
+	"\boverride\x18\x02 \x01(\v2\x15.freqring.v1.OverrideR\boverride\"E\n" +
 	"\x15OverrideDeleteRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"F\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\"F\n" +
 	"\x16OverrideDeleteResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\adeleted\x18\x02 \x01(\bR\adeleted\"\x15\n" +
-	"\x13OverrideListRequest\"_\n" +
+	"\x13OverrideListRequest\"\x90\x01\n" +
 	"\x14OverrideListResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x123\n" +
-	"\toverrides\x18\x02 \x03(\v2\x15.freqring.v1.OverrideR\toverrides\"\xa7\x02\n" +
+	"\toverrides\x18\x02 \x03(\v2\x15.freqring.v1.OverrideR\toverrides\x12/\n" +
+	"\adeleted\x18\x03 \x03(\v2\x15.freqring.v1.OverrideR\adeleted\"\xa7\x02\n" +
 	"\fCheckRequest\x12\x1e\n" +
 	"\n" +
 	"recipients\x18\x01 \x03(\tR\n" +
@@ -2550,52 +2573,53 @@ var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	1,  // 1: freqring.v1.OverrideSetRequest.override:type_name -> freqring.v1.Override
 	1,  // 2: freqring.v1.OverrideSetResponse.override:type_name -> freqring.v1.Override
 	1,  // 3: freqring.v1.OverrideListResponse.overrides:type_name -> freqring.v1.Override
-	0,  // 4: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
-	11, // 5: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	34, // 6: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
-	10, // 7: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
-	13, // 8: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
-	17, // 9: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
-	18, // 10: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
-	17, // 11: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
-	21, // 12: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
-	12, // 13: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
-	12, // 14: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
-	8,  // 15: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
-	8,  // 16: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
-	14, // 17: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
-	15, // 18: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
-	15, // 19: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
-	19, // 20: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
-	8,  // 21: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
-	23, // 22: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
-	25, // 23: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
-	27, // 24: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
-	29, // 25: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
-	31, // 26: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
-	2,  // 27: freqring.v1.Admin.SetOverride:input_type -> freqring.v1.OverrideSetRequest
-	4,  // 28: freqring.v1.Admin.DeleteOverride:input_type -> freqring.v1.OverrideDeleteRequest
-	6,  // 29: freqring.v1.Admin.ListOverrides:input_type -> freqring.v1.OverrideListRequest
-	9,  // 30: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	9,  // 31: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
-	22, // 32: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	16, // 33: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
-	16, // 34: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
-	20, // 35: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
-	9,  // 36: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
-	24, // 37: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
-	26, // 38: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
-	28, // 39: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
-	30, // 40: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
-	32, // 41: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
-	3,  // 42: freqring.v1.Admin.SetOverride:output_type -> freqring.v1.OverrideSetResponse
-	5,  // 43: freqring.v1.Admin.DeleteOverride:output_type -> freqring.v1.OverrideDeleteResponse
-	7,  // 44: freqring.v1.Admin.ListOverrides:output_type -> freqring.v1.OverrideListResponse
-	30, // [30:45] is the sub-list for method output_type
-	15, // [15:30] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	1,  // 4: freqring.v1.OverrideListResponse.deleted:type_name -> freqring.v1.Override
+	0,  // 5: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
+	11, // 6: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
+	34, // 7: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	10, // 8: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
+	13, // 9: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
+	17, // 10: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
+	18, // 11: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
+	17, // 12: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
+	21, // 13: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
+	12, // 14: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
+	12, // 15: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
+	8,  // 16: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
+	8,  // 17: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
+	14, // 18: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
+	15, // 19: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
+	15, // 20: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
+	19, // 21: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
+	8,  // 22: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
+	23, // 23: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
+	25, // 24: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
+	27, // 25: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
+	29, // 26: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
+	31, // 27: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
+	2,  // 28: freqring.v1.Admin.SetOverride:input_type -> freqring.v1.OverrideSetRequest
+	4,  // 29: freqring.v1.Admin.DeleteOverride:input_type -> freqring.v1.OverrideDeleteRequest
+	6,  // 30: freqring.v1.Admin.ListOverrides:input_type -> freqring.v1.OverrideListRequest
+	9,  // 31: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	9,  // 32: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
+	22, // 33: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	16, // 34: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	16, // 35: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	20, // 36: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	9,  // 37: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	24, // 38: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
+	26, // 39: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
+	28, // 40: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
+	30, // 41: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
+	32, // 42: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
+	3,  // 43: freqring.v1.Admin.SetOverride:output_type -> freqring.v1.OverrideSetResponse
+	5,  // 44: freqring.v1.Admin.DeleteOverride:output_type -> freqring.v1.OverrideDeleteResponse
+	7,  // 45: freqring.v1.Admin.ListOverrides:output_type -> freqring.v1.OverrideListResponse
+	31, // [31:46] is the sub-list for method output_type
+	16, // [16:31] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_freqring_v1_freqring_proto_init() }

@@ -729,7 +729,9 @@ type AdminClient interface {
 	// is false if there was none. Rules-file overrides change with the file.
 	DeleteOverride(ctx context.Context, in *OverrideDeleteRequest, opts ...grpc.CallOption) (*OverrideDeleteResponse, error)
 	// ListOverrides lists the overrides in force on the node: the rules
-	// file's and the admin ones.
+	// file's and the admin ones, and the admin ones lifted. Members call it on
+	// each other when they start and on every ring change, and adopt the
+	// newest version of each admin override (or of its deletion).
 	ListOverrides(ctx context.Context, in *OverrideListRequest, opts ...grpc.CallOption) (*OverrideListResponse, error)
 }
 
@@ -789,7 +791,9 @@ type AdminServer interface {
 	// is false if there was none. Rules-file overrides change with the file.
 	DeleteOverride(context.Context, *OverrideDeleteRequest) (*OverrideDeleteResponse, error)
 	// ListOverrides lists the overrides in force on the node: the rules
-	// file's and the admin ones.
+	// file's and the admin ones, and the admin ones lifted. Members call it on
+	// each other when they start and on every ring change, and adopt the
+	// newest version of each admin override (or of its deletion).
 	ListOverrides(context.Context, *OverrideListRequest) (*OverrideListResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
