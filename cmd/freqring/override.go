@@ -94,9 +94,10 @@ func overrideCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			report(m, err, "set %q, version %d", resp.GetOverride().GetName(), resp.GetOverride().GetVersion())
 		}
 	case "delete":
+		version := time.Now().UnixMilli() // one version on every member
 		for _, m := range members {
 			resp, err := withAdmin(ctx, m.Addr, dial, *timeout, func(ctx context.Context, c pb.AdminClient) (*pb.OverrideDeleteResponse, error) {
-				return c.DeleteOverride(ctx, &pb.OverrideDeleteRequest{Name: rest[0]})
+				return c.DeleteOverride(ctx, &pb.OverrideDeleteRequest{Name: rest[0], Version: version})
 			})
 			if err == nil && !resp.Deleted {
 				report(m, nil, "no admin override %q", rest[0])
