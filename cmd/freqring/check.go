@@ -185,5 +185,11 @@ func shadowNote(r checkResult, suffix string) string {
 
 // shortDuration drops a Go duration's zero tails: 1m0s -> 1m, 24h0m0s -> 24h.
 func shortDuration(s string) string {
-	return strings.TrimSuffix(strings.TrimSuffix(s, "0s"), "0m")
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

@@ -34,3 +34,11 @@ func TestPrintResultsNamesShadowRules(t *testing.T) {
 		}
 	}
 }
+
+func TestShortDuration(t *testing.T) {
+	for in, want := range map[string]string{"1m0s": "1m", "24h0m0s": "24h", "10s": "10s", "59s": "59s", "1h30m0s": "1h30m", "1m30s": "1m30s", "20m0s": "20m", "100ms": "100ms"} {
+		if got := shortDuration(in); got != want {
+			t.Errorf("shortDuration(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
