@@ -82,6 +82,8 @@ func FuzzParse(f *testing.F) {
 	f.Add(DefaultYAML())
 	f.Add([]byte("domains:\n  - name: a\n    rules:\n      - {name: x, scope: recipient, limit: 3, window: 2s}\n"))
 	f.Add([]byte("domains: [{name: a, rules: [{name: x, scope: recipient+content, limit: 1000, window: 744h}]}]"))
+	f.Add([]byte(overridesYAML))
+	f.Add([]byte("domains: [{name: a, shadow: true, rules: [{name: x, scope: recipient, limit: 3, window: 2s, shadow: true}]}]\noverrides: [{name: o, domain: a, prefixes: [b], exempt: true}]"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rs, err := Parse("f.yaml", b)
 		if err != nil {
@@ -94,6 +96,21 @@ func FuzzParse(f *testing.F) {
 			for _, r := range rs.Domain(name).Rules() {
 				if err := r.Validate(); err != nil {
 					t.Fatalf("accepted an invalid rule: %v", err)
+				}
+			}
+			// Every accepted override binds, and finds its own keys.
+			if _, err := Bind(rs.Domain(name), rs.Overrides()); err != nil {
+				t.Fatalf("accepted overrides that do not bind: %v", err)
+			}
+		}
+		for _, o := range rs.Overrides() {
+			if err := o.Validate(rs); err != nil {
+				t.Fatalf("accepted an invalid override: %v", err)
+			}
+			b, _ := Bind(rs.Domain(o.Domain), rs.Overrides())
+			for _, k := range o.Recipients {
+				if i := b.Lookup(k); i < 0 || b.Overrides[i].Name != o.Name {
+					t.Fatalf("override %q does not decide its own recipient %q", o.Name, k)
 				}
 			}
 		}
