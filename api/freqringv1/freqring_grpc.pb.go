@@ -718,8 +718,8 @@ const (
 // Admin changes a node's overrides: other limits, or none, for listed keys
 // of a domain, over the same records. Rules-file overrides come with the
 // rules; these are the node's own, kept in its data directory and applied
-// at once. `freqring override` calls every member of the ring. With
-// --peer-mtls, Admin needs a verified client certificate.
+// at once. `freqring override` calls every member of the ring. When the
+// Peer service needs client certificates (Config.PeerMTLS), so does Admin.
 type AdminClient interface {
 	// SetOverride adds or replaces the node's admin override of that name,
 	// validated as a rules-file override is (INVALID_ARGUMENT naming the
@@ -780,8 +780,8 @@ func (c *adminClient) ListOverrides(ctx context.Context, in *OverrideListRequest
 // Admin changes a node's overrides: other limits, or none, for listed keys
 // of a domain, over the same records. Rules-file overrides come with the
 // rules; these are the node's own, kept in its data directory and applied
-// at once. `freqring override` calls every member of the ring. With
-// --peer-mtls, Admin needs a verified client certificate.
+// at once. `freqring override` calls every member of the ring. When the
+// Peer service needs client certificates (Config.PeerMTLS), so does Admin.
 type AdminServer interface {
 	// SetOverride adds or replaces the node's admin override of that name,
 	// validated as a rules-file override is (INVALID_ARGUMENT naming the
