@@ -92,9 +92,13 @@ type Decision struct {
 	// decision (admitted and recorded, DecidedAt its time; Rules as of now)
 	// and nothing was recorded again.
 	Duplicate bool
+	DeniedBy  string // the rule that denied the item (the one with the longest RetryAfter); "" if admitted
+	// ShadowDeniedBy is the shadow rule that would have denied the item
+	// (the one with the longest retry); "" if none. A shadow rule never
+	// denies: an item only shadow rules would deny is admitted.
+	ShadowDeniedBy string
 	// Refunded means this Refund item took back its send now.
 	Refunded   bool
-	DeniedBy   string        // the rule that denied the item (the one with the longest RetryAfter); "" if admitted
 	RetryAfter time.Duration // until the item would be admitted; 0 if admitted
 	// DecidedAt is the node's clock at the decision (millisecond precision),
 	// or the client's clock for a degraded answer.
@@ -108,9 +112,10 @@ type RuleState struct {
 	Name       string
 	Limit      int
 	Window     time.Duration
+	Shadow     bool          // a shadow rule: evaluated and reported, never denies
 	Used       int           // sends of the rule's scope in the window, this one included if recorded
 	Remaining  int           // Limit - Used, at least 0
-	RetryAfter time.Duration // until this rule admits the item; 0 if it does
+	RetryAfter time.Duration // until this rule admits the item; 0 if it does; -1ms never (a shadow rule below the item's cost)
 }
 
 // ItemError is an item the caller got wrong: the client or the node refused

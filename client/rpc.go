@@ -174,12 +174,18 @@ func decode(resp *pb.CheckResponse, n int, at func(int) *prepared, node string, 
 				if dom != nil && r < len(dom.Rules) {
 					rule := dom.Rules[r]
 					rs[r].Name, rs[r].Limit, rs[r].Window = rule.Name, int(rule.Limit), time.Duration(rule.WindowMs)*time.Millisecond
+					rs[r].Shadow = rule.Shadow
 				}
 			}
 			dec.Rules = rs
 		}
 		if by := resp.DeniedBy[j]; by >= 0 && dom != nil && int(by) < len(dom.Rules) {
 			dec.DeniedBy = dom.Rules[by].Name
+		}
+		if len(resp.ShadowDeniedBy) > 0 {
+			if by := resp.ShadowDeniedBy[j]; by >= 0 && dom != nil && int(by) < len(dom.Rules) {
+				dec.ShadowDeniedBy = dom.Rules[by].Name
+			}
 		}
 		off += k
 		emit(j, outcome{dec: dec})
@@ -200,6 +206,9 @@ func checkResponse(resp *pb.CheckResponse, n int) (failed []*pb.ItemError, dup [
 		if col.len != n {
 			return nil, nil, fmt.Errorf("%s has %d entries for %d items", col.name, col.len, n)
 		}
+	}
+	if k := len(resp.ShadowDeniedBy); k != 0 && k != n {
+		return nil, nil, fmt.Errorf("shadow_denied_by has %d entries for %d items, want 0 or %d", k, n, n)
 	}
 	total := 0
 	for _, k := range resp.RuleCounts {

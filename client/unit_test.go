@@ -105,7 +105,8 @@ func TestPrepare(t *testing.T) {
 		{"big content", Item{Recipient: "a", Content: make([]byte, 64<<10+1)}, "Content: 65537 bytes, more than 65536"},
 		{"negative cost", Item{Recipient: "a", Cost: -1}, "Cost: -1 out of range [1, 1000]"},
 		{"huge cost", Item{Recipient: "a", Cost: 1001}, "Cost: 1001 out of range"},
-		{"mode", Item{Recipient: "a", Mode: 3}, "Mode: unknown mode 3"},
+		{"mode", Item{Recipient: "a", Mode: 4}, "Mode: unknown mode 4"},
+		{"refund without id", Item{Recipient: "a", Mode: Refund}, "RequestID: 0; a Refund names the send"},
 		{"recipient not UTF-8", Item{Recipient: "+86\xff"}, `Recipient: "+86\xff" is not valid UTF-8`},
 		{"domain not UTF-8", Item{Recipient: "a", Domain: "d\xc3("}, `Domain: "d\xc3(" is not valid UTF-8`},
 	} {

@@ -169,6 +169,7 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 	if dv == nil {
 		return nil, it, badItem("domains[%d]: unknown domain %s (this node serves %v)", i, quote(name), v.names)
 	}
+	dv = dv.forKey(rcp)
 	if len(req.Contents) > 0 {
 		c := column(req.Contents, i, nil)
 		if len(c) > v.maxContent {
@@ -313,6 +314,18 @@ func newResponse(n int) *pb.CheckResponse {
 	}
 }
 
+// setShadowDeniedBy sets item j's shadow_denied_by to rule, making the
+// column (one entry per item, -1 for none) on the first item that has one.
+func setShadowDeniedBy(resp *pb.CheckResponse, j int, rule int32) {
+	if resp.ShadowDeniedBy == nil {
+		resp.ShadowDeniedBy = make([]int32, len(resp.Admitted))
+		for k := range resp.ShadowDeniedBy {
+			resp.ShadowDeniedBy[k] = -1
+		}
+	}
+	resp.ShadowDeniedBy[j] = rule
+}
+
 // decideChunk is how many items decide hands to store.ApplyBatch at once:
 // enough to overlap the cache misses of a batch, few enough to keep the
 // pooled results (about 500 bytes an item) small.
@@ -435,6 +448,13 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		resp.Admitted[j] = dec.Admitted
 		resp.Recorded[j] = dec.Recorded
 		resp.DeniedBy[j] = int32(dec.DeniedBy)
+		if dec.DeniedBy >= 0 {
+			x.dv.counts.denied(dec.DeniedBy)
+		}
+		if dec.ShadowDeniedBy >= 0 && !x.dv.exempt {
+			setShadowDeniedBy(resp, j, int32(dec.ShadowDeniedBy))
+			x.dv.counts.shadowDenied(dec.ShadowDeniedBy)
+		}
 		resp.RetryAfterMs[j] = dec.RetryAfter
 		resp.DecidedAtMs[j] = dec.At
 		resp.RuleCounts[j] = uint32(dec.NumRules)

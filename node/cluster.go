@@ -71,11 +71,17 @@ func (n *Node) startCluster(ctx context.Context) error {
 	n.clus.Store(c)
 	ch, cancel := ms.Watch()
 	rings := make(chan *ring.Ring, 1)
+	syncKick := make(chan struct{}, 1) // overrides.go: pull the peers' admin overrides
+	n.loops.Go(func() { n.syncLoop(n.moverCtx, syncKick) })
 	n.loops.Go(func() {
 		defer cancel()
 		defer close(rings)
 		for r := range ch {
 			n.peers.Prune(r)
+			select {
+			case syncKick <- struct{}{}:
+			default: // a sync is pending: it will read the newest ring
+			}
 			n.log.Info("ring changed", "epoch", r.Epoch(), "members", len(r.Members()))
 			select { // the mover wants the latest ring only
 			case rings <- r:

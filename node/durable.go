@@ -72,6 +72,9 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 			lock.unlock()
 		}
 	}()
+	if err := n.loadOverrides(); err != nil {
+		return rs, err
+	}
 	now := n.nowMs()
 	n.loadUsage(dir)
 	var ss *snapshotState

@@ -187,6 +187,9 @@ func mergeResponses(n int, groups []*group, epoch uint64, self string) *pb.Check
 			continue
 		}
 		out.Admitted[i], out.Recorded[i], out.DeniedBy[i] = r.Admitted[s.j], r.Recorded[s.j], r.DeniedBy[s.j]
+		if len(r.ShadowDeniedBy) > s.j && r.ShadowDeniedBy[s.j] >= 0 {
+			setShadowDeniedBy(out, i, r.ShadowDeniedBy[s.j])
+		}
 		out.RetryAfterMs[i], out.DecidedAtMs[i] = r.RetryAfterMs[s.j], r.DecidedAtMs[s.j]
 		k := int(r.RuleCounts[s.j])
 		out.RuleCounts[i] = uint32(k)

@@ -287,6 +287,8 @@ type Node struct {
 
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
+	decisions                                   decisionCounts // per domain and rule, by name
+	admin                                       adminOverrides // the admin override layer of the view (overrides.go)
 	memLog                                      memoryLog
 	// usage counts decided items per day and domain (usage.go); saved in
 	// DataDir at each snapshot and on Close.
@@ -311,10 +313,33 @@ type view struct {
 
 // domainView is one domain's rules, records and API description.
 type domainView struct {
-	d         *window.Domain
-	ref       store.Ref
-	proto     *pb.Domain // shared by every response; never modified
-	ruleNames []string   // rule names in domain order, for usage statistics
+	d      *window.Domain
+	ref    store.Ref
+	proto  *pb.Domain    // shared by every response; never modified
+	counts *domainCounts // decisions of the domain, kept across rebinding
+	// ruleNames are the rule names in domain order, for usage statistics.
+	ruleNames []string
+
+	// over finds a key's override; nil when the domain has none (the hot
+	// path's one nil check). variants[i] decides the keys of
+	// over.Overrides[i]: its rules with the override's limits, over the
+	// same records (the same name), sharing proto and counts.
+	over     *rules.Binding
+	variants []*domainView
+	exempt   bool   // a variant of an exempt override: its keys are admitted unchecked, still recorded
+	override string // the variant's override name; "" for the domain itself
+}
+
+// forKey returns the view that decides recipient rcp: its override's
+// variant, or dv.
+func (dv *domainView) forKey(rcp string) *domainView {
+	if dv.over == nil {
+		return dv
+	}
+	if i := dv.over.Lookup(rcp); i >= 0 {
+		return dv.variants[i]
+	}
+	return dv
 }
 
 // New returns a node serving cfg.Rules.
@@ -348,11 +373,25 @@ func New(cfg Config) (*Node, error) {
 // bind binds a rule set to the node's store.
 func (n *Node) bind(rs *rules.Set) *view {
 	v := &view{rules: rs, domains: map[string]*domainView{}, names: rs.Names(), maxContent: n.cfg.Limits.MaxContentBytes}
+	overrides := n.overridesFor(rs)
 	for _, name := range v.names {
 		d := rs.Domain(name)
-		dv := &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d)}
+		b, err := rules.Bind(d, overrides)
+		if err != nil {
+			// Validated overrides bind; this is a bug, not bad input.
+			n.log.Error("BUG: overrides of a domain did not bind: serving it without them", "domain", name, "err", err)
+			b = &rules.Binding{Base: d}
+		}
+		dv := &domainView{d: b.Base, ref: n.store.Bind(b.Base), proto: domainProto(d), counts: n.decisions.of(d)}
 		for _, r := range d.Rules() {
 			dv.ruleNames = append(dv.ruleNames, r.Name)
+		}
+		if len(b.Overrides) > 0 {
+			dv.over = b
+			for _, o := range b.Overrides {
+				dv.variants = append(dv.variants, &domainView{d: o.Domain, ref: n.store.Bind(o.Domain), proto: dv.proto, counts: dv.counts,
+					ruleNames: dv.ruleNames, exempt: o.Exempt, override: o.Name})
+			}
 		}
 		v.domains[name] = dv
 		v.longest = max(v.longest, d.Longest())
@@ -373,7 +412,7 @@ func domainProto(d *window.Domain) *pb.Domain {
 	for _, r := range d.Rules() {
 		p.Rules = append(p.Rules, &pb.Rule{
 			Name: r.Name, Scope: r.Scope.String(), Limit: uint32(r.Limit),
-			WindowMs: r.WindowMillis(), Window: r.Window.String(),
+			WindowMs: r.WindowMillis(), Window: r.Window.String(), Shadow: r.Shadow,
 		})
 	}
 	return p
@@ -438,6 +477,17 @@ type DomainStats struct {
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs
 	LiveBytes  int64 // bytes of record slots in use
+	// Rules counts, per rule of the domain in its order, the items it denied
+	// and those it would have denied as a shadow, since start; kept by domain
+	// and rule name across rule changes.
+	Rules []RuleStats
+}
+
+// RuleStats counts one rule's decisions since start.
+type RuleStats struct {
+	Name         string
+	Denied       int64 // items this rule denied (the denying rule with the longest retry)
+	ShadowDenied int64 // items this shadow rule would have denied (never denies)
 }
 
 // Stats returns the node's counters. It takes each partition lock briefly.
@@ -458,6 +508,7 @@ func (n *Node) Stats() Stats {
 		s.Domains = append(s.Domains, DomainStats{
 			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired,
 			IndexBytes: st.IndexBytes, SlabBytes: st.SlabBytes, LiveBytes: st.LiveBytes,
+			Rules: v.domains[name].counts.stats(v.domains[name].d),
 		})
 	}
 	sort.Slice(s.Domains, func(i, j int) bool { return s.Domains[i].Name < s.Domains[j].Name })

@@ -28,6 +28,8 @@ type Peer interface {
 	// Fill puts partition images on the peer, their backup (Node.Fill).
 	Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error)
 	Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error)
+	// ListOverrides lists the peer's overrides and tombstones (Node.ListOverrides, on the Admin service).
+	ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error)
 }
 
 // MaxPeerResponseBytes bounds a peer's answer (an Acquire carries partition
@@ -66,18 +68,25 @@ func (g *grpcPeers) Peer(m ring.Member) (Peer, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if conn := g.conns[m.Addr]; conn != nil {
-		return grpcPeer{pb.NewPeerClient(conn)}, nil
+		return grpcPeer{pb.NewPeerClient(conn), pb.NewAdminClient(conn)}, nil
 	}
 	conn, err := grpc.NewClient(m.Addr, g.opts...)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "dialling %s (%s): %v", m.Name, m.Addr, err)
 	}
 	g.conns[m.Addr] = conn
-	return grpcPeer{pb.NewPeerClient(conn)}, nil
+	return grpcPeer{pb.NewPeerClient(conn), pb.NewAdminClient(conn)}, nil
 }
 
 // grpcPeer is a Peer over one gRPC connection.
-type grpcPeer struct{ c pb.PeerClient }
+type grpcPeer struct {
+	c pb.PeerClient
+	a pb.AdminClient
+}
+
+func (p grpcPeer) ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error) {
+	return p.a.ListOverrides(ctx, req)
+}
 
 func (p grpcPeer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
 	return p.c.Forward(ctx, req)
@@ -201,6 +210,10 @@ func (p localPeer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.H
 
 func (p localPeer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
 	return localCall(p, ctx, req, (*Node).Fill)
+}
+
+func (p localPeer) ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error) {
+	return localCall(p, ctx, req, (*Node).ListOverrides)
 }
 
 // localCall calls method on the node registered at p's address, cloning the

@@ -84,7 +84,9 @@ func (n *Node) Reload(ctx context.Context, rs *rules.Set) error {
 			}
 		}
 	}
-	n.view.Store(n.bind(rs))
+	n.admin.mu.Lock() // the admin overrides are a layer of the view (overrides.go)
+	n.rebind(rs)
+	n.admin.mu.Unlock()
 	n.reloads.Add(1)
 	n.log.Info("rules reloaded", "rules", rs.Source(), "hash", fmt.Sprintf("%016x", rs.Hash()),
 		"prev_hash", fmt.Sprintf("%016x", old.rules.Hash()), "domains", rs.Names(), "dropped", dropped,

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,7 +21,8 @@ import (
 
 // serverOptions returns the gRPC options of the node's listener: TLS
 // credentials when Config.TLS is set, and the interceptors that keep the
-// Peer service to verified peers when Config.PeerMTLS is set.
+// Peer service to verified peers (and Admin to verified clients) when
+// Config.PeerMTLS is set.
 func (n *Node) serverOptions() []grpc.ServerOption {
 	var opts []grpc.ServerOption
 	if n.cfg.TLS != nil {
@@ -40,6 +42,10 @@ type peerAuth struct{ name string }
 // peerService is the full name of the Peer service, the prefix of its
 // methods' names.
 var peerService = "/" + pb.Peer_ServiceDesc.ServiceName + "/"
+
+// adminService is the prefix of the Admin service's methods, which also
+// need a verified client certificate under PeerMTLS (any the CAs signed).
+var adminService = "/" + pb.Admin_ServiceDesc.ServiceName + "/"
 
 // unary refuses a call to the Peer service (Forward, Acquire, Release,
 // Replicate, Fill, Handback) that did not come over TLS with a client certificate
@@ -62,7 +68,8 @@ func (pa peerAuth) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServer
 // check returns nil unless method belongs to the Peer service and the
 // caller presented no verified client certificate valid for pa.name.
 func (pa peerAuth) check(ctx context.Context, method string) error {
-	if len(method) < len(peerService) || method[:len(peerService)] != peerService {
+	admin := strings.HasPrefix(method, adminService)
+	if !admin && !strings.HasPrefix(method, peerService) {
 		return nil
 	}
 	p, ok := peer.FromContext(ctx)
@@ -76,7 +83,7 @@ func (pa peerAuth) check(ctx context.Context, method string) error {
 	if len(ti.State.VerifiedChains) == 0 {
 		return status.Errorf(codes.Unauthenticated, "%s from %s: the Peer service needs a verified client certificate", method, p.Addr)
 	}
-	if pa.name != "" {
+	if pa.name != "" && !admin { // an operator's certificate need not be a peer's
 		if err := ti.State.VerifiedChains[0][0].VerifyHostname(pa.name); err != nil {
 			return status.Errorf(codes.Unauthenticated, "%s from %s: the client certificate is not a peer's: %v", method, p.Addr, err)
 		}

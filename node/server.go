@@ -81,6 +81,24 @@ func (s peerServer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResp
 	return s.n.Fill(ctx, req)
 }
 
+// adminServer adapts a Node to the Admin service.
+type adminServer struct {
+	pb.UnimplementedAdminServer
+	n *Node
+}
+
+func (s adminServer) SetOverride(ctx context.Context, req *pb.OverrideSetRequest) (*pb.OverrideSetResponse, error) {
+	return s.n.SetOverride(ctx, req)
+}
+
+func (s adminServer) DeleteOverride(ctx context.Context, req *pb.OverrideDeleteRequest) (*pb.OverrideDeleteResponse, error) {
+	return s.n.DeleteOverride(ctx, req)
+}
+
+func (s adminServer) ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error) {
+	return s.n.ListOverrides(ctx, req)
+}
+
 // NewGRPCServer returns a gRPC server with the node's Limiter service, gRPC
 // health (NOT_SERVING until the caller sets it) and reflection registered,
 // and the health server. It enforces Config.Limits; opts come after them.
@@ -89,6 +107,7 @@ func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.S
 	srv := grpc.NewServer(opts...)
 	srv.RegisterService(decodeInvalid(&pb.Limiter_ServiceDesc), limiterServer{n: n}) // codec.go
 	srv.RegisterService(decodeInvalid(&pb.Peer_ServiceDesc), peerServer{n: n})
+	srv.RegisterService(decodeInvalid(&pb.Admin_ServiceDesc), adminServer{n: n})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	setHealth(hs, healthpb.HealthCheckResponse_NOT_SERVING)

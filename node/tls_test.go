@@ -182,6 +182,18 @@ func TestPeerMTLS(t *testing.T) {
 	if _, err := pb.NewPeerClient(dialCreds(t, b.Addr, peerCreds)).Forward(ctx, &req); err != nil {
 		t.Fatalf("Forward with the node certificate: %v", err)
 	}
+
+	// Admin wants a verified client certificate too, any the CA signed.
+	set := &pb.OverrideSetRequest{Override: &pb.Override{Name: "vip", Domain: "default", Prefixes: []string{"+1"}, Exempt: true}}
+	if _, err := pb.NewAdminClient(dialCreds(t, b.Addr, noCert)).SetOverride(ctx, set); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("SetOverride without a client certificate: %v, want UNAUTHENTICATED", err)
+	}
+	if l, _ := b.Node.ListOverrides(ctx, nil); len(l.Overrides) != 0 {
+		t.Fatalf("a refused SetOverride changed b: %v", l.Overrides)
+	}
+	if _, err := pb.NewAdminClient(dialCreds(t, b.Addr, credentials.NewTLS(presenting(ca, ca.Issue(t, "an operator"))))).SetOverride(ctx, set); err != nil {
+		t.Fatalf("SetOverride with an operator's certificate of the CA: %v", err)
+	}
 }
 
 // TestPeerMTLSNeedsClientCerts: PeerMTLS without a TLS config that asks for

@@ -45,12 +45,14 @@ func (n *Node) countUsage(nowMs int64, x *item, dec *window.Decision) {
 	n.usage.Count(nowMs, e)
 }
 
-// shadowDeniedBy is the hook for shadow rules: the name of the shadow rule
-// that would have denied the item, "" for none. Shadow rules are not on
-// this branch; when window.Decision gains ShadowDeniedBy (the rule index,
-// -1 for none), this returns x.ruleNames[dec.ShadowDeniedBy], and
-// usage.RuleCount.WouldDeny counts it per rule.
-func shadowDeniedBy(*domainView, *window.Decision) string { return "" }
+// shadowDeniedBy is the name of the shadow rule that would have denied the
+// item, "" for none; usage.RuleCount.WouldDeny counts it per rule.
+func shadowDeniedBy(dv *domainView, dec *window.Decision) string {
+	if i := dec.ShadowDeniedBy; i >= 0 && i < len(dv.ruleNames) {
+		return dv.ruleNames[i]
+	}
+	return ""
+}
 
 // Usage answers Limiter.Usage from this node's statistics.
 func (n *Node) Usage(_ context.Context, req *pb.UsageRequest) (*pb.UsageResponse, error) {

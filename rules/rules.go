@@ -35,6 +35,8 @@ type Set struct {
 	names   []string // sorted
 	hash    uint64   // see Hash
 	fileSum uint64   // checksum of the file's bytes, for Watch
+	// overrides are the file's overrides, in file order, each valid.
+	overrides []Override
 }
 
 // Source names where the rules came from.
@@ -44,7 +46,8 @@ func (rs *Set) Source() string { return rs.source }
 func (rs *Set) Domain(name string) *window.Domain { return rs.domains[name] }
 
 // Hash returns a stable 64-bit digest of what the set decides: every
-// domain's name and, in order, each rule's name, scope, limit and window.
+// domain's name and, in order, each rule's name, scope, shadow flag, limit
+// and window.
 // The source, comments and layout of the file do not count, so two nodes
 // that load equal rules from different files agree. It is the same on every
 // platform and in every version that keeps this encoding (TestHashGolden).
@@ -73,12 +76,23 @@ func Load(path string) (*Set, error) {
 
 // The YAML shape of a rules file. Unknown fields are errors.
 type rulesFile struct {
-	Domains []domainSpec `yaml:"domains"`
+	Domains   []domainSpec   `yaml:"domains"`
+	Overrides []overrideSpec `yaml:"overrides"`
+}
+
+type overrideSpec struct {
+	Name       string         `yaml:"name"`
+	Domain     string         `yaml:"domain"`
+	Recipients []string       `yaml:"recipients"`
+	Prefixes   []string       `yaml:"prefixes"`
+	Limits     map[string]int `yaml:"limits"`
+	Exempt     bool           `yaml:"exempt"`
 }
 
 type domainSpec struct {
-	Name  string     `yaml:"name"`
-	Rules []ruleSpec `yaml:"rules"`
+	Name   string     `yaml:"name"`
+	Shadow bool       `yaml:"shadow"` // every rule of the domain is a shadow
+	Rules  []ruleSpec `yaml:"rules"`
 }
 
 type ruleSpec struct {
@@ -86,6 +100,7 @@ type ruleSpec struct {
 	Scope  string `yaml:"scope"`
 	Limit  int    `yaml:"limit"`
 	Window string `yaml:"window"`
+	Shadow bool   `yaml:"shadow"` // evaluated and reported, never denies (window.Rule.Shadow)
 }
 
 // Parse validates the rules file data read from source. Errors read
@@ -152,6 +167,7 @@ func Parse(source string, data []byte) (*Set, error) {
 				}
 				return nil, fail(fieldLine(rn, field), "domain %q rule %q: %v", ds.Name, name, err)
 			}
+			r.Shadow = spec.Shadow || ds.Shadow
 			rules = append(rules, r)
 		}
 		d, err := window.NewDomain(ds.Name, rules)
@@ -162,8 +178,51 @@ func Parse(source string, data []byte) (*Set, error) {
 		rs.names = append(rs.names, ds.Name)
 	}
 	slices.Sort(rs.names)
+	if err := rs.parseOverrides(f.Overrides, seqItems(mapValue(docMapping(&root), "overrides")), fail); err != nil {
+		return nil, err
+	}
 	rs.hash = rs.digest()
 	return rs, nil
+}
+
+// parseOverrides validates the file's overrides into rs.overrides. Two
+// overrides of one domain may not list the same recipient or prefix.
+func (rs *Set) parseOverrides(specs []overrideSpec, nodes []*yaml.Node, fail func(int, string, ...any) error) error {
+	if len(specs) > MaxOverrides {
+		return fail(line(nodeAt(nodes, MaxOverrides)), "%d overrides, more than %d", len(specs), MaxOverrides)
+	}
+	names := map[string]bool{}
+	type claim struct{ domain, field, key string }
+	claims := map[claim]string{}
+	for i, spec := range specs {
+		on := nodeAt(nodes, i)
+		o := Override{Name: spec.Name, Domain: spec.Domain, Recipients: spec.Recipients, Prefixes: spec.Prefixes, Limits: spec.Limits, Exempt: spec.Exempt}
+		if err := o.Validate(rs); err != nil {
+			var oe *OverrideError
+			if errors.As(err, &oe) {
+				if o.Name == "" {
+					oe.Override = fmt.Sprintf("#%d", i+1)
+				}
+				return fail(fieldLine(on, oe.Field), "%v", oe)
+			}
+			return fail(line(on), "%v", err)
+		}
+		if names[o.Name] {
+			return fail(fieldLine(on, "name"), "override %q appears twice", o.Name)
+		}
+		names[o.Name] = true
+		for field, keys := range map[string][]string{"recipients": o.Recipients, "prefixes": o.Prefixes} {
+			for _, k := range keys {
+				c := claim{o.Domain, field, k}
+				if prev, ok := claims[c]; ok {
+					return fail(fieldLine(on, field), "override %q: %s: %q is also in override %q of domain %q", o.Name, field, k, prev, o.Domain)
+				}
+				claims[c] = o.Name
+			}
+		}
+		rs.overrides = append(rs.overrides, o)
+	}
+	return nil
 }
 
 // rule converts the spec, returning the field at fault on error.
@@ -239,8 +298,9 @@ func fieldLine(m *yaml.Node, field string) int {
 }
 
 // digest computes Hash: SHA-256 over a canonical encoding (domains sorted by
-// name; per rule its name, scope, limit and window in ms, length-prefixed),
-// cut to its first 8 bytes.
+// name; per rule its name, scope (|0x80 for a shadow rule, so that a set
+// without shadows hashes as before shadows existed), limit and window in ms,
+// length-prefixed), cut to its first 8 bytes.
 func (rs *Set) digest() uint64 {
 	h := sha256.New()
 	var b []byte
@@ -257,9 +317,24 @@ func (rs *Set) digest() uint64 {
 		for i := range d.NumRules() {
 			r := d.Rule(i)
 			str(r.Name)
-			b = append(b, byte(r.Scope))
+			sc := byte(r.Scope)
+			if r.Shadow {
+				sc |= 0x80
+			}
+			b = append(b, sc)
 			b = binary.AppendUvarint(b, uint64(r.Limit))
 			b = binary.AppendUvarint(b, uint64(r.WindowMillis()))
+		}
+	}
+	if len(rs.overrides) > 0 {
+		// After the domains, only when there are overrides: a set without
+		// overrides hashes as before they existed.
+		os := slices.Clone(rs.overrides)
+		slices.SortFunc(os, func(a, b Override) int { return strings.Compare(a.Name, b.Name) })
+		b = append(b, "overrides"...)
+		b = binary.AppendUvarint(b, uint64(len(os)))
+		for _, o := range os {
+			b = appendOverride(b, o)
 		}
 	}
 	h.Write(b)

@@ -82,6 +82,8 @@ func FuzzParse(f *testing.F) {
 	f.Add(DefaultYAML())
 	f.Add([]byte("domains:\n  - name: a\n    rules:\n      - {name: x, scope: recipient, limit: 3, window: 2s}\n"))
 	f.Add([]byte("domains: [{name: a, rules: [{name: x, scope: recipient+content, limit: 1000, window: 744h}]}]"))
+	f.Add([]byte(overridesYAML))
+	f.Add([]byte("domains: [{name: a, shadow: true, rules: [{name: x, scope: recipient, limit: 3, window: 2s, shadow: true}]}]\noverrides: [{name: o, domain: a, prefixes: [b], exempt: true}]"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rs, err := Parse("f.yaml", b)
 		if err != nil {
@@ -94,6 +96,21 @@ func FuzzParse(f *testing.F) {
 			for _, r := range rs.Domain(name).Rules() {
 				if err := r.Validate(); err != nil {
 					t.Fatalf("accepted an invalid rule: %v", err)
+				}
+			}
+			// Every accepted override binds, and finds its own keys.
+			if _, err := Bind(rs.Domain(name), rs.Overrides()); err != nil {
+				t.Fatalf("accepted overrides that do not bind: %v", err)
+			}
+		}
+		for _, o := range rs.Overrides() {
+			if err := o.Validate(rs); err != nil {
+				t.Fatalf("accepted an invalid override: %v", err)
+			}
+			b, _ := Bind(rs.Domain(o.Domain), rs.Overrides())
+			for _, k := range o.Recipients {
+				if i := b.Lookup(k); i < 0 || b.Overrides[i].Name != o.Name {
+					t.Fatalf("override %q does not decide its own recipient %q", o.Name, k)
 				}
 			}
 		}
@@ -136,5 +153,50 @@ func TestHashIgnoresLayoutNotMeaning(t *testing.T) {
 	b, _ := Parse("b", []byte("domains:\n- name: a\n  rules:\n  - {name: y, scope: recipient, limit: 2, window: 1h}\n  - {name: x, scope: recipient, limit: 1, window: 1m}\n"))
 	if a.Hash() == b.Hash() {
 		t.Fatal("rule order changes what a check reports, but not the hash")
+	}
+}
+
+// TestShadowRulesAndDomains: "shadow: true" on a rule makes that rule a
+// shadow, on a domain every rule of it; each changes the hash (a node must
+// not take a shadowed limit for the enforced one); an unknown field beside
+// it is still an error.
+func TestShadowRulesAndDomains(t *testing.T) {
+	def := string(DefaultYAML())
+	base := Default()
+	ruleShadow := strings.Replace(def, "        limit: 15\n", "        limit: 15\n        shadow: true\n", 1)
+	domainShadow := strings.Replace(def, "  - name: default\n", "  - name: default\n    shadow: true\n", 1)
+	if ruleShadow == def || domainShadow == def {
+		t.Fatal("the default rules file changed shape: fix the test's edits")
+	}
+	hashes := map[uint64]string{base.Hash(): "no shadow"}
+	for _, tc := range []struct {
+		name, yaml string
+		shadows    []bool
+	}{
+		{"rule", ruleShadow, []bool{true, false, false, false}},
+		{"domain", domainShadow, []bool{true, true, true, true}},
+		{"both", strings.Replace(domainShadow, "        limit: 15\n", "        limit: 15\n        shadow: true\n", 1), []bool{true, true, true, true}},
+	} {
+		rs, err := Parse(tc.name, []byte(tc.yaml))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		var got []bool
+		for _, r := range rs.Domain("default").Rules() {
+			got = append(got, r.Shadow)
+		}
+		if !reflect.DeepEqual(got, tc.shadows) {
+			t.Fatalf("%s: shadow flags %v, want %v", tc.name, got, tc.shadows)
+		}
+		if prev, ok := hashes[rs.Hash()]; ok && tc.name != "both" {
+			t.Fatalf("%s: hash %#x equals that of %s", tc.name, rs.Hash(), prev)
+		}
+		hashes[rs.Hash()] = tc.name
+	}
+	if _, err := Parse("r.yaml", []byte(strings.Replace(ruleShadow, "shadow: true", "shadow: true\n        shaddow: true", 1))); err == nil || !strings.Contains(err.Error(), "field shaddow not found") {
+		t.Fatalf("unknown field beside shadow: %v", err)
+	}
+	if _, err := Parse("r.yaml", []byte(strings.Replace(ruleShadow, "shadow: true", "shadow: maybe", 1))); err == nil || !strings.Contains(err.Error(), "line 9: cannot unmarshal !!str `maybe` into bool") {
+		t.Fatalf("shadow: maybe: %v", err)
 	}
 }

@@ -300,7 +300,7 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 				if _, err := r.rules.Apply(ws, rec, tag, now, peek, dec); err != nil {
 					return 0, false, err
 				}
-				dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At = true, true, -1, 0, e.at
+				dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At, dec.ShadowDeniedBy = true, true, -1, 0, e.at, -1
 				for i := range dec.NumRules {
 					dec.Rules[i].RetryAfter = 0
 				}

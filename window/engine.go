@@ -62,7 +62,10 @@ type RuleResult struct {
 	// Remaining is Limit-Used, never below 0.
 	Remaining int
 	// RetryAfter is the time in ms until this rule would admit the item, if
-	// no other send is recorded meanwhile; 0 when it admits now.
+	// no other send is recorded meanwhile; 0 when it admits now. A shadow
+	// rule reports it as it would be; -1 means never (a shadow rule whose
+	// limit is below the item's cost: a rule that is not a shadow fails such
+	// an item with ErrInvalid instead).
 	RetryAfter int64
 }
 
@@ -72,7 +75,13 @@ type Decision struct {
 	Recorded   bool  // the item's sends were added to the record
 	DeniedBy   int   // index of the denying rule with the longest RetryAfter; -1 when admitted
 	RetryAfter int64 // ms until the item would be admitted; 0 when admitted
-	At         int64 // decision time, unix ms: now, or the record's newest send if now is earlier
+	// ShadowDeniedBy is the index of the shadow rule that would have denied
+	// the item, the one with the longest RetryAfter (never, -1, is the
+	// longest; the first such rule on ties); -1 when none would. It is set
+	// whether or not another rule denied. RecordOnly items are not checked:
+	// always -1.
+	ShadowDeniedBy int
+	At             int64 // decision time, unix ms: now, or the record's newest send if now is earlier
 
 	// Rules holds one result per domain rule, in domain order; content
 	// rules of an item without content report Used 0 and RetryAfter 0.
@@ -127,6 +136,8 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	// Set every field Apply reports rather than zero the whole Decision:
 	// Rules beyond NumRules are not read.
 	dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At, dec.NumRules = false, false, -1, 0, t, len(d.rules)
+	dec.ShadowDeniedBy = -1
+	var shadowRetry int64 // RetryAfter of rule ShadowDeniedBy
 	for i, r := range d.rules {
 		dec.Rules[i] = RuleResult{}
 		log := st.recip
@@ -141,13 +152,20 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 		w := d.win[i]
 		used := countAfter(log, t-w)
 		if it.Mode != RecordOnly && used+cost > r.Limit {
-			if cost > r.Limit {
+			var retry int64 = -1 // never: a shadow rule below the cost
+			if cost <= r.Limit {
+				// The (Limit-cost+1)-th newest send leaves the window at e+w.
+				e := log[len(log)-(r.Limit-cost+1)]
+				retry = e + w - t
+			} else if !r.Shadow {
 				return nil, fmt.Errorf("%w: cost %d exceeds limit %d of rule %q", ErrInvalid, cost, r.Limit, r.Name)
 			}
-			// The (Limit-cost+1)-th newest send leaves the window at e+w.
-			e := log[len(log)-(r.Limit-cost+1)]
-			retry := e + w - t
-			if retry > dec.RetryAfter {
+			switch {
+			case r.Shadow:
+				if dec.ShadowDeniedBy < 0 || shadowRetry >= 0 && (retry < 0 || retry > shadowRetry) {
+					shadowRetry, dec.ShadowDeniedBy = retry, i
+				}
+			case retry > dec.RetryAfter:
 				dec.RetryAfter, dec.DeniedBy = retry, i
 			}
 			dec.Rules[i].RetryAfter = retry

@@ -21,7 +21,7 @@ func full(log []int64, cap int, horizon int64) bool {
 func TestRemoveMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(21, 4))
 	for round := range 40 {
-		d := randomDomain(rng)
+		d := randomDomain(rng, false)
 		if round == 0 {
 			d, _ = NewDomain("default", DefaultRules())
 		}

@@ -59,11 +59,17 @@ const (
 // Rule admits at most Limit sends of its Scope in any sliding window of
 // length Window: a send at t is admitted only if fewer than Limit admitted
 // sends lie in (t-Window, t].
+//
+// A Shadow rule is evaluated and reported like any other but never denies:
+// an item that only shadow rules would deny is admitted (and recorded per
+// its mode), and Decision.ShadowDeniedBy names the rule (envoyproxy/
+// ratelimit's shadow_mode). Its limit still sizes the records, as any rule's.
 type Rule struct {
 	Name   string
 	Scope  Scope
 	Limit  int           // sends, in [1, MaxLimit]
 	Window time.Duration // whole milliseconds, in [1ms, MaxWindow]
+	Shadow bool          // evaluated and reported, never denies
 }
 
 // WindowMillis returns the rule's window in milliseconds.
@@ -180,3 +186,55 @@ func DefaultRules() []Rule {
 		{Name: "content-59m", Scope: ScopeContent, Limit: 5, Window: 59 * time.Minute},
 	}
 }
+
+// WithLimits returns a domain of d's name, rules and windows, with
+// limits[i] in place of rule i's limit where limits[i] > 0, and every rule a
+// shadow when exempt (an exempt key is admitted and still recorded). Its
+// records keep at least what d's keep (see Widen), so that a key decided
+// under it and then under d again loses no history. It is how an override
+// gives listed keys other limits over the same records.
+func (d *Domain) WithLimits(limits []int, exempt bool) (*Domain, error) {
+	if len(limits) > len(d.rules) {
+		return nil, fmt.Errorf("window: domain %q: %d limits for %d rules", d.name, len(limits), len(d.rules))
+	}
+	rules := d.Rules()
+	for i, l := range limits {
+		if l > 0 {
+			rules[i].Limit = l
+		}
+	}
+	if exempt {
+		for i := range rules {
+			rules[i].Shadow = true
+		}
+	}
+	o, err := NewDomain(d.name, rules)
+	if err != nil {
+		return nil, err
+	}
+	return o.Widen(d), nil
+}
+
+// Widen returns d with record capacities raised to the largest of d's and
+// others' (domains of the same rules and windows, as WithLimits makes): every
+// domain of such a family, widened by all the others, keeps the same sends
+// in a record, so it does not matter which one writes it, and replay and
+// merges (which use the base domain) keep what an override counts. It
+// returns d itself when nothing changes.
+func (d *Domain) Widen(others ...*Domain) *Domain {
+	rc, cc := d.recipCap, d.contentCap
+	for _, o := range others {
+		rc, cc = max(rc, o.recipCap), max(cc, o.contentCap)
+	}
+	if rc == d.recipCap && cc == d.contentCap {
+		return d
+	}
+	w := *d
+	w.recipCap, w.contentCap = rc, cc
+	return &w
+}
+
+// Caps returns the most entries a record keeps per recipient log and per
+// content log: the largest limit of each scope (0 when the scope has no
+// rule), or more for a widened domain.
+func (d *Domain) Caps() (recipient, content int) { return d.recipCap, d.contentCap }

@@ -140,6 +140,411 @@ func (UsageZone) EnumDescriptor() ([]byte, []int) {
 	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{1}
 }
 
+// Override gives listed keys of one domain other limits, or none.
+type Override struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`                                                                                // unique per node, up to 64 bytes
+	Domain     string                 `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`                                                                            // the domain it overrides
+	Recipients []string               `protobuf:"bytes,3,rep,name=recipients,proto3" json:"recipients,omitempty"`                                                                    // exact keys
+	Prefixes   []string               `protobuf:"bytes,4,rep,name=prefixes,proto3" json:"prefixes,omitempty"`                                                                        // key prefixes; an exact key beats a prefix, the longest prefix wins
+	Limits     map[string]uint32      `protobuf:"bytes,5,rep,name=limits,proto3" json:"limits,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // rule name -> limit (1 to 1000); the other rules keep theirs
+	Exempt     bool                   `protobuf:"varint,6,opt,name=exempt,proto3" json:"exempt,omitempty"`                                                                           // admitted without a check, still recorded; not with limits
+	// Orders overrides that claim the same key (the newer wins): the set time
+	// in unix ms; 0 in a SetOverride means the node's clock. Rules-file
+	// overrides have 0.
+	Version       int64  `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
+	Source        string `protobuf:"bytes,8,opt,name=source,proto3" json:"source,omitempty"` // in lists: "admin" or "file"
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Override) Reset() {
+	*x = Override{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Override) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Override) ProtoMessage() {}
+
+func (x *Override) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Override.ProtoReflect.Descriptor instead.
+func (*Override) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Override) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Override) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *Override) GetRecipients() []string {
+	if x != nil {
+		return x.Recipients
+	}
+	return nil
+}
+
+func (x *Override) GetPrefixes() []string {
+	if x != nil {
+		return x.Prefixes
+	}
+	return nil
+}
+
+func (x *Override) GetLimits() map[string]uint32 {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *Override) GetExempt() bool {
+	if x != nil {
+		return x.Exempt
+	}
+	return false
+}
+
+func (x *Override) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Override) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+type OverrideSetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Override      *Override              `protobuf:"bytes,1,opt,name=override,proto3" json:"override,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideSetRequest) Reset() {
+	*x = OverrideSetRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideSetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideSetRequest) ProtoMessage() {}
+
+func (x *OverrideSetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideSetRequest.ProtoReflect.Descriptor instead.
+func (*OverrideSetRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *OverrideSetRequest) GetOverride() *Override {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+type OverrideSetResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Override      *Override              `protobuf:"bytes,2,opt,name=override,proto3" json:"override,omitempty"` // as stored, with its version
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideSetResponse) Reset() {
+	*x = OverrideSetResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideSetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideSetResponse) ProtoMessage() {}
+
+func (x *OverrideSetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideSetResponse.ProtoReflect.Descriptor instead.
+func (*OverrideSetResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *OverrideSetResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OverrideSetResponse) GetOverride() *Override {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+type OverrideDeleteRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The delete's time in unix ms (0: the node's clock): it lifts the
+	// override only if no newer version of it was set, and is kept as a
+	// tombstone so that a member that missed it does not bring it back.
+	Version       int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideDeleteRequest) Reset() {
+	*x = OverrideDeleteRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideDeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideDeleteRequest) ProtoMessage() {}
+
+func (x *OverrideDeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideDeleteRequest.ProtoReflect.Descriptor instead.
+func (*OverrideDeleteRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *OverrideDeleteRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *OverrideDeleteRequest) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type OverrideDeleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Deleted       bool                   `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideDeleteResponse) Reset() {
+	*x = OverrideDeleteResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideDeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideDeleteResponse) ProtoMessage() {}
+
+func (x *OverrideDeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideDeleteResponse.ProtoReflect.Descriptor instead.
+func (*OverrideDeleteResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *OverrideDeleteResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OverrideDeleteResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+type OverrideListRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideListRequest) Reset() {
+	*x = OverrideListRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideListRequest) ProtoMessage() {}
+
+func (x *OverrideListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideListRequest.ProtoReflect.Descriptor instead.
+func (*OverrideListRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{5}
+}
+
+type OverrideListResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Node      string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Overrides []*Override            `protobuf:"bytes,2,rep,name=overrides,proto3" json:"overrides,omitempty"` // sorted by name
+	// Admin overrides lifted, with the delete's version (name and version
+	// only): members merge their peers' lists, newest version per name.
+	Deleted       []*Override `protobuf:"bytes,3,rep,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideListResponse) Reset() {
+	*x = OverrideListResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideListResponse) ProtoMessage() {}
+
+func (x *OverrideListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideListResponse.ProtoReflect.Descriptor instead.
+func (*OverrideListResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *OverrideListResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OverrideListResponse) GetOverrides() []*Override {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+func (x *OverrideListResponse) GetDeleted() []*Override {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
 // CheckRequest is a batch of items in columns, which encode far cheaper
 // than one sub-message per item. Item i is recipients[i] with the i-th entry
 // of every other per-item column. A per-item column holds no entries (every
@@ -188,7 +593,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[0]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -200,7 +605,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[0]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -213,7 +618,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{0}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CheckRequest) GetRecipients() []string {
@@ -301,7 +706,7 @@ type CheckResponse struct {
 	// used 0.
 	Used             []uint32 `protobuf:"varint,6,rep,packed,name=used,proto3" json:"used,omitempty"`                                                     // sends in the rule's window after the decision
 	Remaining        []uint32 `protobuf:"varint,7,rep,packed,name=remaining,proto3" json:"remaining,omitempty"`                                           // limit - used, at least 0
-	RuleRetryAfterMs []int64  `protobuf:"varint,8,rep,packed,name=rule_retry_after_ms,json=ruleRetryAfterMs,proto3" json:"rule_retry_after_ms,omitempty"` // until this rule admits; 0 if it does
+	RuleRetryAfterMs []int64  `protobuf:"varint,8,rep,packed,name=rule_retry_after_ms,json=ruleRetryAfterMs,proto3" json:"rule_retry_after_ms,omitempty"` // until this rule admits; 0 if it does; -1 never (a shadow rule whose limit is below the item's cost)
 	// Items that failed, by index; they were not recorded.
 	Errors []*ItemError `protobuf:"bytes,9,rep,name=errors,proto3" json:"errors,omitempty"`
 	// The rules of every domain the items named, by name.
@@ -322,6 +727,12 @@ type CheckResponse struct {
 	// UNAVAILABLE while the node is not serving, ...); the other fields are
 	// then empty.
 	Failed *RequestError `protobuf:"bytes,15,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Per item, the index in its domain's rules of the shadow rule that would
+	// have denied it (the one with the longest retry-after; a shadow rule never
+	// denies), -1 if none or failed. Empty when no item of the response has
+	// one, so a domain without shadow rules pays nothing; otherwise one entry
+	// per item.
+	ShadowDeniedBy []int32 `protobuf:"varint,16,rep,packed,name=shadow_denied_by,json=shadowDeniedBy,proto3" json:"shadow_denied_by,omitempty"`
 	// Indices of MODE_REFUND items whose refund took back their send now.
 	Refunded      []uint32 `protobuf:"varint,17,rep,packed,name=refunded,proto3" json:"refunded,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -330,7 +741,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[1]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +753,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[1]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +766,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{1}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckResponse) GetAdmitted() []bool {
@@ -463,6 +874,13 @@ func (x *CheckResponse) GetFailed() *RequestError {
 	return nil
 }
 
+func (x *CheckResponse) GetShadowDeniedBy() []int32 {
+	if x != nil {
+		return x.ShadowDeniedBy
+	}
+	return nil
+}
+
 func (x *CheckResponse) GetRefunded() []uint32 {
 	if x != nil {
 		return x.Refunded
@@ -481,7 +899,7 @@ type RequestError struct {
 
 func (x *RequestError) Reset() {
 	*x = RequestError{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -493,7 +911,7 @@ func (x *RequestError) String() string {
 func (*RequestError) ProtoMessage() {}
 
 func (x *RequestError) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[2]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -506,7 +924,7 @@ func (x *RequestError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestError.ProtoReflect.Descriptor instead.
 func (*RequestError) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{2}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RequestError) GetCode() uint32 {
@@ -535,7 +953,7 @@ type ItemError struct {
 
 func (x *ItemError) Reset() {
 	*x = ItemError{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +965,7 @@ func (x *ItemError) String() string {
 func (*ItemError) ProtoMessage() {}
 
 func (x *ItemError) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[3]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +978,7 @@ func (x *ItemError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
 func (*ItemError) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{3}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ItemError) GetIndex() uint32 {
@@ -595,7 +1013,7 @@ type Domain struct {
 
 func (x *Domain) Reset() {
 	*x = Domain{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +1025,7 @@ func (x *Domain) String() string {
 func (*Domain) ProtoMessage() {}
 
 func (x *Domain) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[4]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +1038,7 @@ func (x *Domain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Domain.ProtoReflect.Descriptor instead.
 func (*Domain) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{4}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Domain) GetName() string {
@@ -639,19 +1057,21 @@ func (x *Domain) GetRules() []*Rule {
 
 // Rule admits at most limit sends of its scope in any sliding window.
 type Rule struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Scope         string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"` // "recipient" or "recipient+content"
-	Limit         uint32                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
-	WindowMs      int64                  `protobuf:"varint,4,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
-	Window        string                 `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"` // the same, as a Go duration: "59s", "24h0m0s"
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Scope    string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"` // "recipient" or "recipient+content"
+	Limit    uint32                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	WindowMs int64                  `protobuf:"varint,4,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	Window   string                 `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"` // the same, as a Go duration: "59s", "24h0m0s"
+	// Evaluated and reported (CheckResponse.shadow_denied_by), never denies.
+	Shadow        bool `protobuf:"varint,6,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rule) Reset() {
 	*x = Rule{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +1083,7 @@ func (x *Rule) String() string {
 func (*Rule) ProtoMessage() {}
 
 func (x *Rule) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[5]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +1096,7 @@ func (x *Rule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rule.ProtoReflect.Descriptor instead.
 func (*Rule) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{5}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Rule) GetName() string {
@@ -714,6 +1134,13 @@ func (x *Rule) GetWindow() string {
 	return ""
 }
 
+func (x *Rule) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
 type RulesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -722,7 +1149,7 @@ type RulesRequest struct {
 
 func (x *RulesRequest) Reset() {
 	*x = RulesRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +1161,7 @@ func (x *RulesRequest) String() string {
 func (*RulesRequest) ProtoMessage() {}
 
 func (x *RulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[6]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +1174,7 @@ func (x *RulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesRequest.ProtoReflect.Descriptor instead.
 func (*RulesRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{6}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{13}
 }
 
 type RingRequest struct {
@@ -758,7 +1185,7 @@ type RingRequest struct {
 
 func (x *RingRequest) Reset() {
 	*x = RingRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +1197,7 @@ func (x *RingRequest) String() string {
 func (*RingRequest) ProtoMessage() {}
 
 func (x *RingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[7]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +1210,7 @@ func (x *RingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingRequest.ProtoReflect.Descriptor instead.
 func (*RingRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{7}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{14}
 }
 
 // RingResponse is one node's view of the ring.
@@ -805,7 +1232,7 @@ type RingResponse struct {
 
 func (x *RingResponse) Reset() {
 	*x = RingResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -817,7 +1244,7 @@ func (x *RingResponse) String() string {
 func (*RingResponse) ProtoMessage() {}
 
 func (x *RingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[8]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -830,7 +1257,7 @@ func (x *RingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingResponse.ProtoReflect.Descriptor instead.
 func (*RingResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{8}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RingResponse) GetEpoch() uint64 {
@@ -881,7 +1308,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1320,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[9]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1333,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{9}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Member) GetName() string {
@@ -957,7 +1384,7 @@ type Placement struct {
 
 func (x *Placement) Reset() {
 	*x = Placement{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1396,7 @@ func (x *Placement) String() string {
 func (*Placement) ProtoMessage() {}
 
 func (x *Placement) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[10]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1409,7 @@ func (x *Placement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Placement.ProtoReflect.Descriptor instead.
 func (*Placement) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{10}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Placement) GetPartitionCount() uint32 {
@@ -1014,7 +1441,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1453,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[11]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1466,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{11}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{18}
 }
 
 type StatusResponse struct {
@@ -1082,7 +1509,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1521,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[12]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1534,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{12}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1325,7 +1752,7 @@ type DomainStatus struct {
 
 func (x *DomainStatus) Reset() {
 	*x = DomainStatus{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1764,7 @@ func (x *DomainStatus) String() string {
 func (*DomainStatus) ProtoMessage() {}
 
 func (x *DomainStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[13]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1777,7 @@ func (x *DomainStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DomainStatus.ProtoReflect.Descriptor instead.
 func (*DomainStatus) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{13}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DomainStatus) GetName() string {
@@ -1390,7 +1817,7 @@ type RulesResponse struct {
 
 func (x *RulesResponse) Reset() {
 	*x = RulesResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1402,7 +1829,7 @@ func (x *RulesResponse) String() string {
 func (*RulesResponse) ProtoMessage() {}
 
 func (x *RulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[14]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1415,7 +1842,7 @@ func (x *RulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulesResponse.ProtoReflect.Descriptor instead.
 func (*RulesResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{14}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RulesResponse) GetDomains() []*Domain {
@@ -1440,7 +1867,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1879,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[15]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1892,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{15}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AcquireRequest) GetNode() string {
@@ -1510,7 +1937,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1949,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[16]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1962,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{16}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AcquireResponse) GetNode() string {
@@ -1570,7 +1997,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1582,7 +2009,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[17]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1595,7 +2022,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{17}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReleaseRequest) GetNode() string {
@@ -1628,7 +2055,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +2067,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[18]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +2080,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{18}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReleaseResponse) GetDropped() []uint32 {
@@ -1674,7 +2101,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +2113,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[19]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +2126,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{19}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReplicateRequest) GetNode() string {
@@ -1731,7 +2158,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +2170,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[20]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +2183,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{20}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{27}
 }
 
 type FillRequest struct {
@@ -1770,7 +2197,7 @@ type FillRequest struct {
 
 func (x *FillRequest) Reset() {
 	*x = FillRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +2209,7 @@ func (x *FillRequest) String() string {
 func (*FillRequest) ProtoMessage() {}
 
 func (x *FillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[21]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +2222,7 @@ func (x *FillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FillRequest.ProtoReflect.Descriptor instead.
 func (*FillRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{21}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FillRequest) GetNode() string {
@@ -1827,7 +2254,7 @@ type FillResponse struct {
 
 func (x *FillResponse) Reset() {
 	*x = FillResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +2266,7 @@ func (x *FillResponse) String() string {
 func (*FillResponse) ProtoMessage() {}
 
 func (x *FillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[22]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2279,7 @@ func (x *FillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FillResponse.ProtoReflect.Descriptor instead.
 func (*FillResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{22}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{29}
 }
 
 type HandbackRequest struct {
@@ -1870,7 +2297,7 @@ type HandbackRequest struct {
 
 func (x *HandbackRequest) Reset() {
 	*x = HandbackRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1882,7 +2309,7 @@ func (x *HandbackRequest) String() string {
 func (*HandbackRequest) ProtoMessage() {}
 
 func (x *HandbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[23]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1895,7 +2322,7 @@ func (x *HandbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandbackRequest.ProtoReflect.Descriptor instead.
 func (*HandbackRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{23}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HandbackRequest) GetNode() string {
@@ -1934,7 +2361,7 @@ type HandbackResponse struct {
 
 func (x *HandbackResponse) Reset() {
 	*x = HandbackResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1946,7 +2373,7 @@ func (x *HandbackResponse) String() string {
 func (*HandbackResponse) ProtoMessage() {}
 
 func (x *HandbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[24]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1959,7 +2386,7 @@ func (x *HandbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandbackResponse.ProtoReflect.Descriptor instead.
 func (*HandbackResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{24}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{31}
 }
 
 type UsageRequest struct {
@@ -1976,7 +2403,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[25]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1988,7 +2415,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[25]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2001,7 +2428,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{25}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UsageRequest) GetDays() uint32 {
@@ -2044,7 +2471,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[26]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2056,7 +2483,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[26]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2069,7 +2496,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{26}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UsageResponse) GetNode() string {
@@ -2135,7 +2562,7 @@ type UsageDay struct {
 
 func (x *UsageDay) Reset() {
 	*x = UsageDay{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2147,7 +2574,7 @@ func (x *UsageDay) String() string {
 func (*UsageDay) ProtoMessage() {}
 
 func (x *UsageDay) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2160,7 +2587,7 @@ func (x *UsageDay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageDay.ProtoReflect.Descriptor instead.
 func (*UsageDay) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{27}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UsageDay) GetDate() string {
@@ -2223,7 +2650,7 @@ type UsageRule struct {
 
 func (x *UsageRule) Reset() {
 	*x = UsageRule{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2662,7 @@ func (x *UsageRule) String() string {
 func (*UsageRule) ProtoMessage() {}
 
 func (x *UsageRule) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2675,7 @@ func (x *UsageRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRule.ProtoReflect.Descriptor instead.
 func (*UsageRule) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{28}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UsageRule) GetName() string {
@@ -2276,7 +2703,37 @@ var File_freqring_v1_freqring_proto protoreflect.FileDescriptor
 
 const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
-	"\x1afreqring/v1/freqring.proto\x12\vfreqring.v1\"\xa7\x02\n" +
+	"\x1afreqring/v1/freqring.proto\x12\vfreqring.v1\"\xb2\x02\n" +
+	"\bOverride\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1e\n" +
+	"\n" +
+	"recipients\x18\x03 \x03(\tR\n" +
+	"recipients\x12\x1a\n" +
+	"\bprefixes\x18\x04 \x03(\tR\bprefixes\x129\n" +
+	"\x06limits\x18\x05 \x03(\v2!.freqring.v1.Override.LimitsEntryR\x06limits\x12\x16\n" +
+	"\x06exempt\x18\x06 \x01(\bR\x06exempt\x12\x18\n" +
+	"\aversion\x18\a \x01(\x03R\aversion\x12\x16\n" +
+	"\x06source\x18\b \x01(\tR\x06source\x1a9\n" +
+	"\vLimitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"G\n" +
+	"\x12OverrideSetRequest\x121\n" +
+	"\boverride\x18\x01 \x01(\v2\x15.freqring.v1.OverrideR\boverride\"\\\n" +
+	"\x13OverrideSetResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x121\n" +
+	"\boverride\x18\x02 \x01(\v2\x15.freqring.v1.OverrideR\boverride\"E\n" +
+	"\x15OverrideDeleteRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\"F\n" +
+	"\x16OverrideDeleteResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\"\x15\n" +
+	"\x13OverrideListRequest\"\x90\x01\n" +
+	"\x14OverrideListResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x123\n" +
+	"\toverrides\x18\x02 \x03(\v2\x15.freqring.v1.OverrideR\toverrides\x12/\n" +
+	"\adeleted\x18\x03 \x03(\v2\x15.freqring.v1.OverrideR\adeleted\"\xa7\x02\n" +
 	"\fCheckRequest\x12\x1e\n" +
 	"\n" +
 	"recipients\x18\x01 \x03(\tR\n" +
@@ -2290,7 +2747,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"requestIds\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\b \x01(\x04R\tringEpoch\x12\x1b\n" +
-	"\tstream_id\x18\t \x01(\x04R\bstreamId\"\x9f\x05\n" +
+	"\tstream_id\x18\t \x01(\x04R\bstreamId\"\xc9\x05\n" +
 	"\rCheckResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x03(\bR\badmitted\x12\x1a\n" +
 	"\brecorded\x18\x02 \x03(\bR\brecorded\x12\x1b\n" +
@@ -2311,7 +2768,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"duplicates\x18\r \x03(\rR\n" +
 	"duplicates\x12\x1b\n" +
 	"\tstream_id\x18\x0e \x01(\x04R\bstreamId\x121\n" +
-	"\x06failed\x18\x0f \x01(\v2\x19.freqring.v1.RequestErrorR\x06failed\x12\x1a\n" +
+	"\x06failed\x18\x0f \x01(\v2\x19.freqring.v1.RequestErrorR\x06failed\x12(\n" +
+	"\x10shadow_denied_by\x18\x10 \x03(\x05R\x0eshadowDeniedBy\x12\x1a\n" +
 	"\brefunded\x18\x11 \x03(\rR\brefunded\x1aO\n" +
 	"\fDomainsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
@@ -2325,13 +2783,14 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\amessage\x18\x03 \x01(\tR\amessage\"E\n" +
 	"\x06Domain\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
-	"\x05rules\x18\x02 \x03(\v2\x11.freqring.v1.RuleR\x05rules\"{\n" +
+	"\x05rules\x18\x02 \x03(\v2\x11.freqring.v1.RuleR\x05rules\"\x93\x01\n" +
 	"\x04Rule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x1b\n" +
 	"\twindow_ms\x18\x04 \x01(\x03R\bwindowMs\x12\x16\n" +
-	"\x06window\x18\x05 \x01(\tR\x06window\"\x0e\n" +
+	"\x06window\x18\x05 \x01(\tR\x06window\x12\x16\n" +
+	"\x06shadow\x18\x06 \x01(\bR\x06shadow\"\x0e\n" +
 	"\fRulesRequest\"\r\n" +
 	"\vRingRequest\"\xc8\x01\n" +
 	"\fRingResponse\x12\x14\n" +
@@ -2482,7 +2941,11 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\aRelease\x12\x1b.freqring.v1.ReleaseRequest\x1a\x1c.freqring.v1.ReleaseResponse\x12J\n" +
 	"\tReplicate\x12\x1d.freqring.v1.ReplicateRequest\x1a\x1e.freqring.v1.ReplicateResponse\x12;\n" +
 	"\x04Fill\x12\x18.freqring.v1.FillRequest\x1a\x19.freqring.v1.FillResponse\x12G\n" +
-	"\bHandback\x12\x1c.freqring.v1.HandbackRequest\x1a\x1d.freqring.v1.HandbackResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
+	"\bHandback\x12\x1c.freqring.v1.HandbackRequest\x1a\x1d.freqring.v1.HandbackResponse2\x8a\x02\n" +
+	"\x05Admin\x12P\n" +
+	"\vSetOverride\x12\x1f.freqring.v1.OverrideSetRequest\x1a .freqring.v1.OverrideSetResponse\x12Y\n" +
+	"\x0eDeleteOverride\x12\".freqring.v1.OverrideDeleteRequest\x1a#.freqring.v1.OverrideDeleteResponse\x12T\n" +
+	"\rListOverrides\x12 .freqring.v1.OverrideListRequest\x1a!.freqring.v1.OverrideListResponseB8Z6github.com/freqring/freqring/api/freqringv1;freqringv1b\x06proto3"
 
 var (
 	file_freqring_v1_freqring_proto_rawDescOnce sync.Once
@@ -2497,87 +2960,106 @@ func file_freqring_v1_freqring_proto_rawDescGZIP() []byte {
 }
 
 var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_freqring_v1_freqring_proto_goTypes = []any{
-	(Mode)(0),                 // 0: freqring.v1.Mode
-	(UsageZone)(0),            // 1: freqring.v1.UsageZone
-	(*CheckRequest)(nil),      // 2: freqring.v1.CheckRequest
-	(*CheckResponse)(nil),     // 3: freqring.v1.CheckResponse
-	(*RequestError)(nil),      // 4: freqring.v1.RequestError
-	(*ItemError)(nil),         // 5: freqring.v1.ItemError
-	(*Domain)(nil),            // 6: freqring.v1.Domain
-	(*Rule)(nil),              // 7: freqring.v1.Rule
-	(*RulesRequest)(nil),      // 8: freqring.v1.RulesRequest
-	(*RingRequest)(nil),       // 9: freqring.v1.RingRequest
-	(*RingResponse)(nil),      // 10: freqring.v1.RingResponse
-	(*Member)(nil),            // 11: freqring.v1.Member
-	(*Placement)(nil),         // 12: freqring.v1.Placement
-	(*StatusRequest)(nil),     // 13: freqring.v1.StatusRequest
-	(*StatusResponse)(nil),    // 14: freqring.v1.StatusResponse
-	(*DomainStatus)(nil),      // 15: freqring.v1.DomainStatus
-	(*RulesResponse)(nil),     // 16: freqring.v1.RulesResponse
-	(*AcquireRequest)(nil),    // 17: freqring.v1.AcquireRequest
-	(*AcquireResponse)(nil),   // 18: freqring.v1.AcquireResponse
-	(*ReleaseRequest)(nil),    // 19: freqring.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),   // 20: freqring.v1.ReleaseResponse
-	(*ReplicateRequest)(nil),  // 21: freqring.v1.ReplicateRequest
-	(*ReplicateResponse)(nil), // 22: freqring.v1.ReplicateResponse
-	(*FillRequest)(nil),       // 23: freqring.v1.FillRequest
-	(*FillResponse)(nil),      // 24: freqring.v1.FillResponse
-	(*HandbackRequest)(nil),   // 25: freqring.v1.HandbackRequest
-	(*HandbackResponse)(nil),  // 26: freqring.v1.HandbackResponse
-	(*UsageRequest)(nil),      // 27: freqring.v1.UsageRequest
-	(*UsageResponse)(nil),     // 28: freqring.v1.UsageResponse
-	(*UsageDay)(nil),          // 29: freqring.v1.UsageDay
-	(*UsageRule)(nil),         // 30: freqring.v1.UsageRule
-	nil,                       // 31: freqring.v1.CheckResponse.DomainsEntry
+	(Mode)(0),                      // 0: freqring.v1.Mode
+	(UsageZone)(0),                 // 1: freqring.v1.UsageZone
+	(*Override)(nil),               // 2: freqring.v1.Override
+	(*OverrideSetRequest)(nil),     // 3: freqring.v1.OverrideSetRequest
+	(*OverrideSetResponse)(nil),    // 4: freqring.v1.OverrideSetResponse
+	(*OverrideDeleteRequest)(nil),  // 5: freqring.v1.OverrideDeleteRequest
+	(*OverrideDeleteResponse)(nil), // 6: freqring.v1.OverrideDeleteResponse
+	(*OverrideListRequest)(nil),    // 7: freqring.v1.OverrideListRequest
+	(*OverrideListResponse)(nil),   // 8: freqring.v1.OverrideListResponse
+	(*CheckRequest)(nil),           // 9: freqring.v1.CheckRequest
+	(*CheckResponse)(nil),          // 10: freqring.v1.CheckResponse
+	(*RequestError)(nil),           // 11: freqring.v1.RequestError
+	(*ItemError)(nil),              // 12: freqring.v1.ItemError
+	(*Domain)(nil),                 // 13: freqring.v1.Domain
+	(*Rule)(nil),                   // 14: freqring.v1.Rule
+	(*RulesRequest)(nil),           // 15: freqring.v1.RulesRequest
+	(*RingRequest)(nil),            // 16: freqring.v1.RingRequest
+	(*RingResponse)(nil),           // 17: freqring.v1.RingResponse
+	(*Member)(nil),                 // 18: freqring.v1.Member
+	(*Placement)(nil),              // 19: freqring.v1.Placement
+	(*StatusRequest)(nil),          // 20: freqring.v1.StatusRequest
+	(*StatusResponse)(nil),         // 21: freqring.v1.StatusResponse
+	(*DomainStatus)(nil),           // 22: freqring.v1.DomainStatus
+	(*RulesResponse)(nil),          // 23: freqring.v1.RulesResponse
+	(*AcquireRequest)(nil),         // 24: freqring.v1.AcquireRequest
+	(*AcquireResponse)(nil),        // 25: freqring.v1.AcquireResponse
+	(*ReleaseRequest)(nil),         // 26: freqring.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 27: freqring.v1.ReleaseResponse
+	(*ReplicateRequest)(nil),       // 28: freqring.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 29: freqring.v1.ReplicateResponse
+	(*FillRequest)(nil),            // 30: freqring.v1.FillRequest
+	(*FillResponse)(nil),           // 31: freqring.v1.FillResponse
+	(*HandbackRequest)(nil),        // 32: freqring.v1.HandbackRequest
+	(*HandbackResponse)(nil),       // 33: freqring.v1.HandbackResponse
+	(*UsageRequest)(nil),           // 34: freqring.v1.UsageRequest
+	(*UsageResponse)(nil),          // 35: freqring.v1.UsageResponse
+	(*UsageDay)(nil),               // 36: freqring.v1.UsageDay
+	(*UsageRule)(nil),              // 37: freqring.v1.UsageRule
+	nil,                            // 38: freqring.v1.Override.LimitsEntry
+	nil,                            // 39: freqring.v1.CheckResponse.DomainsEntry
 }
 var file_freqring_v1_freqring_proto_depIdxs = []int32{
-	0,  // 0: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
-	5,  // 1: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	31, // 2: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
-	4,  // 3: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
-	7,  // 4: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
-	11, // 5: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
-	12, // 6: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
-	11, // 7: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
-	15, // 8: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
-	6,  // 9: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
-	1,  // 10: freqring.v1.UsageRequest.zone:type_name -> freqring.v1.UsageZone
-	29, // 11: freqring.v1.UsageResponse.days:type_name -> freqring.v1.UsageDay
-	30, // 12: freqring.v1.UsageDay.rules:type_name -> freqring.v1.UsageRule
-	6,  // 13: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
-	2,  // 14: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
-	2,  // 15: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
-	8,  // 16: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
-	9,  // 17: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
-	9,  // 18: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
-	13, // 19: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
-	27, // 20: freqring.v1.Limiter.Usage:input_type -> freqring.v1.UsageRequest
-	2,  // 21: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
-	17, // 22: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
-	19, // 23: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
-	21, // 24: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
-	23, // 25: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
-	25, // 26: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
-	3,  // 27: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	3,  // 28: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
-	16, // 29: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	10, // 30: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
-	10, // 31: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
-	14, // 32: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
-	28, // 33: freqring.v1.Limiter.Usage:output_type -> freqring.v1.UsageResponse
-	3,  // 34: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
-	18, // 35: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
-	20, // 36: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
-	22, // 37: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
-	24, // 38: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
-	26, // 39: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
-	27, // [27:40] is the sub-list for method output_type
-	14, // [14:27] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	38, // 0: freqring.v1.Override.limits:type_name -> freqring.v1.Override.LimitsEntry
+	2,  // 1: freqring.v1.OverrideSetRequest.override:type_name -> freqring.v1.Override
+	2,  // 2: freqring.v1.OverrideSetResponse.override:type_name -> freqring.v1.Override
+	2,  // 3: freqring.v1.OverrideListResponse.overrides:type_name -> freqring.v1.Override
+	2,  // 4: freqring.v1.OverrideListResponse.deleted:type_name -> freqring.v1.Override
+	0,  // 5: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
+	12, // 6: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
+	39, // 7: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	11, // 8: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
+	14, // 9: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
+	18, // 10: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
+	19, // 11: freqring.v1.RingResponse.placement:type_name -> freqring.v1.Placement
+	18, // 12: freqring.v1.RingResponse.known:type_name -> freqring.v1.Member
+	22, // 13: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
+	13, // 14: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
+	1,  // 15: freqring.v1.UsageRequest.zone:type_name -> freqring.v1.UsageZone
+	36, // 16: freqring.v1.UsageResponse.days:type_name -> freqring.v1.UsageDay
+	37, // 17: freqring.v1.UsageDay.rules:type_name -> freqring.v1.UsageRule
+	13, // 18: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
+	9,  // 19: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
+	9,  // 20: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
+	15, // 21: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
+	16, // 22: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
+	16, // 23: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
+	20, // 24: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
+	34, // 25: freqring.v1.Limiter.Usage:input_type -> freqring.v1.UsageRequest
+	9,  // 26: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
+	24, // 27: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
+	26, // 28: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
+	28, // 29: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
+	30, // 30: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
+	32, // 31: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
+	3,  // 32: freqring.v1.Admin.SetOverride:input_type -> freqring.v1.OverrideSetRequest
+	5,  // 33: freqring.v1.Admin.DeleteOverride:input_type -> freqring.v1.OverrideDeleteRequest
+	7,  // 34: freqring.v1.Admin.ListOverrides:input_type -> freqring.v1.OverrideListRequest
+	10, // 35: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	10, // 36: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
+	23, // 37: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	17, // 38: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	17, // 39: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	21, // 40: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	35, // 41: freqring.v1.Limiter.Usage:output_type -> freqring.v1.UsageResponse
+	10, // 42: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	25, // 43: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
+	27, // 44: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
+	29, // 45: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
+	31, // 46: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
+	33, // 47: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
+	4,  // 48: freqring.v1.Admin.SetOverride:output_type -> freqring.v1.OverrideSetResponse
+	6,  // 49: freqring.v1.Admin.DeleteOverride:output_type -> freqring.v1.OverrideDeleteResponse
+	8,  // 50: freqring.v1.Admin.ListOverrides:output_type -> freqring.v1.OverrideListResponse
+	35, // [35:51] is the sub-list for method output_type
+	19, // [19:35] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_freqring_v1_freqring_proto_init() }
@@ -2591,9 +3073,9 @@ func file_freqring_v1_freqring_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_freqring_v1_freqring_proto_rawDesc), len(file_freqring_v1_freqring_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   30,
+			NumMessages:   38,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_freqring_v1_freqring_proto_goTypes,
 		DependencyIndexes: file_freqring_v1_freqring_proto_depIdxs,

@@ -760,3 +760,211 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "freqring/v1/freqring.proto",
 }
+
+const (
+	Admin_SetOverride_FullMethodName    = "/freqring.v1.Admin/SetOverride"
+	Admin_DeleteOverride_FullMethodName = "/freqring.v1.Admin/DeleteOverride"
+	Admin_ListOverrides_FullMethodName  = "/freqring.v1.Admin/ListOverrides"
+)
+
+// AdminClient is the client API for Admin service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Admin changes a node's overrides: other limits, or none, for listed keys
+// of a domain, over the same records. Rules-file overrides come with the
+// rules; these are the node's own, kept in its data directory and applied
+// at once. `freqring override` calls every member of the ring. When the
+// Peer service needs client certificates (Config.PeerMTLS), so does Admin.
+type AdminClient interface {
+	// SetOverride adds or replaces the node's admin override of that name,
+	// validated as a rules-file override is (INVALID_ARGUMENT naming the
+	// field and the value, and nothing changes), durably before it answers.
+	SetOverride(ctx context.Context, in *OverrideSetRequest, opts ...grpc.CallOption) (*OverrideSetResponse, error)
+	// DeleteOverride lifts the node's admin override of that name; deleted
+	// is false if there was none. Rules-file overrides change with the file.
+	DeleteOverride(ctx context.Context, in *OverrideDeleteRequest, opts ...grpc.CallOption) (*OverrideDeleteResponse, error)
+	// ListOverrides lists the overrides in force on the node: the rules
+	// file's and the admin ones, and the admin ones lifted. Members call it on
+	// each other when they start and on every ring change, and adopt the
+	// newest version of each admin override (or of its deletion).
+	ListOverrides(ctx context.Context, in *OverrideListRequest, opts ...grpc.CallOption) (*OverrideListResponse, error)
+}
+
+type adminClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewAdminClient(cc grpc.ClientConnInterface) AdminClient {
+	return &adminClient{cc}
+}
+
+func (c *adminClient) SetOverride(ctx context.Context, in *OverrideSetRequest, opts ...grpc.CallOption) (*OverrideSetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OverrideSetResponse)
+	err := c.cc.Invoke(ctx, Admin_SetOverride_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DeleteOverride(ctx context.Context, in *OverrideDeleteRequest, opts ...grpc.CallOption) (*OverrideDeleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OverrideDeleteResponse)
+	err := c.cc.Invoke(ctx, Admin_DeleteOverride_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListOverrides(ctx context.Context, in *OverrideListRequest, opts ...grpc.CallOption) (*OverrideListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OverrideListResponse)
+	err := c.cc.Invoke(ctx, Admin_ListOverrides_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// AdminServer is the server API for Admin service.
+// All implementations must embed UnimplementedAdminServer
+// for forward compatibility.
+//
+// Admin changes a node's overrides: other limits, or none, for listed keys
+// of a domain, over the same records. Rules-file overrides come with the
+// rules; these are the node's own, kept in its data directory and applied
+// at once. `freqring override` calls every member of the ring. When the
+// Peer service needs client certificates (Config.PeerMTLS), so does Admin.
+type AdminServer interface {
+	// SetOverride adds or replaces the node's admin override of that name,
+	// validated as a rules-file override is (INVALID_ARGUMENT naming the
+	// field and the value, and nothing changes), durably before it answers.
+	SetOverride(context.Context, *OverrideSetRequest) (*OverrideSetResponse, error)
+	// DeleteOverride lifts the node's admin override of that name; deleted
+	// is false if there was none. Rules-file overrides change with the file.
+	DeleteOverride(context.Context, *OverrideDeleteRequest) (*OverrideDeleteResponse, error)
+	// ListOverrides lists the overrides in force on the node: the rules
+	// file's and the admin ones, and the admin ones lifted. Members call it on
+	// each other when they start and on every ring change, and adopt the
+	// newest version of each admin override (or of its deletion).
+	ListOverrides(context.Context, *OverrideListRequest) (*OverrideListResponse, error)
+	mustEmbedUnimplementedAdminServer()
+}
+
+// UnimplementedAdminServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedAdminServer struct{}
+
+func (UnimplementedAdminServer) SetOverride(context.Context, *OverrideSetRequest) (*OverrideSetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetOverride not implemented")
+}
+func (UnimplementedAdminServer) DeleteOverride(context.Context, *OverrideDeleteRequest) (*OverrideDeleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteOverride not implemented")
+}
+func (UnimplementedAdminServer) ListOverrides(context.Context, *OverrideListRequest) (*OverrideListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListOverrides not implemented")
+}
+func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
+func (UnimplementedAdminServer) testEmbeddedByValue()               {}
+
+// UnsafeAdminServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to AdminServer will
+// result in compilation errors.
+type UnsafeAdminServer interface {
+	mustEmbedUnimplementedAdminServer()
+}
+
+func RegisterAdminServer(s grpc.ServiceRegistrar, srv AdminServer) {
+	// If the following call panics, it indicates UnimplementedAdminServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Admin_ServiceDesc, srv)
+}
+
+func _Admin_SetOverride_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OverrideSetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetOverride(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetOverride_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetOverride(ctx, req.(*OverrideSetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DeleteOverride_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OverrideDeleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DeleteOverride(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DeleteOverride_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DeleteOverride(ctx, req.(*OverrideDeleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListOverrides_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OverrideListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListOverrides(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListOverrides_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListOverrides(ctx, req.(*OverrideListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Admin_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "freqring.v1.Admin",
+	HandlerType: (*AdminServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "SetOverride",
+			Handler:    _Admin_SetOverride_Handler,
+		},
+		{
+			MethodName: "DeleteOverride",
+			Handler:    _Admin_DeleteOverride_Handler,
+		},
+		{
+			MethodName: "ListOverrides",
+			Handler:    _Admin_ListOverrides_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "freqring/v1/freqring.proto",
+}

@@ -17,19 +17,21 @@ import (
 
 // checkResult is one item's decision as "check --json" prints it.
 type checkResult struct {
-	Recipient    string       `json:"recipient"`
-	Admitted     bool         `json:"admitted"`
-	Recorded     bool         `json:"recorded"`
-	Degraded     bool         `json:"degraded,omitempty"`
-	Duplicate    bool         `json:"duplicate,omitempty"`
-	Refund       bool         `json:"refund,omitempty"`
-	Refunded     bool         `json:"refunded,omitempty"`
-	Node         string       `json:"node,omitempty"`
-	DeniedBy     string       `json:"denied_by,omitempty"`
-	RetryAfterMs int64        `json:"retry_after_ms"`
-	DecidedAt    time.Time    `json:"decided_at"`
-	Rules        []ruleResult `json:"rules,omitempty"`
-	Error        string       `json:"error,omitempty"`
+	Recipient string `json:"recipient"`
+	Admitted  bool   `json:"admitted"`
+	Recorded  bool   `json:"recorded"`
+	Degraded  bool   `json:"degraded,omitempty"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+	Refund    bool   `json:"refund,omitempty"`
+	Refunded  bool   `json:"refunded,omitempty"`
+	Node      string `json:"node,omitempty"`
+	DeniedBy  string `json:"denied_by,omitempty"`
+	// ShadowDeniedBy is the shadow rule that would have denied the item.
+	ShadowDeniedBy string       `json:"shadow_denied_by,omitempty"`
+	RetryAfterMs   int64        `json:"retry_after_ms"`
+	DecidedAt      time.Time    `json:"decided_at"`
+	Rules          []ruleResult `json:"rules,omitempty"`
+	Error          string       `json:"error,omitempty"`
 }
 
 type ruleResult struct {
@@ -39,6 +41,7 @@ type ruleResult struct {
 	Used         uint32 `json:"used"`
 	Remaining    uint32 `json:"remaining"`
 	RetryAfterMs int64  `json:"retry_after_ms"`
+	Shadow       bool   `json:"shadow,omitempty"`
 }
 
 func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -128,10 +131,10 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // resultOf converts a client decision for printing.
 func resultOf(recipient string, d client.Decision) checkResult {
 	r := checkResult{Recipient: recipient, Admitted: d.Admitted, Recorded: d.Recorded, Degraded: d.Degraded,
-		DeniedBy: d.DeniedBy, RetryAfterMs: d.RetryAfter.Milliseconds(), DecidedAt: d.DecidedAt.UTC(), Node: d.Node, Duplicate: d.Duplicate, Refunded: d.Refunded}
+		DeniedBy: d.DeniedBy, ShadowDeniedBy: d.ShadowDeniedBy, RetryAfterMs: d.RetryAfter.Milliseconds(), DecidedAt: d.DecidedAt.UTC(), Node: d.Node, Duplicate: d.Duplicate, Refunded: d.Refunded}
 	for _, rs := range d.Rules {
 		r.Rules = append(r.Rules, ruleResult{Name: rs.Name, Limit: uint32(rs.Limit), Window: rs.Window.String(),
-			Used: uint32(rs.Used), Remaining: uint32(rs.Remaining), RetryAfterMs: rs.RetryAfter.Milliseconds()})
+			Used: uint32(rs.Used), Remaining: uint32(rs.Remaining), RetryAfterMs: rs.RetryAfter.Milliseconds(), Shadow: rs.Shadow})
 	}
 	return r
 }
@@ -154,14 +157,14 @@ func printResults(w io.Writer, results []checkResult) {
 		case r.Refund:
 			fmt.Fprintf(w, "%s  NOT REFUNDED AGAIN: the send of %s was refunded earlier  by %s\n", r.Recipient, at, r.Node)
 		case r.Duplicate:
-			fmt.Fprintf(w, "%s  ADMITTED (recorded earlier: a repeat of the same request)  at %s  by %s\n", r.Recipient, at, r.Node)
+			fmt.Fprintf(w, "%s  ADMITTED (recorded earlier: a repeat of the same request)%s  at %s  by %s\n", r.Recipient, shadowNote(r, ""), at, r.Node)
 		case r.Admitted && r.Recorded:
-			fmt.Fprintf(w, "%s  ADMITTED (recorded)  at %s  by %s\n", r.Recipient, at, r.Node)
+			fmt.Fprintf(w, "%s  ADMITTED (recorded)%s  at %s  by %s\n", r.Recipient, shadowNote(r, ""), at, r.Node)
 		case r.Admitted:
-			fmt.Fprintf(w, "%s  ADMITTED (not recorded)  at %s  by %s\n", r.Recipient, at, r.Node)
+			fmt.Fprintf(w, "%s  ADMITTED (not recorded)%s  at %s  by %s\n", r.Recipient, shadowNote(r, ""), at, r.Node)
 		default:
-			fmt.Fprintf(w, "%s  DENIED by %s, retry after %v  at %s  by %s\n", r.Recipient, r.DeniedBy,
-				time.Duration(r.RetryAfterMs)*time.Millisecond, at, r.Node)
+			fmt.Fprintf(w, "%s  DENIED by %s, retry after %v%s  at %s  by %s\n", r.Recipient, r.DeniedBy,
+				time.Duration(r.RetryAfterMs)*time.Millisecond, shadowNote(r, " too"), at, r.Node)
 		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "rule\tlimit\twindow\tused\tremaining\tretry after\t")
@@ -169,14 +172,35 @@ func printResults(w io.Writer, results []checkResult) {
 			retry := "-"
 			if rr.RetryAfterMs > 0 {
 				retry = (time.Duration(rr.RetryAfterMs) * time.Millisecond).String()
+			} else if rr.RetryAfterMs < 0 {
+				retry = "never"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t\n", rr.Name, rr.Limit, shortDuration(rr.Window), rr.Used, rr.Remaining, retry)
+			name := rr.Name
+			if rr.Shadow {
+				name += " (shadow)"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t\n", name, rr.Limit, shortDuration(rr.Window), rr.Used, rr.Remaining, retry)
 		}
 		tw.Flush()
 	}
 }
 
+// shadowNote is ", shadow rule R would deny" (with suffix) when a shadow
+// rule would have denied the item, else "".
+func shadowNote(r checkResult, suffix string) string {
+	if r.ShadowDeniedBy == "" {
+		return ""
+	}
+	return fmt.Sprintf(", shadow rule %s would deny%s", r.ShadowDeniedBy, suffix)
+}
+
 // shortDuration drops a Go duration's zero tails: 1m0s -> 1m, 24h0m0s -> 24h.
 func shortDuration(s string) string {
-	return strings.TrimSuffix(strings.TrimSuffix(s, "0s"), "0m")
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

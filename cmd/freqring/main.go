@@ -31,6 +31,7 @@ Usage:
   freqring check [flags] RECIPIENT...    ask a node whether messages may go out
   freqring status [flags]                show the ring and each member
   freqring stats [flags]                 usage statistics per day and domain, summed over the cluster
+  freqring override set|delete|list      change or list overrides on every member
   freqring cluster [flags]               run a local cluster in one process
   freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
   freqring synth [flags]                 write a data directory of N recipients at steady state
@@ -64,6 +65,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = status(ctx, args[1:], stdout, stderr)
 	case "stats":
 		err = stats(ctx, args[1:], stdout, stderr)
+	case "override":
+		err = overrideCmd(ctx, args[1:], stdout, stderr)
 	case "cluster":
 		err = cluster(ctx, args[1:], stdout, stderr)
 	case "bench":

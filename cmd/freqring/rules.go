@@ -35,8 +35,19 @@ func rulesCmd(args []string, stdout, stderr io.Writer) error {
 		for _, name := range rs.Names() {
 			fmt.Fprintf(stdout, "  domain %s:\n", name)
 			for _, r := range rs.Domain(name).Rules() {
-				fmt.Fprintf(stdout, "    %-20s %-18s at most %d per %v\n", r.Name, r.Scope, r.Limit, r.Window)
+				shadow := ""
+				if r.Shadow {
+					shadow = "  (shadow: never denies)"
+				}
+				fmt.Fprintf(stdout, "    %-20s %-18s at most %d per %v%s\n", r.Name, r.Scope, r.Limit, r.Window, shadow)
 			}
+		}
+		for _, o := range rs.Overrides() {
+			what := "exempt"
+			if !o.Exempt {
+				what = fmt.Sprintf("limits %v", o.Limits)
+			}
+			fmt.Fprintf(stdout, "  override %s: domain %s, %d recipients, %d prefixes: %s\n", o.Name, o.Domain, len(o.Recipients), len(o.Prefixes), what)
 		}
 		return nil
 	case "default":

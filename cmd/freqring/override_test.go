@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/freqring/freqring/node/nodetest"
+	"github.com/freqring/freqring/rules"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+)
+
+// TestOverrideCommand: "override set" reaches every member of a two-node
+// cluster and the override decides checks on both; "list" shows it agreed,
+// then the member that lacks it after a local delete; a malformed override
+// is refused by every member and changes nothing; "delete" lifts it.
+func TestOverrideCommand(t *testing.T) {
+	ctx := context.Background()
+	lc, err := nodetest.Start(ctx, nodetest.Config{Size: 2, Rules: rules.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	addr := lc.Addrs()[0]
+	code, out, errOut := runCmd(ctx, "override", "set", "--addr", addr, "--prefixes", "+1555", "--limit", "recipient-1m=1", "vip")
+	if code != 0 || strings.Count(out, `set "vip", version `) != 2 {
+		t.Fatalf("set: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, m := range lc.Members() {
+		resp, err := m.Node.Check(ctx, &pb.CheckRequest{Recipients: []string{"+15550001", "+15550001"}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}, Costs: []uint32{1, 2}})
+		if err != nil || !resp.Admitted[0] || resp.Admitted[1] {
+			t.Fatalf("%s: %v admitted %v, want the override's limit 1", m.Name, err, resp.GetAdmitted())
+		}
+	}
+	code, out, _ = runCmd(ctx, "override", "list", "--addr", addr)
+	if code != 0 || !strings.Contains(out, "vip") || !strings.Contains(out, "recipient-1m=1") || !strings.Contains(out, "all agree") {
+		t.Fatalf("list: exit %d\n%s", code, out)
+	}
+	code, out, _ = runCmd(ctx, "override", "set", "--addr", addr, "--prefixes", "+1555", "--limit", "recipient-2m=1", "bad")
+	if code == 0 || strings.Count(out, `override "bad": limits: unknown rule "recipient-2m"`) != 2 {
+		t.Fatalf("malformed set: exit %d\n%s", code, out)
+	}
+	// One member loses it: list says which.
+	m1 := lc.Members()[1]
+	if _, err := m1.Node.DeleteOverride(ctx, &pb.OverrideDeleteRequest{Name: "vip"}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = runCmd(ctx, "override", "list", "--addr", addr)
+	if code != 0 || !strings.Contains(out, "DISAGREE: missing on "+m1.Name) || strings.Contains(out, `"bad"`) {
+		t.Fatalf("list after a local delete: exit %d\n%s", code, out)
+	}
+	code, out, _ = runCmd(ctx, "override", "delete", "--addr", addr, "vip")
+	if code != 0 || !strings.Contains(out, `lifted "vip"`) || !strings.Contains(out, `no admin override "vip"`) {
+		t.Fatalf("delete: exit %d\n%s", code, out)
+	}
+	for _, m := range lc.Members() {
+		if l, _ := m.Node.ListOverrides(ctx, nil); len(l.Overrides) != 0 {
+			t.Fatalf("%s still has %v", m.Name, l.Overrides)
+		}
+	}
+}
