@@ -158,11 +158,8 @@ func mergeResponses(n int, groups []*group, epoch uint64, self string) *pb.Check
 					out.Errors = append(out.Errors, &pb.ItemError{Index: uint32(g.idx[e.Index]), Code: e.Code, Message: e.Message})
 				}
 			}
-			for _, d := range g.resp.Duplicates {
-				if int(d) < len(g.idx) {
-					out.Duplicates = append(out.Duplicates, uint32(g.idx[d]))
-				}
-			}
+			out.Duplicates = remapIndices(out.Duplicates, g.resp.Duplicates, g.idx)
+			out.Refunded = remapIndices(out.Refunded, g.resp.Refunded, g.idx)
 		}
 	}
 	for i := range n {
@@ -199,5 +196,17 @@ func mergeResponses(n int, groups []*group, epoch uint64, self string) *pb.Check
 	}
 	sortErrors(out.Errors)
 	slices.Sort(out.Duplicates)
+	slices.Sort(out.Refunded)
 	return out
+}
+
+// remapIndices appends to dst the item indices of a group's answer (src,
+// indices into the group) as indices into the whole request (idx[j]).
+func remapIndices(dst, src []uint32, idx []int) []uint32 {
+	for _, j := range src {
+		if int(j) < len(idx) {
+			dst = append(dst, uint32(idx[j]))
+		}
+	}
+	return dst
 }
