@@ -207,6 +207,10 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 // routing and deciding (another node acquired it under a ring that arrived
 // meanwhile) are routed once more under the new ring.
 func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*pb.CheckResponse, error) {
+	if reroute && n.cfg.Observer != nil {
+		start := time.Now()
+		defer func() { n.cfg.Observer.CheckDone(len(req.Recipients), time.Since(start)) }()
+	}
 	t := n.announce()
 	defer t.cancel()
 	if err := n.admit(ctx, req); err != nil {
@@ -337,6 +341,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	now := n.nowMs()
 	var dec *window.Decision
 	var admitted, denied, failed int64
+	var tl tally
 	var enc *walEncoder
 	if t != nil {
 		enc, _ = n.encoders.Get().(*walEncoder)
@@ -370,6 +375,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 					b.moved = append(b.moved, i)
 				}
 			} else if dec = &sb.Dec; sb.Dup {
+				tl.duplicates++
 				resp.Duplicates = append(resp.Duplicates, uint32(j))
 				if rs != nil {
 					// The first answer may have failed because the backup did
@@ -389,6 +395,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		}
 		if ierr != nil {
 			failed++
+			tl.failed[ierr.code%numCodes]++
 			resp.DecidedAtMs[j] = now
 			resp.Errors = append(resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(ierr.code), Message: ierr.msg})
 			continue
@@ -399,6 +406,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		} else {
 			denied++
 		}
+		tl.decided(x.dv, dec.Admitted, dec.DeniedBy)
 		resp.Admitted[j] = dec.Admitted
 		resp.Recorded[j] = dec.Recorded
 		resp.DeniedBy[j] = int32(dec.DeniedBy)
@@ -415,6 +423,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	n.admitted.Add(admitted)
 	n.denied.Add(denied)
 	n.failed.Add(failed)
+	tl.flush(&n.decisions)
 	var replicated chan struct{}
 	if rs != nil && len(rs.backups) > 0 {
 		replicated = make(chan struct{})

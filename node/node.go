@@ -158,6 +158,11 @@ type Config struct {
 	// certificate verified against TLS.ClientCAs. It needs TLS with
 	// ClientAuth at least tls.VerifyClientCertIfGiven.
 	PeerMTLS bool
+	// Observer, if set, receives the node's timings (Check latency and
+	// items per call, WAL fsyncs, snapshots, recovery); see Observer for
+	// its concurrency contract. nil means none.
+	Observer Observer
+
 	// PeerName, with PeerMTLS, is a DNS name the Peer service also wants in
 	// the client certificate (its SANs), so that a client whose certificate
 	// the same CA signed is not taken for a peer; "" means any verified
@@ -277,6 +282,15 @@ type Node struct {
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
 	memLog                                      memoryLog
+	// shuttingDown is set when Serve begins to shut down: Serving reports
+	// false from then on, while in-flight calls finish.
+	shuttingDown atomic.Bool
+	// decisions are the counters by domain, rule and result; bind points
+	// each view's domains at theirs, so that they outlive the view.
+	decisions decisionCounters
+	// reloads, reloadFailures and refunds back Stats.Reloads,
+	// Stats.ReloadFailures and Stats.Refunds.
+	reloads, reloadFailures, refunds atomic.Int64
 }
 
 // view is a rule set bound to the node's store: what a Check reads, through
@@ -291,11 +305,15 @@ type view struct {
 	maxContent int
 }
 
-// domainView is one domain's rules, records and API description.
+// domainView is one domain's rules, records, API description and counters.
 type domainView struct {
 	d     *window.Domain
 	ref   store.Ref
 	proto *pb.Domain // shared by every response; never modified
+	// counters and rules (one per rule, in rule order) are the domain's
+	// decision counters in Node.decisions, kept across reloads by name.
+	counters *domainCounters
+	rules    []*ruleCounter
 }
 
 // New returns a node serving cfg.Rules.
@@ -327,7 +345,12 @@ func (n *Node) bind(rs *rules.Set) *view {
 	v := &view{rules: rs, domains: map[string]*domainView{}, names: rs.Names(), maxContent: n.cfg.Limits.MaxContentBytes}
 	for _, name := range v.names {
 		d := rs.Domain(name)
-		v.domains[name] = &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d)}
+		ruleNames := make([]string, len(d.Rules()))
+		for i, r := range d.Rules() {
+			ruleNames[i] = r.Name
+		}
+		dc, rcs := n.decisions.domain(name, ruleNames)
+		v.domains[name] = &domainView{d: d, ref: n.store.Bind(d), proto: domainProto(d), counters: dc, rules: rcs}
 		v.longest = max(v.longest, d.Longest())
 	}
 	return v
@@ -388,6 +411,16 @@ type Stats struct {
 	Checks, Admitted, Denied, Failed int64 // items decided here since start
 	ForwardedOut, ForwardedIn        int64 // items sent to their owners; items peers sent here
 	Snapshots                        int64 // snapshots written since start
+	// FailedByCode counts, by gRPC code name ("Unavailable"), the items this
+	// node answered with an error: those failed here (Failed) and those
+	// whose owner did not answer a forward. Codes never seen are absent.
+	FailedByCode map[string]int64
+	// Duplicates counts the items answered from the idempotency table (a
+	// retried request id): not recorded again.
+	Duplicates int64
+	// Reloads and ReloadFailures count rules reloads applied and refused;
+	// Refunds counts sends returned by request id.
+	Reloads, ReloadFailures, Refunds int64
 	WAL                              wal.Stats
 	Gossip                           gossip.Stats // zero without Config.Cluster
 	Domains                          []DomainStats
@@ -398,9 +431,27 @@ type Stats struct {
 	// RESOURCE_EXHAUSTED item error, also counted in Failed), and records
 	// replay, backups and merges created past it.
 	Memory store.MemoryStats
+	// Serving is Serving().
+	Serving bool
+	// Ring is this node's view of the ring; zero before Open.
+	Ring RingStats
+	// ReplicatedSends and ReplicationFailures count sends acknowledged by
+	// their partition's backup and sends the backup did not confirm;
+	// ReplicationLag is the sends admitted and not yet on a backup (async).
+	ReplicatedSends, ReplicationFailures, ReplicationLag int64
 }
 
-// DomainStats describes one domain's store.
+// RingStats describe the ring a node routes by, as the node sees it.
+type RingStats struct {
+	Epoch   uint64 // the ring's epoch; nodes that agree show the same
+	Members int    // members in it
+	// Owned, Backed and Moving count the partitions this node owns, backs
+	// up, and owns but has not acquired yet (a move in progress).
+	Owned, Backed, Moving int
+	OwnedRecords          int64 // records in the owned partitions, all domains
+}
+
+// DomainStats describes one domain's store and decisions.
 type DomainStats struct {
 	Name       string
 	Records    int64 // recipients with a record
@@ -409,13 +460,25 @@ type DomainStats struct {
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs
 	LiveBytes  int64 // bytes of record slots in use
+	// Admitted and Denied count the items of this domain decided here since
+	// start; they survive rules reloads that keep the domain.
+	Admitted, Denied int64
+	// Rules are the counters of the domain's rules, in rule order.
+	Rules []RuleStats
 }
 
 // Stats returns the node's counters. It takes each partition lock briefly.
+// Safe for concurrent use.
 func (n *Node) Stats() Stats {
 	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(),
 		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load(),
-		Memory: n.store.Memory()}
+		FailedByCode: n.decisions.failedByCode(), Duplicates: n.decisions.duplicates.Load(),
+		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
+		Memory: n.store.Memory(), Serving: n.Serving(),
+		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load()}
+	for p := range n.unacked {
+		s.ReplicationLag += n.unacked[p].Load()
+	}
 	if n.dur != nil {
 		s.WAL = n.dur.log.Stats()
 	}
@@ -424,11 +487,17 @@ func (n *Node) Stats() Stats {
 	}
 	v := n.view.Load()
 	for _, name := range v.names {
-		st := n.store.Stats(v.domains[name].ref)
-		s.Domains = append(s.Domains, DomainStats{
+		dv := v.domains[name]
+		st := n.store.Stats(dv.ref)
+		ds := DomainStats{
 			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired,
 			IndexBytes: st.IndexBytes, SlabBytes: st.SlabBytes, LiveBytes: st.LiveBytes,
-		})
+			Admitted: dv.counters.admitted.Load(), Denied: dv.counters.denied.Load(),
+		}
+		for i, r := range dv.d.Rules() {
+			ds.Rules = append(ds.Rules, RuleStats{Name: r.Name, Denied: dv.rules[i].denied.Load(), ShadowDenied: dv.rules[i].shadowDenied.Load()})
+		}
+		s.Domains = append(s.Domains, ds)
 	}
 	sort.Slice(s.Domains, func(i, j int) bool { return s.Domains[i].Name < s.Domains[j].Name })
 	s.Partitions = make([]int64, n.store.Partitions())
@@ -436,6 +505,21 @@ func (n *Node) Stats() Stats {
 	for p := range s.Partitions {
 		s.Partitions[p] = n.store.PartitionLen(p)
 		s.Open[p] = n.store.IsOpen(p)
+	}
+	if r := n.Ring(); r != nil {
+		s.Ring.Epoch, s.Ring.Members = r.Epoch(), r.Len()
+		for p := range n.store.Partitions() {
+			if r.PartitionOwner(p).Name == n.cfg.Name {
+				s.Ring.Owned++
+				if !n.ho.isOpen(p) {
+					s.Ring.Moving++
+				}
+				s.Ring.OwnedRecords += s.Partitions[p]
+			}
+			if b, ok := r.PartitionReplica(p); ok && b.Name == n.cfg.Name {
+				s.Ring.Backed++
+			}
+		}
 	}
 	return s
 }
@@ -481,26 +565,11 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 		GossipBadPackets: s.Gossip.BadPackets,
 		MemoryRefusals:   s.Memory.Refused, StoreBytes: s.Memory.HeldBytes, StoreLimitBytes: s.Memory.MaxBytes,
 	}
-	if r := n.Ring(); r != nil {
-		resp.RingEpoch = r.Epoch()
-		for p := range n.store.Partitions() {
-			if r.PartitionOwner(p).Name == n.cfg.Name {
-				resp.PartitionsOwned++
-				if !n.ho.isOpen(p) {
-					resp.PartitionsMoving++
-				}
-				resp.OwnedRecords += s.Partitions[p]
-			}
-			if b, ok := r.PartitionReplica(p); ok && b.Name == n.cfg.Name {
-				resp.PartitionsBacked++
-			}
-		}
-	}
+	resp.RingEpoch = s.Ring.Epoch
+	resp.PartitionsOwned, resp.PartitionsMoving, resp.PartitionsBacked = uint32(s.Ring.Owned), uint32(s.Ring.Moving), uint32(s.Ring.Backed)
+	resp.OwnedRecords = s.Ring.OwnedRecords
 	resp.Replication = n.cfg.Replication.String()
-	resp.ReplicatedSends, resp.ReplicationFailures = n.replicated.Load(), n.replicationFailures.Load()
-	for p := range n.unacked {
-		resp.ReplicationLag += n.unacked[p].Load()
-	}
+	resp.ReplicatedSends, resp.ReplicationFailures, resp.ReplicationLag = s.ReplicatedSends, s.ReplicationFailures, s.ReplicationLag
 	resp.AcquiredPartitions, resp.AcquiredRecords = n.ho.moves.Load(), n.ho.movedRecords.Load()
 	resp.LongestPauseMs = time.Duration(n.ho.longestPause.Load()).Milliseconds()
 	for _, d := range s.Domains {
