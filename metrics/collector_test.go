@@ -71,10 +71,10 @@ func knownSequence(t *testing.T, n *node.Node, clk *clock) {
 	clk.ns += int64(time.Minute)
 	check(x) // denied by r2
 	yb := &pb.CheckRequest{Recipients: []string{"y"}, Domains: []string{"b"}, RequestIds: []uint64{7}}
-	check(yb) // admitted
-	check(yb) // a duplicate, answered as admitted
+	check(yb)                                                                                           // admitted
+	check(yb)                                                                                           // a duplicate, answered as admitted
 	check(&pb.CheckRequest{Recipients: []string{"y"}, Domains: []string{"a"}, RequestIds: []uint64{7}}) // ALREADY_EXISTS
-	check(&pb.CheckRequest{Recipients: []string{"u", "v"}, Domains: []string{"nope"}})              // INVALID_ARGUMENT x2
+	check(&pb.CheckRequest{Recipients: []string{"u", "v"}, Domains: []string{"nope"}})                  // INVALID_ARGUMENT x2
 }
 
 func TestMetricValues(t *testing.T) {
