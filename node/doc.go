@@ -60,6 +60,7 @@
 //	lock.go       one process per data directory (flock of DATA_DIR/LOCK)
 //	removed.go    history of domains the rules lack: refuse, or drop when told
 //	memlimit.go   the memory limit: the store's budget, refusals at it
+//	observe.go    the Observer hooks (timings for metrics), decision counters by domain, rule and code, Serving
 //	walrec.go     the WAL payload of one Check
 //	server.go     the gRPC services, health, reflection, Serve
 //	security.go   TLS on the listener; the Peer service kept to verified peers
