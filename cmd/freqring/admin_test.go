@@ -143,3 +143,50 @@ func TestAdminUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterAdminListeners: freqring cluster gives each node an admin
+// listener of its own, each serving that node's metrics.
+func TestClusterAdminListeners(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		var errOut strings.Builder
+		code := run(ctx, []string{"cluster", "-n", "2", "--port", "0", "--admin-listen", "127.0.0.1:0"}, pw, &errOut)
+		if code != 0 {
+			t.Errorf("cluster exited %d: %s", code, errOut.String())
+		}
+		pw.Close()
+		done <- code
+	}()
+	defer func() { cancel(); io.Copy(io.Discard, pr); <-done }()
+	admins := map[string]string{} // node name -> admin address
+	line := regexp.MustCompile(`^(\S+)  grpc \S+  gossip \S+  admin (\S+)$`)
+	buf := make([]byte, 0, 1024)
+	for len(admins) < 2 {
+		b := make([]byte, 256)
+		k, err := pr.Read(b)
+		if err != nil {
+			t.Fatalf("cluster output ended after %q: %v", buf, err)
+		}
+		buf = append(buf, b[:k]...)
+		for _, l := range strings.Split(string(buf), "\n") {
+			if m := line.FindStringSubmatch(l); m != nil {
+				admins[m[1]] = m[2]
+			}
+		}
+	}
+	c := &http.Client{Timeout: 5 * time.Second}
+	seen := map[string]bool{}
+	for name, addr := range admins {
+		if seen[addr] {
+			t.Fatalf("two nodes share admin address %s", addr)
+		}
+		seen[addr] = true
+		waitReady(t, c, "http://"+addr)
+		code, body := get(c, "http://"+addr+"/metrics")
+		if code != 200 || !regexp.MustCompile(`(?m)^freqring_ring_members 2$`).MatchString(body) {
+			t.Fatalf("%s /metrics at %s: %d, want freqring_ring_members 2", name, addr, code)
+		}
+	}
+}
