@@ -125,3 +125,86 @@ func benchGRPC(b *testing.B, withMetrics bool) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N*batch)/elapsed.Seconds(), "decisions/s")
 }
+
+// BenchmarkCheckMetrics is the in-process cost of metrics per Check call of
+// 100 items (no gRPC, so less noise than BenchmarkGRPCCheckMetrics):
+// Node.Check without an Observer and with the Prometheus one, recipients
+// uniform over 100k, a fixed clock. The decision counters are always on.
+//
+//	go test -run '^$' -bench '^BenchmarkCheckMetrics$' -count 6 ./metrics
+func BenchmarkCheckMetrics(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("metrics=%v", on), func(b *testing.B) {
+			const batch, recipients = 100, 100_000
+			var cfg node.Config
+			cfg.SweepInterval = -1
+			cfg.Clock = &clock{ns: t0 * 1e6}
+			if on {
+				cfg.Observer = metrics.NewObserver()
+			}
+			n, err := node.New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := n.Open(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			defer n.Close()
+			rng := rand.New(rand.NewPCG(1, 2))
+			reqs := make([]*pb.CheckRequest, 64)
+			for k := range reqs {
+				reqs[k] = &pb.CheckRequest{Recipients: make([]string, batch), Modes: []pb.Mode{pb.Mode_MODE_PEEK}}
+				for i := range batch {
+					reqs[k].Recipients[i] = fmt.Sprintf("+86%011d", rng.IntN(recipients))
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			k := 0
+			for b.Loop() {
+				if _, err := n.Check(context.Background(), reqs[k%len(reqs)]); err != nil {
+					b.Fatal(err)
+				}
+				k++
+			}
+		})
+	}
+}
+
+// BenchmarkObserverCheckDone is what the Observer adds to each Check call:
+// two histogram observations, from parallel goroutines.
+//
+//	go test -run '^$' -bench 'ObserverCheckDone' ./metrics
+func BenchmarkObserverCheckDone(b *testing.B) {
+	obs := metrics.NewObserver()
+	b.ReportAllocs()
+	b.RunParallel(func(p *testing.PB) {
+		for p.Next() {
+			obs.CheckDone(100, 750*time.Microsecond)
+		}
+	})
+}
+
+// BenchmarkScrape is one Gather of a node's registry (the Collector reading
+// Stats, the histograms, the Go and process collectors): the work of one
+// Prometheus scrape, without HTTP.
+//
+//	go test -run '^$' -bench 'Scrape' ./metrics
+func BenchmarkScrape(b *testing.B) {
+	obs := metrics.NewObserver()
+	n, err := node.New(node.Config{SweepInterval: -1, Observer: obs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := n.Open(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	reg := metrics.NewRegistry(n, obs)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := reg.Gather(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
