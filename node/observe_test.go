@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"sync"
 	"testing"
@@ -250,4 +251,62 @@ func mustParseRules(t *testing.T, src string) *rules.Set {
 		t.Fatal(err)
 	}
 	return rs
+}
+
+// TestForwardFailuresCountedByCode: items whose owner does not answer a
+// forward are counted once, at the node that answered them, under the
+// code of their error; those decided locally are counted as decisions.
+func TestForwardFailuresCountedByCode(t *testing.T) {
+	ln := NewLocalNetwork()
+	a := startLocal(t, ln, "node-a")
+	b := startLocal(t, ln, "node-b", a.clus.Load().ms.GossipAddr())
+	poll(t, "two nodes settle", func() error {
+		ra, rb := a.Ring(), b.Ring()
+		if ra.Len() != 2 || ra.Epoch() != rb.Epoch() {
+			return fmt.Errorf("rings of %d and %d members", ra.Len(), rb.Len())
+		}
+		for p := range a.store.Partitions() {
+			owner := a
+			if ra.PartitionOwner(p).Name == "node-b" {
+				owner = b
+			}
+			if !owner.store.IsOpen(p) {
+				return fmt.Errorf("partition %d is not open on its owner %s", p, owner.cfg.Name)
+			}
+		}
+		return nil
+	})
+	r := a.Ring()
+	req := &pb.CheckRequest{}
+	onB := 0
+	for i := range 40 {
+		rcp := fmt.Sprintf("+86152%08d", i)
+		key, _ := KeyOf(rcp)
+		if r.PartitionOwner(r.PartitionHash(key)).Name == "node-b" {
+			onB++
+		}
+		req.Recipients = append(req.Recipients, rcp)
+	}
+	if onB == 0 || onB == 40 {
+		t.Fatalf("%d of 40 recipients on node-b: want both nodes in the batch", onB)
+	}
+	ln.Unregister(b.cfg.AdvertiseAddr) // b stays in the ring but does not answer
+	defer ln.Register(b.cfg.AdvertiseAddr, b)
+	resp, err := a.Check(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Errors) != onB {
+		t.Fatalf("%d item errors, want %d (the items b owns)", len(resp.Errors), onB)
+	}
+	sa, sb := a.Stats(), b.Stats()
+	if want := map[string]int64{"Unavailable": int64(onB)}; !reflect.DeepEqual(sa.FailedByCode, want) {
+		t.Fatalf("node-a FailedByCode %v, want %v", sa.FailedByCode, want)
+	}
+	if len(sb.FailedByCode) != 0 || sb.Checks != 0 {
+		t.Fatalf("node-b counted %v failures and %d checks for a call it never received", sb.FailedByCode, sb.Checks)
+	}
+	if got := sa.Domains[0].Admitted; got != int64(40-onB) {
+		t.Fatalf("node-a admitted %d, want %d (the items it owns)", got, 40-onB)
+	}
 }
