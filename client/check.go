@@ -32,7 +32,7 @@ func (c *Client) Check(ctx context.Context, it Item) (Decision, error) {
 	c.st.items.Add(1)
 	pi, ierr := prepare(&it, 0)
 	if ierr != nil {
-		c.st.itemErrors.Add(1)
+		c.st.itemFailed(ierr)
 		return Decision{}, ierr
 	}
 	if pi.id == 0 {
@@ -57,7 +57,7 @@ func (c *Client) Check(ctx context.Context, it Item) (Decision, error) {
 		o, avoid = c.checkOnce(ctx, &pi, attemptDeadline(attempt, began, dl))
 		switch {
 		case o.ierr != nil:
-			c.st.itemErrors.Add(1)
+			c.st.itemFailed(o.ierr)
 			return Decision{}, o.ierr
 		case o.err == nil:
 			return o.dec, nil
@@ -174,7 +174,7 @@ func (c *Client) CheckBatch(ctx context.Context, items []Item) ([]Decision, erro
 		decs[i] = c.degrade(cause)
 	}
 	if len(errs) > 0 {
-		c.st.itemErrors.Add(int64(len(errs)))
+		c.st.itemFailed(errs...)
 		slices.SortFunc(errs, func(a, b *ItemError) int { return a.Index - b.Index })
 		return decs, errs
 	}

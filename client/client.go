@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -283,19 +284,45 @@ type Stats struct {
 	Duplicates    int64 // items a node answered from its idempotency table (Decision.Duplicate)
 	Coalesced     int64 // items of single Checks that shared an RPC with another caller's
 	Streamed      int64 // requests sent on a CheckStream (counted in RPCs too)
+	// ItemErrorsByCode splits ItemErrors by gRPC code name
+	// ("InvalidArgument"); codes never seen are absent.
+	ItemErrorsByCode map[string]int64
 }
 
 type counters struct {
 	calls, items, rpcs, retries, degraded, ringRefreshes, ringChanges, itemErrors, duplicates, coalesced, streamed atomic.Int64
+
+	byCode [numCodes]atomic.Int64 // item errors by gRPC code
+}
+
+// numCodes is the number of gRPC codes (OK to Unauthenticated).
+const numCodes = 17
+
+// itemFailed counts item errors es.
+func (s *counters) itemFailed(es ...*ItemError) {
+	s.itemErrors.Add(int64(len(es)))
+	for _, e := range es {
+		code := e.Code
+		if int(code) >= numCodes {
+			code = codes.Unknown
+		}
+		s.byCode[code].Add(1)
+	}
 }
 
 // Stats returns the client's counters.
 func (c *Client) Stats() Stats {
 	s := &c.st
-	return Stats{
+	st := Stats{
 		Calls: s.calls.Load(), Items: s.items.Load(), RPCs: s.rpcs.Load(), Retries: s.retries.Load(),
 		Degraded: s.degraded.Load(), RingRefreshes: s.ringRefreshes.Load(), RingChanges: s.ringChanges.Load(),
 		ItemErrors: s.itemErrors.Load(), Duplicates: s.duplicates.Load(), Coalesced: s.coalesced.Load(),
-		Streamed: s.streamed.Load(),
+		Streamed: s.streamed.Load(), ItemErrorsByCode: map[string]int64{},
 	}
+	for code := range s.byCode {
+		if v := s.byCode[code].Load(); v != 0 {
+			st.ItemErrorsByCode[codes.Code(code).String()] = v
+		}
+	}
+	return st
 }

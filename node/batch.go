@@ -215,6 +215,10 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 // routing and deciding (another node acquired it under a ring that arrived
 // meanwhile) are routed once more under the new ring.
 func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*pb.CheckResponse, error) {
+	if reroute && n.cfg.Observer != nil {
+		start := time.Now()
+		defer func() { n.cfg.Observer.CheckDone(len(req.Recipients), time.Since(start)) }()
+	}
 	t := n.announce()
 	defer t.cancel()
 	if err := n.admit(ctx, req); err != nil {
@@ -357,6 +361,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	now := n.nowMs()
 	var dec *window.Decision
 	var admitted, denied, failed, refunds int64
+	var tl tally
 	var enc *walEncoder
 	if t != nil {
 		enc, _ = n.encoders.Get().(*walEncoder)
@@ -411,6 +416,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 				}
 			} else if sb.Dup {
 				dup = true
+				tl.duplicates++
 				resp.Duplicates = append(resp.Duplicates, uint32(j))
 				if rs != nil {
 					// The first answer may have failed because the backup did
@@ -430,6 +436,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		}
 		if ierr != nil {
 			failed++
+			tl.failed[ierr.code%numCodes]++
 			resp.DecidedAtMs[j] = now
 			resp.Errors = append(resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(ierr.code), Message: ierr.msg})
 			continue
@@ -445,15 +452,17 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		default:
 			denied++
 		}
+		if !x.refund {
+			tl.decided(x.dv, dec.Admitted, dec.DeniedBy)
+		}
 		resp.Admitted[j] = dec.Admitted
 		resp.Recorded[j] = dec.Recorded
 		resp.DeniedBy[j] = int32(dec.DeniedBy)
-		if dec.DeniedBy >= 0 {
-			x.dv.counts.denied(dec.DeniedBy)
-		}
 		if dec.ShadowDeniedBy >= 0 && !x.dv.exempt {
 			setShadowDeniedBy(resp, j, int32(dec.ShadowDeniedBy))
-			x.dv.counts.shadowDenied(dec.ShadowDeniedBy)
+			if !x.refund {
+				x.dv.rules[dec.ShadowDeniedBy].shadowDenied.Add(1) // rare: no tally
+			}
 		}
 		resp.RetryAfterMs[j] = dec.RetryAfter
 		resp.DecidedAtMs[j] = dec.At
@@ -469,6 +478,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	n.denied.Add(denied)
 	n.failed.Add(failed)
 	n.refunds.Add(refunds)
+	tl.flush(&n.decisions)
 	var replicated chan struct{}
 	if rs != nil && len(rs.backups) > 0 {
 		replicated = make(chan struct{})

@@ -29,7 +29,7 @@
 // is built (bind) from the rule set and the admin override layer
 // (overrides.go): a domain with overrides carries a lookup from key to a
 // variant of its rules over the same records (rules.Binding); decode picks
-// an item's variant. Per-rule decision counters (decisions.go) are kept by
+// an item's variant. Per-rule decision counters (observe.go) are kept by
 // domain and rule name, outside the view, so a rebinding keeps them.
 //
 // # Exact through ring changes
@@ -65,8 +65,8 @@
 //	lock.go       one process per data directory (flock of DATA_DIR/LOCK)
 //	removed.go    history of domains the rules lack: refuse, or drop when told
 //	overrides.go  admin overrides: the Admin service, overrides.json, the pull from peers (SyncOverrides)
-//	decisions.go  per-domain, per-rule decision counters (Stats.Domains[i].Rules)
 //	memlimit.go   the memory limit: the store's budget, refusals at it
+//	observe.go    the Observer hooks (timings for metrics), decision counters by domain, rule and code, Serving
 //	walrec.go     the WAL payload of one Check
 //	usage.go      usage statistics: what decide counts, the Usage RPC, the DATA_DIR/usage file
 //	server.go     the gRPC services, health, reflection, Serve

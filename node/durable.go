@@ -123,7 +123,7 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 	log, err := wal.Open(wal.Options{
 		Dir: filepath.Join(dir, "wal"), SegmentBytes: n.cfg.SegmentBytes, Sync: n.cfg.Sync, GroupWait: n.cfg.GroupWait,
 		SyncInterval: n.cfg.SyncInterval, SkipCorrupt: n.cfg.SkipCorrupt, Now: n.cfg.Clock.Now,
-		Logger: n.log.With("component", "wal"),
+		Logger: n.log.With("component", "wal"), OnFsync: n.onFsync(),
 	})
 	if err != nil {
 		return rs, err
@@ -205,7 +205,18 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 		rs.StoreBytes += st.IndexBytes + st.SlabBytes
 	}
 	rs.Total = time.Since(start)
+	if n.cfg.Observer != nil {
+		n.cfg.Observer.Recovery(rs.Total)
+	}
 	return rs, nil
+}
+
+// onFsync returns the WAL's fsync hook: the Observer's Fsync, or nil.
+func (n *Node) onFsync() func(time.Duration) {
+	if n.cfg.Observer == nil {
+		return nil
+	}
+	return n.cfg.Observer.Fsync
 }
 
 // resetStore empties the store, after a partial snapshot load. Open calls
@@ -274,6 +285,9 @@ func (n *Node) snapshot() error {
 		return fmt.Errorf("node: snapshot failed verification, removed; %s stays: %w", d.last, err)
 	}
 	d.snapBytes, d.snapAt, d.snapTook = walBytes, nowNs, time.Since(start)
+	if n.cfg.Observer != nil {
+		n.cfg.Observer.Snapshot(d.snapTook)
+	}
 	prev := d.last
 	d.last = name
 	snaps, err := listSnapshots(d.dir)

@@ -98,6 +98,15 @@ func (n *Node) checkRouted(ctx context.Context, b *batch, r *ring.Ring, groups [
 		local.resp, local.err = n.decide(ctx, b, local.idx, r, false, t)
 	}
 	wg.Wait()
+	for _, g := range groups {
+		if g.bad == nil && g.resp == nil && g.err != nil {
+			code := status.Code(g.err)
+			if code == codes.Unknown {
+				code = codes.Unavailable // as mergeResponses answers
+			}
+			n.decisions.fail(code, int64(len(g.idx)))
+		}
+	}
 	return mergeResponses(len(req.Recipients), groups, r.Epoch(), c.self.Name), nil
 }
 

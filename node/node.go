@@ -165,6 +165,10 @@ type Config struct {
 	// StatsDays is how many calendar days of usage statistics each zone
 	// keeps, today included; 0 means 35. Older days are dropped whole.
 	StatsDays int
+	// Observer, if set, receives the node's timings (Check latency and
+	// items per call, WAL fsyncs, snapshots, recovery); see Observer for
+	// its concurrency contract. nil means none.
+	Observer Observer
 
 	// PeerName, with PeerMTLS, is a DNS name the Peer service also wants in
 	// the client certificate (its SANs), so that a client whose certificate
@@ -287,16 +291,22 @@ type Node struct {
 
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
-	decisions                                   decisionCounts // per domain and rule, by name
 	admin                                       adminOverrides // the admin override layer of the view (overrides.go)
 	memLog                                      memoryLog
 	// usage counts decided items per day and domain (usage.go); saved in
 	// DataDir at each snapshot and on Close.
 	usage *usage.Tracker
+	// shuttingDown is set when Serve begins to shut down: Serving reports
+	// false from then on, while in-flight calls finish.
+	shuttingDown atomic.Bool
+	// decisions are the counters by domain, rule and result; bind points
+	// each view's domains at theirs, so that they outlive the view.
+	decisions decisionCounters
 
-	reloadMu                sync.Mutex // serialises Reload; Open holds it
-	reloads, reloadFailures atomic.Int64
-	refunds                 atomic.Int64 // sends taken back by MODE_REFUND items decided here
+	reloadMu sync.Mutex // serialises Reload; Open holds it
+	// reloads, reloadFailures and refunds back Stats.Reloads,
+	// Stats.ReloadFailures and Stats.Refunds.
+	reloads, reloadFailures, refunds atomic.Int64
 }
 
 // view is a rule set bound to the node's store: what a Check reads, through
@@ -311,19 +321,22 @@ type view struct {
 	maxContent int
 }
 
-// domainView is one domain's rules, records and API description.
+// domainView is one domain's rules, records, API description and counters.
 type domainView struct {
-	d      *window.Domain
-	ref    store.Ref
-	proto  *pb.Domain    // shared by every response; never modified
-	counts *domainCounts // decisions of the domain, kept across rebinding
+	d     *window.Domain
+	ref   store.Ref
+	proto *pb.Domain // shared by every response; never modified
+	// counters and rules (one per rule, in rule order) are the domain's
+	// decision counters in Node.decisions, kept across reloads by name.
+	counters *domainCounters
+	rules    []*ruleCounter
 	// ruleNames are the rule names in domain order, for usage statistics.
 	ruleNames []string
 
 	// over finds a key's override; nil when the domain has none (the hot
 	// path's one nil check). variants[i] decides the keys of
 	// over.Overrides[i]: its rules with the override's limits, over the
-	// same records (the same name), sharing proto and counts.
+	// same records (the same name), sharing proto and counters.
 	over     *rules.Binding
 	variants []*domainView
 	exempt   bool   // a variant of an exempt override: its keys are admitted unchecked, still recorded
@@ -382,15 +395,17 @@ func (n *Node) bind(rs *rules.Set) *view {
 			n.log.Error("BUG: overrides of a domain did not bind: serving it without them", "domain", name, "err", err)
 			b = &rules.Binding{Base: d}
 		}
-		dv := &domainView{d: b.Base, ref: n.store.Bind(b.Base), proto: domainProto(d), counts: n.decisions.of(d)}
-		for _, r := range d.Rules() {
-			dv.ruleNames = append(dv.ruleNames, r.Name)
+		ruleNames := make([]string, d.NumRules())
+		for i, r := range d.Rules() {
+			ruleNames[i] = r.Name
 		}
+		dc, rcs := n.decisions.domain(name, ruleNames)
+		dv := &domainView{d: b.Base, ref: n.store.Bind(b.Base), proto: domainProto(d), counters: dc, rules: rcs, ruleNames: ruleNames}
 		if len(b.Overrides) > 0 {
 			dv.over = b
 			for _, o := range b.Overrides {
-				dv.variants = append(dv.variants, &domainView{d: o.Domain, ref: n.store.Bind(o.Domain), proto: dv.proto, counts: dv.counts,
-					ruleNames: dv.ruleNames, exempt: o.Exempt, override: o.Name})
+				dv.variants = append(dv.variants, &domainView{d: o.Domain, ref: n.store.Bind(o.Domain), proto: dv.proto, counters: dc, rules: rcs,
+					ruleNames: ruleNames, exempt: o.Exempt, override: o.Name})
 			}
 		}
 		v.domains[name] = dv
@@ -454,8 +469,16 @@ type Stats struct {
 	Checks, Admitted, Denied, Failed int64 // items decided here since start
 	ForwardedOut, ForwardedIn        int64 // items sent to their owners; items peers sent here
 	Snapshots                        int64 // snapshots written since start
-	Reloads, ReloadFailures          int64 // rules reloads since start: done (Reload), failed (refused, or ReloadFailed)
-	Refunds                          int64 // sends taken back by refunds decided here since start
+	// FailedByCode counts, by gRPC code name ("Unavailable"), the items this
+	// node answered with an error: those failed here (Failed) and those
+	// whose owner did not answer a forward. Codes never seen are absent.
+	FailedByCode map[string]int64
+	// Duplicates counts the items answered from the idempotency table (a
+	// retried request id): not recorded again.
+	Duplicates int64
+	// Reloads and ReloadFailures count rules reloads applied and refused;
+	// Refunds counts sends returned by request id.
+	Reloads, ReloadFailures, Refunds int64
 	WAL                              wal.Stats
 	Gossip                           gossip.Stats // zero without Config.Cluster
 	Domains                          []DomainStats
@@ -466,9 +489,27 @@ type Stats struct {
 	// RESOURCE_EXHAUSTED item error, also counted in Failed), and records
 	// replay, backups and merges created past it.
 	Memory store.MemoryStats
+	// Serving is Serving().
+	Serving bool
+	// Ring is this node's view of the ring; zero before Open.
+	Ring RingStats
+	// ReplicatedSends and ReplicationFailures count sends acknowledged by
+	// their partition's backup and sends the backup did not confirm;
+	// ReplicationLag is the sends admitted and not yet on a backup (async).
+	ReplicatedSends, ReplicationFailures, ReplicationLag int64
 }
 
-// DomainStats describes one domain's store.
+// RingStats describe the ring a node routes by, as the node sees it.
+type RingStats struct {
+	Epoch   uint64 // the ring's epoch; nodes that agree show the same
+	Members int    // members in it
+	// Owned, Backed and Moving count the partitions this node owns, backs
+	// up, and owns but has not acquired yet (a move in progress).
+	Owned, Backed, Moving int
+	OwnedRecords          int64 // records in the owned partitions, all domains
+}
+
+// DomainStats describes one domain's store and decisions.
 type DomainStats struct {
 	Name       string
 	Records    int64 // recipients with a record
@@ -477,25 +518,25 @@ type DomainStats struct {
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs
 	LiveBytes  int64 // bytes of record slots in use
-	// Rules counts, per rule of the domain in its order, the items it denied
-	// and those it would have denied as a shadow, since start; kept by domain
-	// and rule name across rule changes.
+	// Admitted and Denied count the items of this domain decided here since
+	// start; they survive rules reloads that keep the domain.
+	Admitted, Denied int64
+	// Rules are the counters of the domain's rules, in rule order.
 	Rules []RuleStats
 }
 
-// RuleStats counts one rule's decisions since start.
-type RuleStats struct {
-	Name         string
-	Denied       int64 // items this rule denied (the denying rule with the longest retry)
-	ShadowDenied int64 // items this shadow rule would have denied (never denies)
-}
-
 // Stats returns the node's counters. It takes each partition lock briefly.
+// Safe for concurrent use.
 func (n *Node) Stats() Stats {
 	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(),
 		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load(),
+		FailedByCode: n.decisions.failedByCode(), Duplicates: n.decisions.duplicates.Load(),
 		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
-		Memory: n.store.Memory()}
+		Memory: n.store.Memory(), Serving: n.Serving(),
+		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load()}
+	for p := range n.unacked {
+		s.ReplicationLag += n.unacked[p].Load()
+	}
 	if n.dur != nil {
 		s.WAL = n.dur.log.Stats()
 	}
@@ -504,12 +545,17 @@ func (n *Node) Stats() Stats {
 	}
 	v := n.view.Load()
 	for _, name := range v.names {
-		st := n.store.Stats(v.domains[name].ref)
-		s.Domains = append(s.Domains, DomainStats{
+		dv := v.domains[name]
+		st := n.store.Stats(dv.ref)
+		ds := DomainStats{
 			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired,
 			IndexBytes: st.IndexBytes, SlabBytes: st.SlabBytes, LiveBytes: st.LiveBytes,
-			Rules: v.domains[name].counts.stats(v.domains[name].d),
-		})
+			Admitted: dv.counters.admitted.Load(), Denied: dv.counters.denied.Load(),
+		}
+		for i, r := range dv.d.Rules() {
+			ds.Rules = append(ds.Rules, RuleStats{Name: r.Name, Denied: dv.rules[i].denied.Load(), ShadowDenied: dv.rules[i].shadowDenied.Load()})
+		}
+		s.Domains = append(s.Domains, ds)
 	}
 	sort.Slice(s.Domains, func(i, j int) bool { return s.Domains[i].Name < s.Domains[j].Name })
 	s.Partitions = make([]int64, n.store.Partitions())
@@ -517,6 +563,21 @@ func (n *Node) Stats() Stats {
 	for p := range s.Partitions {
 		s.Partitions[p] = n.store.PartitionLen(p)
 		s.Open[p] = n.store.IsOpen(p)
+	}
+	if r := n.Ring(); r != nil {
+		s.Ring.Epoch, s.Ring.Members = r.Epoch(), r.Len()
+		for p := range n.store.Partitions() {
+			if r.PartitionOwner(p).Name == n.cfg.Name {
+				s.Ring.Owned++
+				if !n.ho.isOpen(p) {
+					s.Ring.Moving++
+				}
+				s.Ring.OwnedRecords += s.Partitions[p]
+			}
+			if b, ok := r.PartitionReplica(p); ok && b.Name == n.cfg.Name {
+				s.Ring.Backed++
+			}
+		}
 	}
 	return s
 }
@@ -563,26 +624,11 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 		MemoryRefusals:   s.Memory.Refused, StoreBytes: s.Memory.HeldBytes, StoreLimitBytes: s.Memory.MaxBytes,
 		RulesReloads: s.Reloads, RulesReloadFailures: s.ReloadFailures,
 	}
-	if r := n.Ring(); r != nil {
-		resp.RingEpoch = r.Epoch()
-		for p := range n.store.Partitions() {
-			if r.PartitionOwner(p).Name == n.cfg.Name {
-				resp.PartitionsOwned++
-				if !n.ho.isOpen(p) {
-					resp.PartitionsMoving++
-				}
-				resp.OwnedRecords += s.Partitions[p]
-			}
-			if b, ok := r.PartitionReplica(p); ok && b.Name == n.cfg.Name {
-				resp.PartitionsBacked++
-			}
-		}
-	}
+	resp.RingEpoch = s.Ring.Epoch
+	resp.PartitionsOwned, resp.PartitionsMoving, resp.PartitionsBacked = uint32(s.Ring.Owned), uint32(s.Ring.Moving), uint32(s.Ring.Backed)
+	resp.OwnedRecords = s.Ring.OwnedRecords
 	resp.Replication = n.cfg.Replication.String()
-	resp.ReplicatedSends, resp.ReplicationFailures = n.replicated.Load(), n.replicationFailures.Load()
-	for p := range n.unacked {
-		resp.ReplicationLag += n.unacked[p].Load()
-	}
+	resp.ReplicatedSends, resp.ReplicationFailures, resp.ReplicationLag = s.ReplicatedSends, s.ReplicationFailures, s.ReplicationLag
 	resp.AcquiredPartitions, resp.AcquiredRecords = n.ho.moves.Load(), n.ho.movedRecords.Load()
 	resp.LongestPauseMs = time.Duration(n.ho.longestPause.Load()).Milliseconds()
 	for _, d := range s.Domains {

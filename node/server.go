@@ -147,6 +147,7 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 		return err
 	case <-ctx.Done():
 	}
+	n.shuttingDown.Store(true) // readiness goes false before the hand-over
 	grace := n.cfg.ShutdownGrace
 	n.log.Info("shutting down", "grace", grace)
 	leaveCtx, cancel := context.WithTimeout(context.Background(), grace/2)

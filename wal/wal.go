@@ -65,6 +65,12 @@ type Options struct {
 	// and stop function; nil means time.NewTicker. Tests inject their own.
 	NewTicker func(d time.Duration) (<-chan time.Time, func())
 	Logger    *slog.Logger // nil means discard
+	// OnFsync, if set, is called after every fsync counted in
+	// Stats.Fsyncs, with its wall time, from the goroutine that did it
+	// (the flusher, the sync loop, a rotation): it must be quick and safe
+	// for concurrent use. nil means none. A node passes its metrics
+	// observer's hook here; the package stays free of metrics libraries.
+	OnFsync func(d time.Duration)
 
 	testHookFlush    func() // called by the flusher after it takes a batch; tests only
 	testHookPrepare  func() // called by the preparer before it makes a spare segment; tests only

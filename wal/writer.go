@@ -84,17 +84,24 @@ func (l *Log) fail(err error) {
 func (l *Log) fsync(f *os.File) error {
 	start := time.Now()
 	err := f.Sync()
-	l.stats.fsyncs.Add(1)
-	l.stats.fsyncNanos.Add(int64(time.Since(start)))
+	l.countFsync(time.Since(start))
 	return err
 }
 
 func (l *Log) syncDir() error {
 	start := time.Now()
 	err := syncDir(l.opts.Dir)
-	l.stats.fsyncs.Add(1)
-	l.stats.fsyncNanos.Add(int64(time.Since(start)))
+	l.countFsync(time.Since(start))
 	return err
+}
+
+// countFsync counts one fsync that took d and reports it to Options.OnFsync.
+func (l *Log) countFsync(d time.Duration) {
+	l.stats.fsyncs.Add(1)
+	l.stats.fsyncNanos.Add(int64(d))
+	if l.opts.OnFsync != nil {
+		l.opts.OnFsync(d)
+	}
 }
 
 // syncLoop fsyncs the active segment on every tick when anything was written

@@ -7,8 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"os/signal"
+	"sync"
 	"syscall"
 
+	"github.com/freqring/freqring/metrics"
+	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/rules"
@@ -16,7 +19,9 @@ import (
 
 // cluster runs a local cluster of n nodes in this process, for trying
 // freqring out: node i serves gRPC on 127.0.0.1:port+i and gossips on
-// 127.0.0.1:port+100+i, and every node joins node 0.
+// 127.0.0.1:port+100+i, and every node joins node 0. With --admin-listen
+// (default 127.0.0.1:9090), node i serves /metrics, /livez and /readyz on
+// the admin port + i.
 func cluster(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("cluster", flag.ContinueOnError)
 	size := fs.Int("n", 3, "number of nodes")
@@ -25,6 +30,7 @@ func cluster(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	dataDir := fs.String("data-dir", "", "if set, node i keeps its WAL and snapshots in DIR/node-i")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
 	tf := addTLSFlags(fs, true)
+	af := addAdminFlags(fs, true)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring cluster [flags]\n\nRuns a local cluster on 127.0.0.1 until SIGINT or SIGTERM.\n\n")
 		fs.PrintDefaults()
@@ -51,18 +57,53 @@ func cluster(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	adminTLS, err := af.serverTLS(tf, logger)
+	if err != nil {
+		return err
+	}
+	var adminAddrs []string
+	if af.enabled() {
+		for i := range *size {
+			a, err := af.addr(i)
+			if err != nil {
+				return err
+			}
+			adminAddrs = append(adminAddrs, a)
+		}
+	}
+	var obsMu sync.Mutex
+	observers := map[string]*metrics.Observer{} // by node name: a restarted node keeps its histograms
+	observe := func(cfg *node.Config) {
+		nt.apply(cfg)
+		obsMu.Lock()
+		defer obsMu.Unlock()
+		if observers[cfg.Name] == nil {
+			observers[cfg.Name] = metrics.NewObserver()
+		}
+		cfg.Observer = observers[cfg.Name]
+	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	lc, err := nodetest.Start(ctx, nodetest.Config{
 		Size: *size, Rules: rs, DataDir: *dataDir, Logger: logger, BasePort: *port,
-		DialOptions: nt.dial, Node: nt.apply,
+		DialOptions: nt.dial, Node: observe,
 		Gossip: &gossip.Config{BindAddr: "127.0.0.1"},
 	})
 	if err != nil {
 		return err
 	}
-	for _, m := range lc.Members() {
-		fmt.Fprintf(stdout, "%s  grpc %s  gossip %s\n", m.Name, m.Addr, m.GossipAddr)
+	for i, m := range lc.Members() {
+		admin := ""
+		if adminAddrs != nil {
+			a, err := startAdmin(adminAddrs[i], adminHandler(metrics.NewRegistry(m.Node, observers[m.Name]), m.Node.Serving, *af.pprof), adminTLS, logger)
+			if err != nil {
+				lc.Close()
+				return err
+			}
+			defer a.stop()
+			admin = "  admin " + a.Addr()
+		}
+		fmt.Fprintf(stdout, "%s  grpc %s  gossip %s%s\n", m.Name, m.Addr, m.GossipAddr, admin)
 	}
 	fmt.Fprintf(stdout, "\n%d nodes running; try:\n  freqring status --addr 127.0.0.1:%d\n  freqring check --addr 127.0.0.1:%d +8613800000000\nCtrl-C stops them.\n", *size, *port, *port)
 	<-ctx.Done()

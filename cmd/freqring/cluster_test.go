@@ -89,7 +89,7 @@ func TestThreeProcesses(t *testing.T) {
 	var logs []*bytes.Buffer
 	grpcAddr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
 	for i := range 3 {
-		args := []string{"serve", "--name", fmt.Sprintf("n%d", i), "--listen", grpcAddr(i),
+		args := []string{"serve", "--name", fmt.Sprintf("n%d", i), "--listen", grpcAddr(i), "--admin-listen", "off",
 			"--gossip", fmt.Sprintf("127.0.0.1:%d", ports[3+i]), "--data-dir", filepath.Join(t.TempDir(), "data")}
 		if i > 0 {
 			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", ports[3]))

@@ -21,7 +21,7 @@ func serveForTest(t *testing.T) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int)
 	go func() {
-		code, _, _ := runCmd(ctx, "serve", "--listen", addr, "--shards", "4", "--log-level", "warn")
+		code, _, _ := runCmd(ctx, "serve", "--listen", addr, "--admin-listen", "off", "--shards", "4", "--log-level", "warn")
 		done <- code
 	}()
 	t.Cleanup(func() {

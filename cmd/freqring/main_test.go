@@ -75,7 +75,7 @@ func freePort(t *testing.T) string {
 func TestServeAndCheck(t *testing.T) {
 	addr := freePort(t)
 	cfg := filepath.Join(t.TempDir(), "serve.yaml")
-	os.WriteFile(cfg, []byte("listen: "+addr+"\nshards: 4\nlog_level: warn\n"), 0o644)
+	os.WriteFile(cfg, []byte("listen: "+addr+"\nadmin_listen: 127.0.0.1:0\nshards: 4\nlog_level: warn\n"), 0o644)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int)
 	go func() { code, _, _ := runCmd(ctx, "serve", "--config", cfg); done <- code }()

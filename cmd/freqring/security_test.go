@@ -36,7 +36,7 @@ func TestServeTLS(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int)
 	go func() {
-		code, _, errOut := runCmd(ctx, "serve", "--listen", addr, "--log-level", "warn",
+		code, _, errOut := runCmd(ctx, "serve", "--listen", addr, "--admin-listen", "off", "--log-level", "warn",
 			"--tls-cert", srvCert, "--tls-key", srvKey, "--tls-ca", caFile, "--tls-client-auth", "require")
 		if code != 0 {
 			t.Log(errOut)

@@ -20,6 +20,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/freqring/freqring/metrics"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/rules"
@@ -37,6 +38,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	sweep := fs.Duration("sweep-interval", time.Minute, "how often idle records are reclaimed (negative disables)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	tf := addTLSFlags(fs, true)
+	af := addAdminFlags(fs, false)
 	gossipKeysPath := fs.String("gossip-keys", "", "file of gossip encryption keys, one base64 key (16, 24 or 32 bytes) a line, the primary first; encrypts and authenticates gossip, and is applied again when the file changes (key rotation: README, Security)")
 	dataDir := fs.String("data-dir", "", "directory of the write-ahead log and snapshots (default: memory only, a restart forgets every send)")
 	syncPolicy := fs.String("sync", "batch", "WAL fsync policy: batch (fsync before each reply), interval (every --sync-interval), none (leave it to the OS)")
@@ -163,6 +165,18 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	obs := metrics.NewObserver()
+	nc.Observer = obs
+	adminTLS, err := af.serverTLS(tf, logger)
+	if err != nil {
+		return err
+	}
+	var adminAddr string
+	if af.enabled() {
+		if adminAddr, err = af.addr(0); err != nil {
+			return err
+		}
+	}
 	n, err := node.New(nc)
 	if err != nil {
 		return err
@@ -170,6 +184,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
+	}
+	if adminAddr != "" {
+		admin, err := startAdmin(adminAddr, adminHandler(metrics.NewRegistry(n, obs), n.Serving, *af.pprof), adminTLS, logger)
+		if err != nil {
+			lis.Close()
+			return err
+		}
+		defer admin.stop()
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

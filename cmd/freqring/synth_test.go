@@ -28,7 +28,7 @@ func TestSynthThenServe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int)
 	go func() {
-		code, _, _ := runCmd(ctx, "serve", "--listen", addr, "--data-dir", dir, "--log-level", "warn")
+		code, _, _ := runCmd(ctx, "serve", "--listen", addr, "--admin-listen", "off", "--data-dir", dir, "--log-level", "warn")
 		done <- code
 	}()
 	defer func() {

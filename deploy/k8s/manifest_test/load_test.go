@@ -41,6 +41,7 @@ const (
 	dockerfile = "../../Dockerfile"                  // deploy/Dockerfile
 	serveGo    = "../../../cmd/freqring/serve.go"    // the flags of freqring serve
 	securityGo = "../../../cmd/freqring/security.go" // and its --tls-* flags
+	adminGo    = "../../../cmd/freqring/admin.go"    // and its --admin-* flags
 	tlsDir     = "../../k8s-tls"                     // the TLS overlay
 )
 
@@ -144,7 +145,7 @@ func generatorFiles(g types.ConfigMapArgs) map[string]string {
 func serveFlags(t *testing.T) map[string]bool {
 	t.Helper()
 	flags := map[string]bool{}
-	for _, file := range []string{serveGo, securityGo} {
+	for _, file := range []string{serveGo, securityGo, adminGo} {
 		f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
 		if err != nil {
 			t.Fatal(err)

@@ -261,6 +261,11 @@ func TestStatefulSet(t *testing.T) {
 		t.Errorf("--name expands to %q, want the pod name ($(POD_NAME))", got)
 	}
 
+	checkAdmin(t, d, "")
+	if d.flags["admin-pprof"] != "" && d.flags["admin-pprof"] != "false" {
+		t.Errorf("--admin-pprof=%s: profiles on the pod network", d.flags["admin-pprof"])
+	}
+
 	// gRPC: the listen, advertise, container, probe and Service ports agree.
 	if h, p := hostPort(t, "listen", d.flags["listen"]); p != d.grpcPort || (h != "0.0.0.0" && h != "" && h != "::") {
 		t.Errorf("--listen=%s: want every interface on the grpc containerPort %d", d.flags["listen"], d.grpcPort)
@@ -629,12 +634,63 @@ func TestTLSOverlay(t *testing.T) {
 			t.Errorf("--%s=%s is not key %s of Secret %s mounted read-only", flag, file, want.key, want.secret)
 		}
 	}
-	for name, p := range map[string]*corev1.Probe{"startup": d.ctr.StartupProbe, "readiness": d.ctr.ReadinessProbe, "liveness": d.ctr.LivenessProbe} {
-		if p == nil || p.TCPSocket == nil || p.TCPSocket.Port.IntValue() != int(d.grpcPort) {
-			t.Errorf("%s probe %+v: want TCP on the gRPC port (gRPC probes are plaintext)", name, p)
+	admin := checkAdmin(t, d, "https")
+	if d.flags["admin-tls"] != "true" {
+		t.Errorf("--admin-tls=%q, want true: the admin listener shares the gRPC certificate", d.flags["admin-tls"])
+	}
+	for name, want := range map[string]struct {
+		p    *corev1.Probe
+		path string
+	}{"startup": {d.ctr.StartupProbe, "/readyz"}, "readiness": {d.ctr.ReadinessProbe, "/readyz"}, "liveness": {d.ctr.LivenessProbe, "/livez"}} {
+		p := want.p
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Scheme != corev1.URISchemeHTTPS || p.HTTPGet.Path != want.path || d.portOf(t, p.HTTPGet.Port) != admin {
+			t.Errorf("%s probe %+v: want HTTPS GET %s on the admin port %d (gRPC probes are plaintext)", name, p, want.path, admin)
 		}
 	}
 	if d.flags["tls-client-auth"] == "" || d.flags["tls-server-name"] == "" {
 		t.Errorf("flags %v: want --tls-client-auth and --tls-server-name", d.flags)
 	}
+}
+
+// checkAdmin checks the admin listener of d: --admin-listen on every
+// interface of the containerPort named admin, and the pod's Prometheus
+// annotations pointing at it, with scheme (""  means http) — and returns
+// the port.
+func checkAdmin(t *testing.T, d *deployment, scheme string) int32 {
+	t.Helper()
+	var admin int32
+	for _, p := range d.ctr.Ports {
+		if p.Name == "admin" && p.Protocol == corev1.ProtocolTCP {
+			admin = p.ContainerPort
+		}
+	}
+	if admin == 0 {
+		t.Fatalf("container %s: no TCP port named admin", d.ctr.Name)
+	}
+	if h, p := hostPort(t, "admin-listen", d.flags["admin-listen"]); p != admin || (h != "0.0.0.0" && h != "") {
+		t.Errorf("--admin-listen=%s: want every interface on the admin containerPort %d", d.flags["admin-listen"], admin)
+	}
+	ann := d.sts.Spec.Template.Annotations
+	want := map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": fmt.Sprint(admin), "prometheus.io/path": "/metrics", "prometheus.io/scheme": scheme}
+	for k, v := range want {
+		if ann[k] != v {
+			t.Errorf("pod annotation %s=%q, want %q", k, ann[k], v)
+		}
+	}
+	return admin
+}
+
+// portOf resolves a probe's port (a number or a container port's name).
+func (d *deployment) portOf(t *testing.T, p intstr.IntOrString) int32 {
+	t.Helper()
+	if p.Type == intstr.Int {
+		return p.IntVal
+	}
+	for _, cp := range d.ctr.Ports {
+		if cp.Name == p.StrVal {
+			return cp.ContainerPort
+		}
+	}
+	t.Errorf("port %q names no port of container %s", p.StrVal, d.ctr.Name)
+	return 0
 }

@@ -1,0 +1,176 @@
+package metrics
+
+import (
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/freqring/freqring/node"
+)
+
+// Source is what a Collector reads: a *node.Node.
+type Source interface {
+	Stats() node.Stats
+}
+
+// Collector is a prometheus.Collector that reads a node's Stats once per
+// scrape and turns them into freqring_ metrics. It holds no state of its
+// own, so that a scrape always shows the node as it is. Safe for concurrent
+// use.
+type Collector struct {
+	src Source
+}
+
+// NewCollector returns a Collector reading src.
+func NewCollector(src Source) *Collector { return &Collector{src: src} }
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, labels, nil)
+}
+
+// The metrics a Collector exports. Their names are a public contract (the
+// README lists them; deploy/monitoring uses them).
+var (
+	descServing = desc("freqring_serving",
+		"1 while the node decides (recovered and joined, not shutting down), else 0.")
+	descChecked = desc("freqring_checked_items_total",
+		"Items decided or failed on this node (its own and those peers forwarded to it).")
+	descDecisions = desc("freqring_decisions_total",
+		"Items decided on this node, by domain and result (admitted or denied); an item answered from the idempotency table counts as admitted.", "domain", "result")
+	descRuleDenied = desc("freqring_rule_denied_total",
+		"Items denied, by domain and the rule the answer names (denied_by: the denying rule with the longest retry-after); a domain's rules sum to its denied decisions.", "domain", "rule")
+	descRuleShadowDenied = desc("freqring_rule_shadow_denied_total",
+		"Items a shadow rule would have denied (it never denies), by domain and rule.", "domain", "rule")
+	descFailed = desc("freqring_failed_items_total",
+		"Items this node answered with an error, by gRPC code name: those failed here and those whose owner did not answer a forward.", "code")
+	descDuplicates = desc("freqring_duplicate_items_total",
+		"Items answered from the idempotency table (a retried request id): not recorded again.")
+	descForwarded = desc("freqring_forwarded_items_total",
+		"Items forwarded to their owners (direction out) and items peers forwarded here (in).", "direction")
+	descRingEpoch = desc("freqring_ring_epoch",
+		"Low 52 bits of the epoch of the ring this node routes by (exact in a float64): equal on members that agree on the ring.")
+	descRingMembers = desc("freqring_ring_members",
+		"Members in the ring this node routes by.")
+	descPartitions = desc("freqring_partitions",
+		"Ring partitions this node owns, backs up, and owns but has not acquired yet (moving).", "state")
+	descOwnedRecords = desc("freqring_owned_records",
+		"Records in the partitions this node owns, all domains.")
+	descDomainRecords = desc("freqring_domain_records",
+		"Recipients with a record, by domain (owned, backed up and moving partitions).", "domain")
+	descDomainHeap = desc("freqring_domain_heap_bytes",
+		"Heap held by a domain's index and record slabs, bytes.", "domain")
+	descDomainExpired = desc("freqring_domain_expired_records_total",
+		"Idle records reclaimed by the sweep, by domain.", "domain")
+	descDomainCollisions = desc("freqring_domain_collisions_total",
+		"Records created beside another recipient's with the same 64-bit key hash, by domain.", "domain")
+	descStoreHeld = desc("freqring_store_held_bytes",
+		"Heap the store holds, all domains (index, slabs, request ids), bytes.")
+	descStoreLimit = desc("freqring_store_limit_bytes",
+		"The store's memory limit (StoreBudget of --max-memory), bytes; 0 means no limit.")
+	descStoreRefused = desc("freqring_store_refused_items_total",
+		"Items for new recipients refused at the store's memory limit (RESOURCE_EXHAUSTED).")
+	descWALAppends = desc("freqring_wal_appends_total",
+		"Records appended to the write-ahead log.")
+	descWALBytes = desc("freqring_wal_written_bytes_total",
+		"Bytes of records written to the write-ahead log, framing included.")
+	descWALBatches = desc("freqring_wal_batches_total",
+		"Group-commit batches written to the write-ahead log, one write(2) each.")
+	descWALFsyncs = desc("freqring_wal_fsyncs_total",
+		"Fsyncs of write-ahead log segments and of its directory.")
+	descWALRotations = desc("freqring_wal_rotations_total",
+		"Write-ahead log segments sealed and followed by a new one.")
+	descSnapshots = desc("freqring_snapshots_total",
+		"Snapshots written since start.")
+	descReplicated = desc("freqring_replicated_sends_total",
+		"Sends acknowledged by their partition's backup.")
+	descReplicationFailures = desc("freqring_replication_failures_total",
+		"Sends their partition's backup did not confirm.")
+	descReplicationLag = desc("freqring_replication_lag_sends",
+		"Sends admitted and not yet on their backup (asynchronous replication).")
+	descReloads = desc("freqring_reloads_total",
+		"Rules reloads, by result: ok (applied) or failed (refused; the old rules stay).", "result")
+	descRefunds = desc("freqring_refunds_total",
+		"Sends returned by request id (refunds).")
+	descGossipBad = desc("freqring_gossip_bad_packets_total",
+		"Gossip packets and streams that did not decode or decrypt.")
+)
+
+var allDescs = []*prometheus.Desc{
+	descServing, descChecked, descDecisions, descRuleDenied, descRuleShadowDenied, descFailed, descDuplicates,
+	descForwarded, descRingEpoch, descRingMembers, descPartitions, descOwnedRecords, descDomainRecords,
+	descDomainHeap, descDomainExpired, descDomainCollisions, descStoreHeld, descStoreLimit, descStoreRefused,
+	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
+	descReplicated, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
+}
+
+// Describe sends the descriptions of every metric Collect may send.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d
+	}
+}
+
+// epochMask keeps the bits of a ring epoch that a float64 holds exactly.
+const epochMask = 1<<52 - 1
+
+// Collect reads the node's Stats and sends the metrics.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.src.Stats()
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	serving := 0.0
+	if s.Serving {
+		serving = 1
+	}
+	gauge(descServing, serving)
+	counter(descChecked, s.Checks)
+	for _, d := range s.Domains {
+		counter(descDecisions, d.Admitted, d.Name, "admitted")
+		counter(descDecisions, d.Denied, d.Name, "denied")
+		for _, r := range d.Rules {
+			counter(descRuleDenied, r.Denied, d.Name, r.Name)
+			counter(descRuleShadowDenied, r.ShadowDenied, d.Name, r.Name)
+		}
+		gauge(descDomainRecords, float64(d.Records), d.Name)
+		gauge(descDomainHeap, float64(d.IndexBytes+d.SlabBytes), d.Name)
+		counter(descDomainExpired, d.Expired, d.Name)
+		counter(descDomainCollisions, d.Collisions, d.Name)
+	}
+	codes := make([]string, 0, len(s.FailedByCode))
+	for code := range s.FailedByCode {
+		codes = append(codes, code)
+	}
+	sort.Strings(codes)
+	for _, code := range codes {
+		counter(descFailed, s.FailedByCode[code], code)
+	}
+	counter(descDuplicates, s.Duplicates)
+	counter(descForwarded, s.ForwardedOut, "out")
+	counter(descForwarded, s.ForwardedIn, "in")
+	gauge(descRingEpoch, float64(s.Ring.Epoch&epochMask))
+	gauge(descRingMembers, float64(s.Ring.Members))
+	gauge(descPartitions, float64(s.Ring.Owned), "owned")
+	gauge(descPartitions, float64(s.Ring.Backed), "backed")
+	gauge(descPartitions, float64(s.Ring.Moving), "moving")
+	gauge(descOwnedRecords, float64(s.Ring.OwnedRecords))
+	gauge(descStoreHeld, float64(s.Memory.HeldBytes))
+	gauge(descStoreLimit, float64(s.Memory.MaxBytes))
+	counter(descStoreRefused, s.Memory.Refused)
+	counter(descWALAppends, s.WAL.Appends)
+	counter(descWALBytes, s.WAL.Bytes)
+	counter(descWALBatches, s.WAL.Batches)
+	counter(descWALFsyncs, s.WAL.Fsyncs)
+	counter(descWALRotations, s.WAL.Rotations)
+	counter(descSnapshots, s.Snapshots)
+	counter(descReplicated, s.ReplicatedSends)
+	counter(descReplicationFailures, s.ReplicationFailures)
+	gauge(descReplicationLag, float64(s.ReplicationLag))
+	counter(descReloads, s.Reloads, "ok")
+	counter(descReloads, s.ReloadFailures, "failed")
+	counter(descRefunds, s.Refunds)
+	counter(descGossipBad, s.Gossip.BadPackets)
+}

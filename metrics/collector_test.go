@@ -1,0 +1,209 @@
+package metrics_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/metrics"
+	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/rules"
+)
+
+const t0 = int64(1_790_000_000_000) // unix ms
+
+// clock is a node.Clock that moves only when told, unix ns.
+type clock struct{ ns int64 }
+
+func (c *clock) Now() int64 { return c.ns }
+
+const testRules = `
+domains:
+  - name: a
+    rules:
+      - {name: r1, scope: recipient, limit: 2, window: 1m}
+      - {name: r2, scope: recipient, limit: 3, window: 1h}
+  - name: b
+    rules:
+      - {name: q, scope: recipient, limit: 1, window: 1m}
+`
+
+// newNode opens a memory-only node serving testRules at t0 with obs.
+func newNode(t *testing.T, obs node.Observer) (*node.Node, *clock) {
+	t.Helper()
+	rs, err := rules.Parse("test", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{ns: t0 * 1e6}
+	n, err := node.New(node.Config{Rules: rs, Clock: clk, Name: "n1", SweepInterval: -1, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n, clk
+}
+
+// knownSequence runs checks whose outcome is worked out by hand in
+// TestMetricValues: domain a admits 3 and denies 2 (one by r1, one by r2);
+// domain b admits 1 and answers its retry as a duplicate; one item fails
+// ALREADY_EXISTS (a request id reused in another domain) and two
+// INVALID_ARGUMENT (an unknown domain).
+func knownSequence(t *testing.T, n *node.Node, clk *clock) {
+	t.Helper()
+	check := func(req *pb.CheckRequest) {
+		t.Helper()
+		if _, err := n.Check(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x := &pb.CheckRequest{Recipients: []string{"x"}, Domains: []string{"a"}}
+	check(&pb.CheckRequest{Recipients: []string{"x", "x", "x"}, Domains: []string{"a"}}) // admitted, admitted, denied by r1
+	clk.ns += int64(time.Minute)
+	check(x) // admitted: r2 holds 3
+	clk.ns += int64(time.Minute)
+	check(x) // denied by r2
+	yb := &pb.CheckRequest{Recipients: []string{"y"}, Domains: []string{"b"}, RequestIds: []uint64{7}}
+	check(yb)                                                                                           // admitted
+	check(yb)                                                                                           // a duplicate, answered as admitted
+	check(&pb.CheckRequest{Recipients: []string{"y"}, Domains: []string{"a"}, RequestIds: []uint64{7}}) // ALREADY_EXISTS
+	check(&pb.CheckRequest{Recipients: []string{"u", "v"}, Domains: []string{"nope"}})                  // INVALID_ARGUMENT x2
+}
+
+func TestMetricValues(t *testing.T) {
+	obs := metrics.NewObserver()
+	n, clk := newNode(t, obs)
+	knownSequence(t, n, clk)
+	want := `
+# HELP freqring_decisions_total Items decided on this node, by domain and result (admitted or denied); an item answered from the idempotency table counts as admitted.
+# TYPE freqring_decisions_total counter
+freqring_decisions_total{domain="a",result="admitted"} 3
+freqring_decisions_total{domain="a",result="denied"} 2
+freqring_decisions_total{domain="b",result="admitted"} 2
+freqring_decisions_total{domain="b",result="denied"} 0
+# HELP freqring_rule_denied_total Items denied, by domain and the rule the answer names (denied_by: the denying rule with the longest retry-after); a domain's rules sum to its denied decisions.
+# TYPE freqring_rule_denied_total counter
+freqring_rule_denied_total{domain="a",rule="r1"} 1
+freqring_rule_denied_total{domain="a",rule="r2"} 1
+freqring_rule_denied_total{domain="b",rule="q"} 0
+# HELP freqring_failed_items_total Items this node answered with an error, by gRPC code name: those failed here and those whose owner did not answer a forward.
+# TYPE freqring_failed_items_total counter
+freqring_failed_items_total{code="AlreadyExists"} 1
+freqring_failed_items_total{code="InvalidArgument"} 2
+# HELP freqring_duplicate_items_total Items answered from the idempotency table (a retried request id): not recorded again.
+# TYPE freqring_duplicate_items_total counter
+freqring_duplicate_items_total 1
+# HELP freqring_checked_items_total Items decided or failed on this node (its own and those peers forwarded to it).
+# TYPE freqring_checked_items_total counter
+freqring_checked_items_total 10
+# HELP freqring_domain_records Recipients with a record, by domain (owned, backed up and moving partitions).
+# TYPE freqring_domain_records gauge
+freqring_domain_records{domain="a"} 1
+freqring_domain_records{domain="b"} 1
+# HELP freqring_serving 1 while the node decides (recovered and joined, not shutting down), else 0.
+# TYPE freqring_serving gauge
+freqring_serving 1
+# HELP freqring_ring_members Members in the ring this node routes by.
+# TYPE freqring_ring_members gauge
+freqring_ring_members 1
+# HELP freqring_reloads_total Rules reloads, by result: ok (applied) or failed (refused; the old rules stay).
+# TYPE freqring_reloads_total counter
+freqring_reloads_total{result="failed"} 0
+freqring_reloads_total{result="ok"} 0
+# HELP freqring_check_items Items per Check call (or CheckStream request).
+# TYPE freqring_check_items histogram
+freqring_check_items_bucket{le="1"} 5
+freqring_check_items_bucket{le="4"} 7
+freqring_check_items_bucket{le="16"} 7
+freqring_check_items_bucket{le="64"} 7
+freqring_check_items_bucket{le="256"} 7
+freqring_check_items_bucket{le="1024"} 7
+freqring_check_items_bucket{le="4096"} 7
+freqring_check_items_bucket{le="16384"} 7
+freqring_check_items_bucket{le="+Inf"} 7
+freqring_check_items_sum 10
+freqring_check_items_count 7
+`
+	names := []string{"freqring_decisions_total", "freqring_rule_denied_total", "freqring_failed_items_total",
+		"freqring_duplicate_items_total", "freqring_checked_items_total", "freqring_domain_records", "freqring_serving",
+		"freqring_ring_members", "freqring_reloads_total", "freqring_check_items"}
+	reg := metrics.NewRegistry(n, obs)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Fatal(err)
+	}
+	// Durations are not exact, but there is one Check observation per call.
+	if got := testutil.CollectAndCount(obs, "freqring_check_duration_seconds"); got != 1 {
+		t.Fatalf("freqring_check_duration_seconds: %d series, want 1", got)
+	}
+}
+
+// TestNoRecipientInLabels scrapes a node that decided for distinctive
+// recipients and contents and checks that none reaches the exposition.
+func TestNoRecipientInLabels(t *testing.T) {
+	obs := metrics.NewObserver()
+	n, _ := newNode(t, obs)
+	n.Check(context.Background(), &pb.CheckRequest{Recipients: []string{"+8613812345678", "secret-recipient"},
+		Contents: [][]byte{[]byte("secret-content")}, Domains: []string{"a"}})
+	n.Check(context.Background(), &pb.CheckRequest{Recipients: []string{"unknown-domain-recipient"}, Domains: []string{"zz-unknown"}})
+	mfs, err := metrics.NewRegistry(n, obs).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				for _, bad := range []string{"8613812345678", "secret", "unknown-domain", "zz-unknown"} {
+					if strings.Contains(l.GetValue(), bad) {
+						t.Errorf("%s{%s=%q} carries request data", mf.GetName(), l.GetName(), l.GetValue())
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMetricNamesFollowConventions checks every freqring_ metric a node
+// exports: counters end in _total, nothing is a summary, and names carry a
+// unit or are counts.
+func TestMetricNamesFollowConventions(t *testing.T) {
+	obs := metrics.NewObserver()
+	n, clk := newNode(t, obs)
+	knownSequence(t, n, clk)
+	mfs, err := metrics.NewRegistry(n, obs).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, mf := range mfs {
+		name := mf.GetName()
+		if !strings.HasPrefix(name, "freqring_") {
+			continue
+		}
+		seen++
+		switch mf.GetType().String() {
+		case "COUNTER":
+			if !strings.HasSuffix(name, "_total") {
+				t.Errorf("counter %s does not end in _total", name)
+			}
+		case "SUMMARY":
+			t.Errorf("%s is a summary: use a histogram", name)
+		default:
+			if strings.HasSuffix(name, "_total") {
+				t.Errorf("%s ends in _total but is a %s", name, mf.GetType())
+			}
+		}
+		if strings.Contains(name, "duration") && !strings.HasSuffix(name, "_seconds") {
+			t.Errorf("%s is a duration not in seconds", name)
+		}
+	}
+	if seen < 30 {
+		t.Fatalf("only %d freqring_ metrics gathered", seen)
+	}
+}
