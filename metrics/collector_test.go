@@ -207,3 +207,87 @@ func TestMetricNamesFollowConventions(t *testing.T) {
 		t.Fatalf("only %d freqring_ metrics gathered", seen)
 	}
 }
+
+// TestMetricValuesOfReloadsShadowRulesAndRefunds: the counters of reloads
+// (applied, failed and refused), shadow denials and refunds after a known
+// sequence.
+func TestMetricValuesOfReloadsShadowRulesAndRefunds(t *testing.T) {
+	const shadowRules = `
+domains:
+  - name: s
+    rules:
+      - {name: enforced, scope: recipient, limit: 5, window: 1h}
+      - {name: trial, scope: recipient, limit: 1, window: 1h, shadow: true}
+  - name: gone
+    rules:
+      - {name: g, scope: recipient, limit: 1, window: 1h}
+`
+	rs, err := rules.Parse("test", []byte(shadowRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := metrics.NewObserver()
+	n, err := node.New(node.Config{Rules: rs, Clock: &clock{ns: t0 * 1e6}, Name: "n1", SweepInterval: -1, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	check := func(id uint64, domain string, mode pb.Mode) {
+		t.Helper()
+		resp, err := n.Check(context.Background(), &pb.CheckRequest{Recipients: []string{"x"}, Domains: []string{domain}, RequestIds: []uint64{id}, Modes: []pb.Mode{mode}})
+		if err != nil || len(resp.Errors) > 0 {
+			t.Fatalf("%v: %v %v", mode, resp.GetErrors(), err)
+		}
+	}
+	check(1, "s", pb.Mode_MODE_CHECK_AND_RECORD)
+	check(2, "s", pb.Mode_MODE_CHECK_AND_RECORD) // trial would deny
+	check(3, "s", pb.Mode_MODE_CHECK_AND_RECORD) // trial would deny
+	check(3, "s", pb.Mode_MODE_REFUND)
+	check(3, "s", pb.Mode_MODE_REFUND) // a repeat: no second refund
+	check(4, "gone", pb.Mode_MODE_CHECK_AND_RECORD)
+
+	wider, err := rules.Parse("test", []byte(strings.Replace(shadowRules, "limit: 5", "limit: 6", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Reload(context.Background(), wider); err != nil {
+		t.Fatal(err)
+	}
+	_, badErr := rules.Parse("test", []byte(strings.Replace(shadowRules, "limit: 5", "limit: 0", 1)))
+	n.ReloadFailed(badErr)
+	without, err := rules.Parse("test", []byte(shadowRules[:strings.Index(shadowRules, "  - name: gone")]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Reload(context.Background(), without); err == nil {
+		t.Fatal("a reload dropping a domain with records went through")
+	}
+	want := `
+# HELP freqring_reloads_total Rules reloads, by result: ok (applied) or failed (refused; the old rules stay).
+# TYPE freqring_reloads_total counter
+freqring_reloads_total{result="failed"} 2
+freqring_reloads_total{result="ok"} 1
+# HELP freqring_refunds_total Sends returned by request id (refunds).
+# TYPE freqring_refunds_total counter
+freqring_refunds_total 1
+# HELP freqring_rule_shadow_denied_total Items a shadow rule would have denied (it never denies), by domain and rule.
+# TYPE freqring_rule_shadow_denied_total counter
+freqring_rule_shadow_denied_total{domain="gone",rule="g"} 0
+freqring_rule_shadow_denied_total{domain="s",rule="enforced"} 0
+freqring_rule_shadow_denied_total{domain="s",rule="trial"} 2
+# HELP freqring_decisions_total Items decided on this node, by domain and result (admitted or denied); an item answered from the idempotency table counts as admitted.
+# TYPE freqring_decisions_total counter
+freqring_decisions_total{domain="gone",result="admitted"} 1
+freqring_decisions_total{domain="gone",result="denied"} 0
+freqring_decisions_total{domain="s",result="admitted"} 3
+freqring_decisions_total{domain="s",result="denied"} 0
+`
+	reg := metrics.NewRegistry(n, obs)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "freqring_reloads_total", "freqring_refunds_total",
+		"freqring_rule_shadow_denied_total", "freqring_decisions_total"); err != nil {
+		t.Fatal(err)
+	}
+}
