@@ -244,15 +244,7 @@ func (l limitFlags) Set(v string) error {
 	return nil
 }
 
-// withAdmin calls the Admin service of the node at addr.
+// withAdmin makes one Admin call to the node at addr.
 func withAdmin[T any](ctx context.Context, addr string, dial []grpc.DialOption, timeout time.Duration, call func(context.Context, pb.AdminClient) (T, error)) (T, error) {
-	var zero T
-	conn, err := grpc.NewClient(addr, dial...)
-	if err != nil {
-		return zero, err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	return call(ctx, pb.NewAdminClient(conn))
+	return withConn(ctx, addr, dial, timeout, pb.NewAdminClient, call)
 }

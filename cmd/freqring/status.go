@@ -100,8 +100,16 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return nil
 }
 
-// withLimiter dials addr with dial and makes one call with a deadline.
+// withLimiter dials addr with dial and makes one Limiter call with a
+// deadline.
 func withLimiter[T any](ctx context.Context, addr string, dial []grpc.DialOption, timeout time.Duration, call func(context.Context, pb.LimiterClient) (T, error)) (T, error) {
+	return withConn(ctx, addr, dial, timeout, pb.NewLimiterClient, call)
+}
+
+// withConn dials addr with dial, makes a client of one service with
+// newClient, and makes one call with a deadline.
+func withConn[C, T any](ctx context.Context, addr string, dial []grpc.DialOption, timeout time.Duration,
+	newClient func(grpc.ClientConnInterface) C, call func(context.Context, C) (T, error)) (T, error) {
 	var zero T
 	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
@@ -110,7 +118,7 @@ func withLimiter[T any](ctx context.Context, addr string, dial []grpc.DialOption
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return call(ctx, pb.NewLimiterClient(conn))
+	return call(ctx, newClient(conn))
 }
 
 // waitServing watches the gRPC health of the node at addr until it reports
