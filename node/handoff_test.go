@@ -60,16 +60,30 @@ func newSender(c *nodetest.Cluster, seed uint64) *sender {
 	return &sender{c: c, rng: rand.New(rand.NewPCG(seed, 7))}
 }
 
+// pick returns a random running member. While none runs (a test stops the
+// last one before it restarts it), it waits for one until deadline, then
+// fails the test.
+func (s *sender) pick(t testing.TB, deadline time.Time) *nodetest.Member {
+	for {
+		if up := s.c.Up(); len(up) > 0 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return up[s.rng.IntN(len(up))]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no member running")
+		}
+		time.Sleep(time.Millisecond) // a member is being restarted
+	}
+}
+
 // send checks-and-records one send to rcp and reports whether it was
 // admitted. It fails the test on a non-retryable error or after 20 s.
 func (s *sender) send(t testing.TB, rcp string, mode pb.Mode) (admitted bool, used uint32) {
 	id := s.nextID.Add(1)
 	deadline := time.Now().Add(20 * time.Second)
 	for attempt := 0; ; attempt++ {
-		up := s.c.Up()
-		s.mu.Lock()
-		m := up[s.rng.IntN(len(up))]
-		s.mu.Unlock()
+		m := s.pick(t, deadline)
 		req := &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{mode}}
 		if mode != pb.Mode_MODE_PEEK {
 			req.RequestIds = []uint64{id}
@@ -205,10 +219,7 @@ func (s *sender) sendContent(t testing.TB, rcp string, content uint64) (bool, in
 	id := s.nextID.Add(1)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		up := s.c.Up()
-		s.mu.Lock()
-		m := up[s.rng.IntN(len(up))]
-		s.mu.Unlock()
+		m := s.pick(t, deadline)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := m.Node.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, ContentHashes: []uint64{content}, RequestIds: []uint64{id}})
 		cancel()
