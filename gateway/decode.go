@@ -132,7 +132,9 @@ func strictUnmarshal(data []byte, v any, prefix string) error {
 		return &fieldError{prefix + field, fmt.Sprintf("a JSON %s, want %s", typ.Value, jsonKind(field))}
 	}
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		name, _ = strconv.Unquote(name)
+		if u, err := strconv.Unquote(name); err == nil && u != "" {
+			name = u // else keep it quoted: "" names the empty key
+		}
 		return &fieldError{prefix + name, "unknown field; the fields are items, recipient, content, domain, cost, mode, request_id"}
 	}
 	if strings.Contains(err.Error(), "invalid number literal") { // a string into cost
