@@ -39,6 +39,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	tf := addTLSFlags(fs, true)
 	af := addAdminFlags(fs, false)
+	hf := addHTTPFlags(fs)
 	gossipKeysPath := fs.String("gossip-keys", "", "file of gossip encryption keys, one base64 key (16, 24 or 32 bytes) a line, the primary first; encrypts and authenticates gossip, and is applied again when the file changes (key rotation: README, Security)")
 	dataDir := fs.String("data-dir", "", "directory of the write-ahead log and snapshots (default: memory only, a restart forgets every send)")
 	syncPolicy := fs.String("sync", "batch", "WAL fsync policy: batch (fsync before each reply), interval (every --sync-interval), none (leave it to the OS)")
@@ -171,6 +172,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	httpTLS, err := hf.serverTLS(tf, logger)
+	if err != nil {
+		return err
+	}
 	var adminAddr string
 	if af.enabled() {
 		if adminAddr, err = af.addr(0); err != nil {
@@ -192,6 +197,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		defer admin.stop()
+	}
+	if *hf.listen != "" {
+		gw, err := startHTTPGateway(*hf.listen, n, *hf.legacy, httpTLS, logger)
+		if err != nil {
+			lis.Close()
+			return err
+		}
+		defer gw.stop()
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

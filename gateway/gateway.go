@@ -1,0 +1,405 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+)
+
+// CheckPath is the endpoint's path.
+const CheckPath = "/v1/check"
+
+// DefaultMaxBodyBytes is the largest body accepted when
+// Config.MaxBodyBytes is 0: 1 MiB.
+const DefaultMaxBodyBytes = 1 << 20
+
+// Checker decides a batch of items; *node.Node satisfies it (and routes
+// each item to its owner). It must be safe for concurrent use.
+type Checker interface {
+	Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error)
+}
+
+// Config configures a Handler. A zero field takes the default named in its
+// comment.
+type Config struct {
+	Checker Checker // required
+	// Serving reports whether the node serves; while it does not, every
+	// request is answered 503. nil means always.
+	Serving func() bool
+	// LegacyHeaders adds X-RateLimit-Limit, -Remaining and -Reset (seconds
+	// from now) beside the draft's RateLimit fields.
+	LegacyHeaders bool
+	// MaxBodyBytes bounds a request body, bytes; larger ones are answered
+	// 413. 0 means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+}
+
+// Handler serves POST /v1/check. It is safe for concurrent use.
+type Handler struct {
+	cfg Config
+}
+
+// New returns a Handler for cfg.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Checker == nil {
+		return nil, errors.New("gateway: Config.Checker is nil")
+	}
+	if cfg.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("gateway: Config.MaxBodyBytes %d is negative", cfg.MaxBodyBytes)
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	return &Handler{cfg: cfg}, nil
+}
+
+// Problem is an RFC 9457 problem details body (application/problem+json).
+// A 429 carries the decision beside the standard members.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	*Decision
+}
+
+// Decision is one item's answer, with the field names of "freqring check
+// --json".
+type Decision struct {
+	Recipient      string       `json:"recipient"`
+	Admitted       bool         `json:"admitted"`
+	Recorded       bool         `json:"recorded"`
+	Duplicate      bool         `json:"duplicate,omitempty"`
+	Refund         bool         `json:"refund,omitempty"`
+	Refunded       bool         `json:"refunded,omitempty"`
+	DeniedBy       string       `json:"denied_by,omitempty"`
+	ShadowDeniedBy string       `json:"shadow_denied_by,omitempty"`
+	RetryAfterMs   int64        `json:"retry_after_ms"`
+	DecidedAt      time.Time    `json:"decided_at"`
+	Rules          []RuleResult `json:"rules,omitempty"`
+}
+
+// RuleResult is one rule's state after a decision.
+type RuleResult struct {
+	Name         string `json:"name"`
+	Limit        uint32 `json:"limit"`
+	Window       string `json:"window"`
+	Used         uint32 `json:"used"`
+	Remaining    uint32 `json:"remaining"`
+	RetryAfterMs int64  `json:"retry_after_ms"`
+	Shadow       bool   `json:"shadow,omitempty"`
+}
+
+// ItemResult is one item of a batch's answer: a decision, or an error.
+type ItemResult struct {
+	*Decision
+	Error *Problem `json:"error,omitempty"`
+}
+
+// BatchResponse answers a batch: one result per item, in request order.
+type BatchResponse struct {
+	Results []ItemResult `json:"results"`
+}
+
+// Problem types: a stable URI per kind of failure.
+const (
+	typeBase        = "https://github.com/freqring/freqring/blob/main/gateway/openapi.yaml#"
+	TypeRateLimited = typeBase + "rate-limited"
+	TypeInvalid     = typeBase + "invalid-request"
+	TypeNotFound    = typeBase + "refund-not-found"
+	TypeConflict    = typeBase + "request-id-conflict"
+	TypeUnavailable = typeBase + "unavailable"
+	TypeTooLarge    = typeBase + "body-too-large"
+	TypeMediaType   = typeBase + "unsupported-media-type"
+	TypeMethod      = typeBase + "method-not-allowed"
+	TypeNoRoute     = typeBase + "not-found"
+	TypeInternal    = typeBase + "internal"
+)
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != CheckPath {
+		writeProblem(w, http.StatusNotFound, TypeNoRoute, fmt.Sprintf("path %q: the only endpoint is POST %s", r.URL.Path, CheckPath))
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeProblem(w, http.StatusMethodNotAllowed, TypeMethod, fmt.Sprintf("method %s: %s takes POST", r.Method, CheckPath))
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); !isJSON(ct) {
+		writeProblem(w, http.StatusUnsupportedMediaType, TypeMediaType, fmt.Sprintf("Content-Type %q: want application/json", ct))
+		return
+	}
+	if h.cfg.Serving != nil && !h.cfg.Serving() {
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusServiceUnavailable, TypeUnavailable, "node is not serving: recovering, moving or shutting down; retry")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeProblem(w, http.StatusRequestEntityTooLarge, TypeTooLarge, fmt.Sprintf("body: more than %d bytes", tooBig.Limit))
+			return
+		}
+		writeProblem(w, http.StatusBadRequest, TypeInvalid, fmt.Sprintf("body: %v", err))
+		return
+	}
+	req, batch, err := DecodeCheck(body)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, TypeInvalid, err.Error())
+		return
+	}
+	resp, err := h.cfg.Checker.Check(r.Context(), req)
+	if err != nil {
+		st := status.Convert(err)
+		code, typ := httpStatus(st.Code())
+		if code == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
+		}
+		writeProblem(w, code, typ, httpFields(st.Message(), batch))
+		return
+	}
+	if batch {
+		h.writeBatch(w, req, resp)
+		return
+	}
+	h.writeSingle(w, req, resp)
+}
+
+// isJSON reports whether a Content-Type is application/json.
+func isJSON(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
+}
+
+// httpStatus maps a gRPC code of a failed item or request to an HTTP status
+// and problem type.
+func httpStatus(c codes.Code) (int, string) {
+	switch c {
+	case codes.InvalidArgument, codes.OutOfRange:
+		return http.StatusBadRequest, TypeInvalid
+	case codes.NotFound:
+		return http.StatusNotFound, TypeNotFound
+	case codes.AlreadyExists:
+		return http.StatusConflict, TypeConflict
+	case codes.Unavailable, codes.ResourceExhausted, codes.FailedPrecondition, codes.Canceled, codes.DeadlineExceeded, codes.Aborted:
+		return http.StatusServiceUnavailable, TypeUnavailable
+	}
+	return http.StatusInternalServerError, TypeInternal
+}
+
+// grpcField matches the gRPC column a node's message starts with.
+var grpcField = regexp.MustCompile(`^(recipients|domains|contents|content_hashes|costs|modes|request_ids)(\[(\d+)\])?`)
+
+var jsonField = map[string]string{
+	"recipients": "recipient", "domains": "domain", "contents": "content", "content_hashes": "content",
+	"costs": "cost", "modes": "mode", "request_ids": "request_id",
+}
+
+// httpFields rewrites the gRPC field a node's message names
+// ("costs[2]: ...") as this API's ("items[2].cost: ..." in a batch,
+// "cost: ..." for a single item).
+func httpFields(msg string, batch bool) string {
+	m := grpcField.FindStringSubmatchIndex(msg)
+	if m == nil {
+		return msg
+	}
+	name := jsonField[msg[m[2]:m[3]]]
+	if batch && m[6] >= 0 {
+		name = "items[" + msg[m[6]:m[7]] + "]." + name
+	}
+	return name + msg[m[1]:]
+}
+
+// decisions converts resp's item i.
+func decision(req *pb.CheckRequest, resp *pb.CheckResponse, i, ruleOff int) *Decision {
+	d := &Decision{
+		Recipient:    req.Recipients[i],
+		Admitted:     resp.Admitted[i],
+		Recorded:     resp.Recorded[i],
+		RetryAfterMs: resp.RetryAfterMs[i],
+		DecidedAt:    time.UnixMilli(resp.DecidedAtMs[i]).UTC(),
+		Refund:       req.Modes[i] == pb.Mode_MODE_REFUND,
+	}
+	domain := req.Domains[i]
+	if domain == "" {
+		domain = "default"
+	}
+	rules := resp.Domains[domain].GetRules()
+	n := int(resp.RuleCounts[i])
+	for k := 0; k < n && k < len(rules); k++ {
+		ru := rules[k]
+		d.Rules = append(d.Rules, RuleResult{Name: ru.Name, Limit: ru.Limit, Window: ru.Window, Used: resp.Used[ruleOff+k],
+			Remaining: resp.Remaining[ruleOff+k], RetryAfterMs: resp.RuleRetryAfterMs[ruleOff+k], Shadow: ru.Shadow})
+	}
+	if k := resp.DeniedBy[i]; k >= 0 && int(k) < len(rules) {
+		d.DeniedBy = rules[k].Name
+	}
+	if len(resp.ShadowDeniedBy) > i {
+		if k := resp.ShadowDeniedBy[i]; k >= 0 && int(k) < len(rules) {
+			d.ShadowDeniedBy = rules[k].Name
+		}
+	}
+	for _, j := range resp.Duplicates {
+		d.Duplicate = d.Duplicate || int(j) == i
+	}
+	for _, j := range resp.Refunded {
+		d.Refunded = d.Refunded || int(j) == i
+	}
+	return d
+}
+
+// itemErrors indexes resp's item errors.
+func itemErrors(resp *pb.CheckResponse) map[int]*pb.ItemError {
+	if len(resp.Errors) == 0 {
+		return nil
+	}
+	m := make(map[int]*pb.ItemError, len(resp.Errors))
+	for _, e := range resp.Errors {
+		m[int(e.Index)] = e
+	}
+	return m
+}
+
+func (h *Handler) writeSingle(w http.ResponseWriter, req *pb.CheckRequest, resp *pb.CheckResponse) {
+	if e := itemErrors(resp)[0]; e != nil {
+		code, typ := httpStatus(codes.Code(e.Code))
+		if code == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
+		}
+		writeProblem(w, code, typ, httpFields(e.Message, false))
+		return
+	}
+	d := decision(req, resp, 0, 0)
+	h.setRateLimitHeaders(w.Header(), d)
+	if d.Admitted {
+		writeJSON(w, http.StatusOK, "application/json", d)
+		return
+	}
+	w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(d.RetryAfterMs), 10))
+	writeJSON(w, http.StatusTooManyRequests, "application/problem+json", &Problem{
+		Type: TypeRateLimited, Title: http.StatusText(http.StatusTooManyRequests), Status: http.StatusTooManyRequests,
+		Detail:   fmt.Sprintf("denied by rule %s: retry after %d ms", d.DeniedBy, d.RetryAfterMs),
+		Decision: d,
+	})
+}
+
+func (h *Handler) writeBatch(w http.ResponseWriter, req *pb.CheckRequest, resp *pb.CheckResponse) {
+	errs := itemErrors(resp)
+	out := BatchResponse{Results: make([]ItemResult, len(req.Recipients))}
+	off := 0
+	for i := range out.Results {
+		if e := errs[i]; e != nil {
+			code, typ := httpStatus(codes.Code(e.Code))
+			out.Results[i].Error = &Problem{Type: typ, Title: http.StatusText(code), Status: code, Detail: httpFields(e.Message, true)}
+			continue
+		}
+		out.Results[i].Decision = decision(req, resp, i, off)
+		off += int(resp.RuleCounts[i])
+	}
+	writeJSON(w, http.StatusOK, "application/json", &out)
+}
+
+// bindingRule is the rule that decided d: the denying rule, else the
+// enforced rule with the least remaining; nil if d has no enforced rule.
+func bindingRule(d *Decision) *RuleResult {
+	var best *RuleResult
+	for k := range d.Rules {
+		r := &d.Rules[k]
+		if r.Shadow {
+			continue
+		}
+		if d.DeniedBy != "" {
+			if r.Name == d.DeniedBy {
+				return r
+			}
+			continue
+		}
+		if best == nil || r.Remaining < best.Remaining {
+			best = r
+		}
+	}
+	return best
+}
+
+// setRateLimitHeaders sets the IETF httpapi draft's RateLimit-Policy and
+// RateLimit fields (and, with LegacyHeaders, X-RateLimit-*) for d's binding
+// rule.
+func (h *Handler) setRateLimitHeaders(hd http.Header, d *Decision) {
+	r := bindingRule(d)
+	if r == nil {
+		return
+	}
+	win, err := time.ParseDuration(r.Window)
+	if err != nil {
+		win = 0
+	}
+	name := sfString(r.Name)
+	reset := ceilSeconds(r.RetryAfterMs)
+	hd.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%d", name, r.Limit, ceilSeconds(win.Milliseconds())))
+	hd.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, r.Remaining, reset))
+	if h.cfg.LegacyHeaders {
+		hd.Set("X-RateLimit-Limit", strconv.FormatUint(uint64(r.Limit), 10))
+		hd.Set("X-RateLimit-Remaining", strconv.FormatUint(uint64(r.Remaining), 10))
+		hd.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
+	}
+}
+
+// ceilSeconds is ms in whole seconds, rounded up; 0 for ms <= 0.
+func ceilSeconds(ms int64) int64 {
+	if ms <= 0 {
+		return 0
+	}
+	return (ms + 999) / 1000
+}
+
+// sfString is s as a structured-field string (RFC 8941): quoted, with \ and
+// " escaped and bytes outside printable ASCII replaced by '?'.
+func sfString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+func writeProblem(w http.ResponseWriter, code int, typ, detail string) {
+	writeJSON(w, code, "application/problem+json", &Problem{Type: typ, Title: http.StatusText(code), Status: code, Detail: detail})
+}
+
+func writeJSON(w http.ResponseWriter, code int, contentType string, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, contentType = http.StatusInternalServerError, "application/problem+json"
+		b = []byte(`{"type":"` + TypeInternal + `","title":"Internal Server Error","status":500,"detail":"encoding the response failed"}`)
+	}
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}

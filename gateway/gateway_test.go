@@ -1,0 +1,309 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/freqring/freqring/gateway"
+	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/rules"
+)
+
+const testRules = `domains:
+  - name: default
+    rules:
+      - {name: recipient-1m, scope: recipient, limit: 3, window: 1m}
+      - {name: recipient-24h, scope: recipient, limit: 50, window: 24h}
+      - {name: content-59s, scope: recipient+content, limit: 5, window: 59s}
+  - name: fast
+    rules:
+      - {name: r-2-1500ms, scope: recipient, limit: 2, window: 1500ms}
+`
+
+// t0 is the test clock's start, unix ms.
+const t0 = 1_790_000_000_000
+
+// testClock is a settable clock, unix ns.
+type testClock struct{ ns atomic.Int64 }
+
+func (c *testClock) Now() int64              { return c.ns.Load() }
+func (c *testClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// fixture is a real node behind an httptest server.
+type fixture struct {
+	t   testing.TB
+	n   *node.Node
+	clk *testClock
+	srv *httptest.Server
+}
+
+func newFixture(t testing.TB, legacy bool) *fixture {
+	t.Helper()
+	rs, err := rules.Parse("test", []byte(testRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &testClock{}
+	clk.ns.Store(t0 * 1e6)
+	n, err := node.New(node.Config{Rules: rs, Clock: clk, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	h, err := gateway.New(gateway.Config{Checker: n, Serving: n.Serving, LegacyHeaders: legacy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &fixture{t: t, n: n, clk: clk, srv: srv}
+}
+
+// post sends body to /v1/check with content type ct; it returns the
+// response with its body read into b.
+func (f *fixture) post(ct, body string) (*http.Response, []byte) {
+	f.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, f.srv.URL+gateway.CheckPath, strings.NewReader(body))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if ct != "" {
+		req.Header.Set("Content-Type", ct)
+	}
+	resp, err := f.srv.Client().Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return resp, b
+}
+
+func decode[T any](t testing.TB, b []byte) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%v: %s", err, b)
+	}
+	return v
+}
+
+func wantHeaders(t testing.TB, resp *http.Response, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		if got := resp.Header.Get(k); got != v {
+			t.Errorf("%s: %q, want %q", k, got, v)
+		}
+	}
+}
+
+// TestCheckAdmitsThenDenies: three sends of distinct content are admitted
+// with the binding rule's headers counting down; the fourth, exactly at the
+// limit of recipient-1m, is a 429 with Retry-After the rest of the minute,
+// rounded up, the draft and legacy headers, and the decision in a
+// problem+json body.
+func TestCheckAdmitsThenDenies(t *testing.T) {
+	f := newFixture(t, true)
+	for i := range 3 {
+		resp, b := f.post("application/json", `{"recipient":"+100","content":"m`+string(rune('a'+i))+`"}`)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("send %d: %d %s", i, resp.StatusCode, b)
+		}
+		d := decode[gateway.Decision](t, b)
+		if !d.Admitted || !d.Recorded || d.Recipient != "+100" || len(d.Rules) != 3 || d.Rules[0].Used != uint32(i+1) || !d.DecidedAt.Equal(time.UnixMilli(t0+int64(i)*10_300)) {
+			t.Fatalf("send %d: %+v", i, d)
+		}
+		wantHeaders(t, resp, map[string]string{
+			"Content-Type":     "application/json",
+			"RateLimit-Policy": `"recipient-1m";q=3;w=60`,
+			"RateLimit":        `"recipient-1m";r=` + string(rune('0'+2-i)) + ";t=0",
+			"Retry-After":      "",
+		})
+		f.clk.advance(10*time.Second + 300*time.Millisecond)
+	}
+	// 30.9 s after the first send: it leaves the window 29.1 s from now.
+	resp, b := f.post("application/json", `{"recipient":"+100","content":"md"}`)
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("fourth send: %d %s", resp.StatusCode, b)
+	}
+	p := decode[gateway.Problem](t, b)
+	if p.Status != 429 || p.Type != gateway.TypeRateLimited || p.Decision == nil || p.Admitted || p.Recorded ||
+		p.DeniedBy != "recipient-1m" || p.RetryAfterMs != 29_100 || p.Rules[0].Remaining != 0 || p.Rules[0].Used != 3 {
+		t.Fatalf("429 body: %s", b)
+	}
+	wantHeaders(t, resp, map[string]string{
+		"Content-Type":          "application/problem+json",
+		"Retry-After":           "30",
+		"RateLimit-Policy":      `"recipient-1m";q=3;w=60`,
+		"RateLimit":             `"recipient-1m";r=0;t=30`,
+		"X-RateLimit-Limit":     "3",
+		"X-RateLimit-Remaining": "0",
+		"X-RateLimit-Reset":     "30",
+	})
+	// Retry-After is exact: 1 ms before it the item is still denied, at it admitted.
+	f.clk.advance(29_100*time.Millisecond - time.Millisecond)
+	if resp, b := f.post("application/json", `{"recipient":"+100","content":"md","mode":"peek"}`); resp.StatusCode != 429 {
+		t.Fatalf("1 ms before Retry-After: %d %s", resp.StatusCode, b)
+	}
+	f.clk.advance(time.Millisecond)
+	if resp, b := f.post("application/json", `{"recipient":"+100","content":"md"}`); resp.StatusCode != 200 {
+		t.Fatalf("at Retry-After: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestCheckWithoutLegacyHeaders: X-RateLimit-* only behind the option.
+func TestCheckWithoutLegacyHeaders(t *testing.T) {
+	f := newFixture(t, false)
+	resp, b := f.post("application/json", `{"recipient":"a"}`)
+	if resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Limit") != "" || resp.Header.Get("RateLimit") == "" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	}
+}
+
+// TestCheckModes: peek changes nothing, record records without checking
+// (past the limit), cost counts, a retry with the same request id is not
+// recorded twice, and a refund frees its send.
+func TestCheckModes(t *testing.T) {
+	f := newFixture(t, false)
+	used := func() uint32 {
+		resp, b := f.post("application/json", `{"recipient":"r","domain":"fast","mode":"peek"}`)
+		d := decode[gateway.Problem](t, b)
+		if d.Decision == nil || d.Recorded {
+			t.Fatalf("peek: %d %s", resp.StatusCode, b)
+		}
+		return d.Rules[0].Used
+	}
+	for range 3 {
+		if used() != 0 {
+			t.Fatal("peek recorded")
+		}
+	}
+	for i := range 3 {
+		resp, b := f.post("application/json", `{"recipient":"r","domain":"fast","mode":"record"}`)
+		if resp.StatusCode != 200 || !decode[gateway.Decision](t, b).Recorded {
+			t.Fatalf("record %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	if got := used(); got != 2 {
+		t.Fatalf("used %d after 3 records past a limit of 2, want 2 (the log holds limit sends)", got)
+	}
+	if resp, b := f.post("application/json", `{"recipient":"r","domain":"fast"}`); resp.StatusCode != 429 {
+		t.Fatalf("check after records past the limit: %d %s; want 429", resp.StatusCode, b)
+	}
+	f.clk.advance(1500 * time.Millisecond)
+	const sent = `{"recipient":"s","domain":"fast","cost":2,"request_id":"18446744073709551615"}`
+	for i := range 2 { // the retry is answered with the first decision
+		resp, b := f.post("application/json", sent)
+		d := decode[gateway.Decision](t, b)
+		if resp.StatusCode != 200 || d.Rules[0].Used != 2 || d.Duplicate != (i == 1) {
+			t.Fatalf("send %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	if resp, b := f.post("application/json", `{"recipient":"s","domain":"fast","cost":1,"request_id":"18446744073709551615"}`); resp.StatusCode != 409 || !strings.Contains(string(b), `"detail":"request_id:`) {
+		t.Fatalf("same id, other cost: %d %s; want 409 naming request_id", resp.StatusCode, b)
+	}
+	if resp, b := f.post("application/json", `{"recipient":"s","domain":"fast","cost":2,"mode":"refund","request_id":"7"}`); resp.StatusCode != 404 {
+		t.Fatalf("refund of an unknown id: %d %s; want 404", resp.StatusCode, b)
+	}
+	// A refund of a cost-1 send frees it. (s's cost-2 send fills the limit-2
+	// log whole, so its refund frees nothing: a full log cannot tell whether
+	// it dropped older sends, and window.Remove keeps it full; see
+	// removeFull.)
+	f.post("application/json", `{"recipient":"t","domain":"fast","request_id":"9"}`)
+	resp, b := f.post("application/json", `{"recipient":"t","domain":"fast","mode":"refund","request_id":"9"}`)
+	if d := decode[gateway.Decision](t, b); resp.StatusCode != 200 || !d.Refund || !d.Refunded || d.Rules[0].Used != 0 {
+		t.Fatalf("refund: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestCheckBatch: a batch is answered 200 with one result per item, a
+// denial and an item error among them.
+func TestCheckBatch(t *testing.T) {
+	f := newFixture(t, false)
+	resp, b := f.post("application/json; charset=utf-8", `{"items":[
+		{"recipient":"x","domain":"fast","cost":2},
+		{"recipient":"x","domain":"fast"},
+		{"recipient":"y","domain":"nope"},
+		{"recipient":"y"}]}`)
+	if resp.StatusCode != 200 || resp.Header.Get("RateLimit") != "" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	out := decode[gateway.BatchResponse](t, b)
+	r := out.Results
+	if len(r) != 4 || r[0].Decision == nil || !r[0].Admitted || r[1].Decision == nil || r[1].Admitted || r[1].DeniedBy != "r-2-1500ms" ||
+		r[1].RetryAfterMs != 1500 || r[2].Error == nil || r[2].Error.Status != 400 || !strings.HasPrefix(r[2].Error.Detail, `items[2].domain: unknown domain "nope"`) ||
+		r[3].Decision == nil || !r[3].Admitted || r[3].Rules[0].Name != "recipient-1m" {
+		t.Fatalf("batch: %s", b)
+	}
+}
+
+// TestCheckBadRequests: each kind of bad input gets its status and a
+// problem+json detail naming the field and the value, and records nothing.
+func TestCheckBadRequests(t *testing.T) {
+	f := newFixture(t, false)
+	big := `{"recipient":"b","content":"` + strings.Repeat("x", gateway.DefaultMaxBodyBytes) + `"}`
+	for _, tc := range []struct {
+		name, ct, body string
+		code           int
+		detail         string
+	}{
+		{"bad JSON", "application/json", `{"recipient":`, 400, "body: truncated JSON"},
+		{"syntax", "application/json", `{"recipient" "b"}`, 400, "body: invalid JSON at byte 14"},
+		{"wrong content type", "text/plain", `{"recipient":"b"}`, 415, `Content-Type "text/plain": want application/json`},
+		{"no content type", "", `{"recipient":"b"}`, 415, `Content-Type "": want application/json`},
+		{"unknown domain", "application/json", `{"recipient":"b","domain":"sms"}`, 400, `domain: unknown domain "sms"`},
+		{"oversized body", "application/json", big, 413, "body: more than 1048576 bytes"},
+		{"unknown field", "application/json", `{"recipient":"b","costs":2}`, 400, "costs: unknown field"},
+		{"cost zero", "application/json", `{"items":[{"recipient":"a"},{"recipient":"a"},{"recipient":"b","cost":0}]}`, 400, "items[2].cost: 0 out of range [1, 1000]"},
+		{"cost fraction", "application/json", `{"recipient":"b","cost":1.5}`, 400, "cost: 1.5 is not an integer"},
+		{"cost string", "application/json", `{"recipient":"b","cost":"x"}`, 400, "cost: a string, want a number"},
+		{"mode", "application/json", `{"recipient":"b","mode":"allow"}`, 400, `mode: "allow" is not one of check, peek, record, refund`},
+		{"request id number", "application/json", `{"recipient":"b","request_id":12}`, 400, "request_id: a JSON number, want a decimal string"},
+		{"request id", "application/json", `{"recipient":"b","request_id":"-1"}`, 400, `request_id: "-1" is not a decimal integer`},
+		{"no recipient", "application/json", `{"domain":"fast"}`, 400, "recipient: missing or empty"},
+		{"long recipient", "application/json", `{"recipient":"` + strings.Repeat("r", 300) + `"}`, 400, "recipient: 300 bytes, more than 256"},
+		{"empty batch", "application/json", `{"items":[]}`, 400, "items: empty"},
+		{"mixed", "application/json", `{"items":[{"recipient":"a"}],"recipient":"b"}`, 400, "recipient: beside items"},
+		{"trailing", "application/json", `{"recipient":"b"} {}`, 400, "body: trailing data"},
+		{"array", "application/json", `[1]`, 400, "body: a JSON array, want an object"},
+		{"refund without id", "application/json", `{"recipient":"b","mode":"refund"}`, 400, "request_id"},
+	} {
+		resp, b := f.post(tc.ct, tc.body)
+		p := decode[gateway.Problem](t, b)
+		if resp.StatusCode != tc.code || p.Status != tc.code || resp.Header.Get("Content-Type") != "application/problem+json" ||
+			!strings.HasPrefix(p.Detail, tc.detail) || p.Title != http.StatusText(tc.code) || p.Type == "" {
+			t.Errorf("%s: %d %s; want %d with detail %q...", tc.name, resp.StatusCode, b, tc.code, tc.detail)
+		}
+	}
+	resp, b := f.post("application/json", `{"recipient":"b","mode":"peek"}`)
+	if d := decode[gateway.Decision](t, b); resp.StatusCode != 200 || d.Rules[0].Used != 0 {
+		t.Fatalf("after bad requests: %s; want nothing recorded for b", b)
+	}
+	req, _ := http.NewRequest(http.MethodGet, f.srv.URL+gateway.CheckPath, nil)
+	if resp, err := f.srv.Client().Do(req); err != nil || resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
+		t.Fatalf("GET: %v %v", resp, err)
+	}
+}
+
+// TestCheckNotServing: 503 with Retry-After once the node stops serving.
+func TestCheckNotServing(t *testing.T) {
+	f := newFixture(t, false)
+	f.n.Close()
+	resp, b := f.post("application/json", `{"recipient":"a"}`)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || decode[gateway.Problem](t, b).Type != gateway.TypeUnavailable {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}

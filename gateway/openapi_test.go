@@ -1,0 +1,198 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"gopkg.in/yaml.v3"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/gateway"
+)
+
+// checkFunc is a Checker that answers with a function.
+type checkFunc func(*pb.CheckRequest) (*pb.CheckResponse, error)
+
+func (f checkFunc) Check(_ context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return f(req)
+}
+
+// answer is a CheckResponse for req: every item admitted, or denied by rule
+// 0 when deny is set, or failed with code when it is not OK.
+func answer(req *pb.CheckRequest, deny bool, code codes.Code) *pb.CheckResponse {
+	resp := &pb.CheckResponse{Domains: map[string]*pb.Domain{"default": {Name: "default", Rules: []*pb.Rule{{Name: "r", Limit: 2, Window: "1m0s", WindowMs: 60_000}}}}}
+	for i := range req.Recipients {
+		resp.Admitted = append(resp.Admitted, !deny && code == codes.OK)
+		resp.Recorded = append(resp.Recorded, !deny && code == codes.OK)
+		resp.DeniedBy = append(resp.DeniedBy, map[bool]int32{true: 0, false: -1}[deny])
+		resp.RetryAfterMs = append(resp.RetryAfterMs, map[bool]int64{true: 1500, false: 0}[deny])
+		resp.DecidedAtMs = append(resp.DecidedAtMs, t0)
+		if code != codes.OK {
+			resp.RuleCounts = append(resp.RuleCounts, 0)
+			resp.Errors = append(resp.Errors, &pb.ItemError{Index: uint32(i), Code: uint32(code), Message: "recipients[" + strconv.Itoa(i) + "]: failed"})
+			continue
+		}
+		resp.RuleCounts = append(resp.RuleCounts, 1)
+		resp.Used = append(resp.Used, 2)
+		resp.Remaining = append(resp.Remaining, 0)
+		resp.RuleRetryAfterMs = append(resp.RuleRetryAfterMs, resp.RetryAfterMs[i])
+	}
+	return resp
+}
+
+// openAPI is the part of gateway/openapi.yaml this test reads.
+type openAPI struct {
+	Paths map[string]map[string]struct {
+		RequestBody struct {
+			Content map[string]struct {
+				Examples map[string]struct {
+					Value any `yaml:"value"`
+				} `yaml:"examples"`
+			} `yaml:"content"`
+		} `yaml:"requestBody"`
+		Responses map[string]struct {
+			Headers map[string]any `yaml:"headers"`
+			Content map[string]any `yaml:"content"`
+		} `yaml:"responses"`
+	} `yaml:"paths"`
+	Components struct {
+		Schemas map[string]struct {
+			Properties map[string]any `yaml:"properties"`
+		} `yaml:"schemas"`
+	} `yaml:"components"`
+}
+
+// TestOpenAPIMatchesHandler drives the handler into every status it can
+// send (with a Checker answering each outcome) and checks that
+// openapi.yaml documents that status, its content type and every header
+// sent with it; that it documents no status the handler never sends; that
+// every example request decodes; and that the Item schema's properties are
+// the fields the decoder accepts.
+func TestOpenAPIMatchesHandler(t *testing.T) {
+	raw, err := os.ReadFile("openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc openAPI
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	op, ok := doc.Paths[gateway.CheckPath]["post"]
+	if !ok {
+		t.Fatalf("openapi.yaml has no post of %s", gateway.CheckPath)
+	}
+
+	type scenario struct {
+		name, method, path, ct, body string
+		check                        checkFunc
+		serving                      bool
+	}
+	ok200 := checkFunc(func(r *pb.CheckRequest) (*pb.CheckResponse, error) { return answer(r, false, codes.OK), nil })
+	itemFails := func(c codes.Code) checkFunc {
+		return func(r *pb.CheckRequest) (*pb.CheckResponse, error) { return answer(r, false, c), nil }
+	}
+	callFails := func(c codes.Code) checkFunc {
+		return func(*pb.CheckRequest) (*pb.CheckResponse, error) { return nil, status.Error(c, "failed") }
+	}
+	const one = `{"recipient":"a"}`
+	scenarios := []scenario{
+		{"admitted", "POST", gateway.CheckPath, "application/json", one, ok200, true},
+		{"batch", "POST", gateway.CheckPath, "application/json", `{"items":[{"recipient":"a"},{"recipient":"b"}]}`, ok200, true},
+		{"batch with a failed item", "POST", gateway.CheckPath, "application/json", `{"items":[{"recipient":"a"}]}`, itemFails(codes.NotFound), true},
+		{"denied", "POST", gateway.CheckPath, "application/json", one, func(r *pb.CheckRequest) (*pb.CheckResponse, error) { return answer(r, true, codes.OK), nil }, true},
+		{"bad input", "POST", gateway.CheckPath, "application/json", `{"cost":0}`, ok200, true},
+		{"invalid item", "POST", gateway.CheckPath, "application/json", one, itemFails(codes.InvalidArgument), true},
+		{"invalid call", "POST", gateway.CheckPath, "application/json", one, callFails(codes.InvalidArgument), true},
+		{"refund not found", "POST", gateway.CheckPath, "application/json", one, itemFails(codes.NotFound), true},
+		{"id conflict", "POST", gateway.CheckPath, "application/json", one, itemFails(codes.AlreadyExists), true},
+		{"unavailable item", "POST", gateway.CheckPath, "application/json", one, itemFails(codes.Unavailable), true},
+		{"out of memory", "POST", gateway.CheckPath, "application/json", one, itemFails(codes.ResourceExhausted), true},
+		{"unavailable call", "POST", gateway.CheckPath, "application/json", one, callFails(codes.Unavailable), true},
+		{"not serving", "POST", gateway.CheckPath, "application/json", one, ok200, false},
+		{"internal", "POST", gateway.CheckPath, "application/json", one, callFails(codes.Internal), true},
+		{"internal item", "POST", gateway.CheckPath, "application/json", one, itemFails(codes.DataLoss), true},
+		{"too large", "POST", gateway.CheckPath, "application/json", `{"recipient":"` + strings.Repeat("a", gateway.DefaultMaxBodyBytes) + `"}`, ok200, true},
+		{"media type", "POST", gateway.CheckPath, "text/plain", one, ok200, true},
+		{"method", "GET", gateway.CheckPath, "", "", ok200, true},
+		{"path", "POST", "/v1/nope", "application/json", one, ok200, true},
+	}
+	sent := map[string]bool{}
+	for _, sc := range scenarios {
+		serving := sc.serving
+		h, err := gateway.New(gateway.Config{Checker: sc.check, Serving: func() bool { return serving }, LegacyHeaders: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := httptest.NewRequest(sc.method, sc.path, strings.NewReader(sc.body))
+		if sc.ct != "" {
+			req.Header.Set("Content-Type", sc.ct)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		code := strconv.Itoa(rec.Code)
+		sent[code] = true
+		resp, ok := op.Responses[code]
+		if !ok {
+			t.Errorf("%s: status %s is not in openapi.yaml", sc.name, code)
+			continue
+		}
+		ct := rec.Header().Get("Content-Type")
+		if _, ok := resp.Content[ct]; !ok {
+			t.Errorf("%s: status %s with Content-Type %s, documented %v", sc.name, code, ct, slices.Sorted(maps.Keys(resp.Content)))
+		}
+		documented := map[string]bool{} // header names are case-insensitive
+		for name := range resp.Headers {
+			documented[http.CanonicalHeaderKey(name)] = true
+		}
+		for name := range rec.Header() {
+			if name == "Content-Type" || name == "Content-Length" {
+				continue
+			}
+			if !documented[name] {
+				t.Errorf("%s: status %s sends header %s, not documented", sc.name, code, name)
+			}
+		}
+		if !json.Valid(rec.Body.Bytes()) {
+			t.Errorf("%s: body is not JSON: %s", sc.name, rec.Body)
+		}
+	}
+	for code := range op.Responses {
+		if !sent[code] {
+			t.Errorf("openapi.yaml documents status %s, which no scenario of the handler sends", code)
+		}
+	}
+
+	examples := op.RequestBody.Content["application/json"].Examples
+	if len(examples) == 0 {
+		t.Fatal("openapi.yaml has no example requests")
+	}
+	for name, ex := range examples {
+		body, err := json.Marshal(ex.Value)
+		if err != nil {
+			t.Fatalf("example %s: %v", name, err)
+		}
+		if _, _, err := gateway.DecodeCheck(body); err != nil {
+			t.Errorf("example %s (%s): %v", name, body, err)
+		}
+	}
+
+	props := slices.Sorted(maps.Keys(doc.Components.Schemas["Item"].Properties))
+	if want := []string{"content", "cost", "domain", "mode", "recipient", "request_id"}; !slices.Equal(props, want) {
+		t.Errorf("Item properties %v, want %v", props, want)
+	}
+	for _, p := range props { // each documented property is one the decoder knows
+		if _, _, err := gateway.DecodeCheck([]byte(`{"recipient":"a","` + p + `":null}`)); err != nil && strings.Contains(err.Error(), "unknown field") {
+			t.Errorf("Item property %s: %v", p, err)
+		}
+	}
+}
