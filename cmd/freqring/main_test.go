@@ -147,9 +147,14 @@ func TestConfigFile(t *testing.T) {
 func TestServeReloadsTheRulesFile(t *testing.T) {
 	addr := freePort(t)
 	path := filepath.Join(t.TempDir(), "rules.yaml")
+	// write replaces the file whole (a rename), so that a read never sees
+	// it half written: each version is read as one.
 	write := func(limit string) {
 		y := "domains:\n  - name: default\n    rules:\n      - {name: r, scope: recipient, limit: " + limit + ", window: 1h}\n"
-		if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
+		if err := os.WriteFile(path+".tmp", []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -157,7 +162,7 @@ func TestServeReloadsTheRulesFile(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {
-		code, _, _ := runCmd(ctx, "serve", "--listen", addr, "--rules", path, "--rules-watch-interval", "20ms", "--log-level", "error")
+		code, _, _ := runCmd(ctx, "serve", "--listen", addr, "--admin-listen", "off", "--rules", path, "--rules-watch-interval", "20ms", "--log-level", "error")
 		done <- code
 	}()
 	defer func() {
