@@ -107,8 +107,17 @@ func (n *Node) announceServing(ctx context.Context) error {
 	if c == nil || c.ms == nil {
 		return nil
 	}
-	if err := c.ms.SetState(ctx, gossip.StateServing); err != nil {
+	err := c.ms.SetState(ctx, gossip.StateServing)
+	switch {
+	case err == nil:
+	case errors.Is(err, gossip.ErrClosed), errors.Is(err, gossip.ErrLeft), ctx.Err() != nil:
 		return fmt.Errorf("node: announcing serving: %w", err)
+	default:
+		// The broadcast did not reach a peer in time (a busy machine, lost
+		// packets): the local state is serving already, and gossip spreads
+		// it with its next rounds, as it would a broadcast that had gone
+		// out but not yet arrived everywhere.
+		n.log.Warn("announcing serving: no peer confirmed it yet; gossip spreads it later", "err", err)
 	}
 	return nil
 }

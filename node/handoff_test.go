@@ -172,15 +172,21 @@ type loadRecord struct {
 
 // runLoad sends single checks from workers goroutines over population
 // recipients (contents 0 to 3) until stop is closed, retrying retryable
-// failures with the same request id.
+// failures with the same request id. If the test ends first (it failed),
+// its cleanup stops the workers and waits for them, so that none reports
+// to a finished test.
 func runLoad(t *testing.T, s *sender, workers, population int, stop <-chan struct{}, rec *loadRecord) *sync.WaitGroup {
 	var wg sync.WaitGroup
+	quit := make(chan struct{})
+	t.Cleanup(func() { close(quit); wg.Wait() })
 	for w := range workers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 99))
 			for {
 				select {
 				case <-stop:
+					return
+				case <-quit:
 					return
 				default:
 				}
