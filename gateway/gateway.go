@@ -90,11 +90,15 @@ type Decision struct {
 	RetryAfterMs   int64        `json:"retry_after_ms"`
 	DecidedAt      time.Time    `json:"decided_at"`
 	Rules          []RuleResult `json:"rules,omitempty"`
+
+	// hasContent: the item named a content, so its content rules apply.
+	hasContent bool
 }
 
 // RuleResult is one rule's state after a decision.
 type RuleResult struct {
 	Name         string `json:"name"`
+	Scope        string `json:"scope"` // recipient or recipient+content
 	Limit        uint32 `json:"limit"`
 	Window       string `json:"window"`
 	Used         uint32 `json:"used"`
@@ -234,6 +238,7 @@ func decision(req *pb.CheckRequest, resp *pb.CheckResponse, i, ruleOff int) *Dec
 		RetryAfterMs: resp.RetryAfterMs[i],
 		DecidedAt:    time.UnixMilli(resp.DecidedAtMs[i]).UTC(),
 		Refund:       req.Modes[i] == pb.Mode_MODE_REFUND,
+		hasContent:   (i < len(req.Contents) && len(req.Contents[i]) > 0) || (i < len(req.ContentHashes) && req.ContentHashes[i] != 0),
 	}
 	domain := req.Domains[i]
 	if domain == "" {
@@ -243,7 +248,7 @@ func decision(req *pb.CheckRequest, resp *pb.CheckResponse, i, ruleOff int) *Dec
 	n := int(resp.RuleCounts[i])
 	for k := 0; k < n && k < len(rules); k++ {
 		ru := rules[k]
-		d.Rules = append(d.Rules, RuleResult{Name: ru.Name, Limit: ru.Limit, Window: ru.Window, Used: resp.Used[ruleOff+k],
+		d.Rules = append(d.Rules, RuleResult{Name: ru.Name, Scope: ru.Scope, Limit: ru.Limit, Window: ru.Window, Used: resp.Used[ruleOff+k],
 			Remaining: resp.Remaining[ruleOff+k], RetryAfterMs: resp.RuleRetryAfterMs[ruleOff+k], Shadow: ru.Shadow})
 	}
 	if k := resp.DeniedBy[i]; k >= 0 && int(k) < len(rules) {
@@ -315,12 +320,13 @@ func (h *Handler) writeBatch(w http.ResponseWriter, req *pb.CheckRequest, resp *
 }
 
 // bindingRule is the rule that decided d: the denying rule, else the
-// enforced rule with the least remaining; nil if d has no enforced rule.
+// enforced rule with the least remaining (content rules only when the item
+// named a content); nil if d has no such rule.
 func bindingRule(d *Decision) *RuleResult {
 	var best *RuleResult
 	for k := range d.Rules {
 		r := &d.Rules[k]
-		if r.Shadow {
+		if r.Shadow || (r.Scope == "recipient+content" && !d.hasContent) {
 			continue
 		}
 		if d.DeniedBy != "" {
@@ -340,23 +346,36 @@ func bindingRule(d *Decision) *RuleResult {
 // RateLimit fields (and, with LegacyHeaders, X-RateLimit-*) for d's binding
 // rule.
 func (h *Handler) setRateLimitHeaders(hd http.Header, d *Decision) {
+	policy, state, ok := rateLimitFields(d)
+	if !ok {
+		return
+	}
+	hd.Set("RateLimit-Policy", policy)
+	hd.Set("RateLimit", state)
+	if h.cfg.LegacyHeaders {
+		r := bindingRule(d)
+		hd.Set("X-RateLimit-Limit", strconv.FormatUint(uint64(r.Limit), 10))
+		hd.Set("X-RateLimit-Remaining", strconv.FormatUint(uint64(r.Remaining), 10))
+		hd.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(r.RetryAfterMs), 10))
+	}
+}
+
+// rateLimitFields are the values of the IETF httpapi draft's
+// RateLimit-Policy and RateLimit fields for d's binding rule; ok is false
+// when d has none.
+func rateLimitFields(d *Decision) (policy, state string, ok bool) {
 	r := bindingRule(d)
 	if r == nil {
-		return
+		return "", "", false
 	}
 	win, err := time.ParseDuration(r.Window)
 	if err != nil {
 		win = 0
 	}
 	name := sfString(r.Name)
-	reset := ceilSeconds(r.RetryAfterMs)
-	hd.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%d", name, r.Limit, ceilSeconds(win.Milliseconds())))
-	hd.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, r.Remaining, reset))
-	if h.cfg.LegacyHeaders {
-		hd.Set("X-RateLimit-Limit", strconv.FormatUint(uint64(r.Limit), 10))
-		hd.Set("X-RateLimit-Remaining", strconv.FormatUint(uint64(r.Remaining), 10))
-		hd.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
-	}
+	policy = fmt.Sprintf("%s;q=%d;w=%d", name, r.Limit, ceilSeconds(win.Milliseconds()))
+	state = fmt.Sprintf("%s;r=%d;t=%d", name, r.Remaining, ceilSeconds(r.RetryAfterMs))
+	return policy, state, true
 }
 
 // ceilSeconds is ms in whole seconds, rounded up; 0 for ms <= 0.

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
+	"google.golang.org/grpc"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
@@ -175,6 +176,12 @@ type Config struct {
 	// the same CA signed is not taken for a peer; "" means any verified
 	// certificate.
 	PeerName string
+
+	// Services register further gRPC services on the server NewGRPCServer
+	// returns, beside the node's own: the Envoy rate limit service of
+	// package gateway, which node does not import. Each is called once per
+	// server.
+	Services []func(grpc.ServiceRegistrar)
 }
 
 func (c *Config) fill() {

@@ -147,3 +147,7 @@ func growth(from, to *window.Domain) []ruleGrowth {
 	slices.SortFunc(out, func(a, b ruleGrowth) int { return strings.Compare(a.rule, b.rule) })
 	return out
 }
+
+// RuleSet returns the rules in force: those of Config, or of the last
+// successful Reload. Safe for concurrent use.
+func (n *Node) RuleSet() *rules.Set { return n.view.Load().rules }

@@ -99,8 +99,8 @@ func (s adminServer) ListOverrides(ctx context.Context, req *pb.OverrideListRequ
 	return s.n.ListOverrides(ctx, req)
 }
 
-// NewGRPCServer returns a gRPC server with the node's Limiter service, gRPC
-// health (NOT_SERVING until the caller sets it) and reflection registered,
+// NewGRPCServer returns a gRPC server with the node's Limiter, Peer and
+// Admin services and Config.Services, gRPC health (NOT_SERVING until the caller sets it) and reflection registered,
 // and the health server. It enforces Config.Limits; opts come after them.
 func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	opts = append(append(n.cfg.Limits.serverOptions(), grpc.ForceServerCodecV2(newServerCodec())), opts...) // codec.go
@@ -108,6 +108,9 @@ func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.S
 	srv.RegisterService(decodeInvalid(&pb.Limiter_ServiceDesc), limiterServer{n: n}) // codec.go
 	srv.RegisterService(decodeInvalid(&pb.Peer_ServiceDesc), peerServer{n: n})
 	srv.RegisterService(decodeInvalid(&pb.Admin_ServiceDesc), adminServer{n: n})
+	for _, register := range n.cfg.Services {
+		register(srv)
+	}
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	setHealth(hs, healthpb.HealthCheckResponse_NOT_SERVING)

@@ -37,6 +37,9 @@ type Set struct {
 	fileSum uint64   // checksum of the file's bytes, for Watch
 	// overrides are the file's overrides, in file order, each valid.
 	overrides []Override
+	// envoy is the file's envoy section, sorted by name; nil without one
+	// (ConventionalEnvoy applies).
+	envoy []EnvoyDomain
 }
 
 // Source names where the rules came from.
@@ -47,7 +50,7 @@ func (rs *Set) Domain(name string) *window.Domain { return rs.domains[name] }
 
 // Hash returns a stable 64-bit digest of what the set decides: every
 // domain's name and, in order, each rule's name, scope, shadow flag, limit
-// and window.
+// and window; the overrides and the envoy section when there are any.
 // The source, comments and layout of the file do not count, so two nodes
 // that load equal rules from different files agree. It is the same on every
 // platform and in every version that keeps this encoding (TestHashGolden).
@@ -76,8 +79,9 @@ func Load(path string) (*Set, error) {
 
 // The YAML shape of a rules file. Unknown fields are errors.
 type rulesFile struct {
-	Domains   []domainSpec   `yaml:"domains"`
-	Overrides []overrideSpec `yaml:"overrides"`
+	Domains   []domainSpec      `yaml:"domains"`
+	Overrides []overrideSpec    `yaml:"overrides"`
+	Envoy     []envoyDomainSpec `yaml:"envoy"`
 }
 
 type overrideSpec struct {
@@ -179,6 +183,9 @@ func Parse(source string, data []byte) (*Set, error) {
 	}
 	slices.Sort(rs.names)
 	if err := rs.parseOverrides(f.Overrides, seqItems(mapValue(docMapping(&root), "overrides")), fail); err != nil {
+		return nil, err
+	}
+	if err := rs.parseEnvoy(f.Envoy, mapValue(docMapping(&root), "envoy"), fail); err != nil {
 		return nil, err
 	}
 	rs.hash = rs.digest()
@@ -336,6 +343,11 @@ func (rs *Set) digest() uint64 {
 		for _, o := range os {
 			b = appendOverride(b, o)
 		}
+	}
+	if rs.envoy != nil {
+		// Likewise only with an envoy section: the translation of Envoy's
+		// descriptors is part of what the cluster must agree on.
+		b = appendEnvoy(b, rs.envoy)
 	}
 	h.Write(b)
 	return binary.BigEndian.Uint64(h.Sum(nil))

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/freqring/freqring/gateway"
 	"github.com/freqring/freqring/node"
 )
@@ -17,12 +19,14 @@ import (
 type httpFlags struct {
 	listen *string
 	legacy *bool
+	rls    *bool
 }
 
 func addHTTPFlags(fs *flag.FlagSet) *httpFlags {
 	return &httpFlags{
 		listen: fs.String("http-listen", "", "HTTP/JSON listen address of POST /v1/check (README, HTTP); over TLS with the gRPC listener's --tls-cert, --tls-key and --tls-client-auth when --tls-cert is set (default: off)"),
 		legacy: fs.Bool("http-legacy-headers", false, "add X-RateLimit-Limit, -Remaining and -Reset to HTTP answers beside RateLimit-Policy and RateLimit"),
+		rls:    fs.Bool("envoy-rls", true, "serve Envoy's rate limit service (envoy.service.ratelimit.v3) on the gRPC listener (README, Envoy)"),
 	}
 }
 
@@ -68,4 +72,20 @@ func startHTTPGateway(addr string, n *node.Node, legacy bool, tc *tls.Config, lo
 	go func() { a.done <- a.srv.Serve(lis) }()
 	log.Info("HTTP gateway listening", "addr", lis.Addr().String(), "tls", tc != nil, "legacy_headers", legacy)
 	return a, nil
+}
+
+// envoyRLS registers Envoy's rate limit service for the node *n on its gRPC
+// server, when enabled: nc.Services runs when the node serves, after
+// node.New has set *n.
+func (f *httpFlags) envoyRLS(nc *node.Config, n **node.Node, log *slog.Logger) {
+	if !*f.rls {
+		return
+	}
+	nc.Services = append(nc.Services, func(r grpc.ServiceRegistrar) {
+		rls, err := gateway.NewRLS(gateway.RLSConfig{Checker: *n, Rules: (*n).RuleSet, Serving: (*n).Serving, Log: log})
+		if err != nil {
+			panic("BUG: " + err.Error())
+		}
+		rls.Register(r)
+	})
 }

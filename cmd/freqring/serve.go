@@ -182,8 +182,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	n, err := node.New(nc)
-	if err != nil {
+	var n *node.Node
+	hf.envoyRLS(&nc, &n, logger)
+	if n, err = node.New(nc); err != nil {
 		return err
 	}
 	lis, err := net.Listen("tcp", *listen)
