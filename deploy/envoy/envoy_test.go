@@ -534,7 +534,12 @@ func TestEnvoyFilterLimitsThroughFreqring(t *testing.T) {
 	if !ok {
 		t.Fatalf("rate limit cluster %q is not added by the EnvoyFilter", name)
 	}
-	host := c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+	host := ""
+	for _, le := range c.GetLoadAssignment().GetEndpoints() {
+		for _, ep := range le.GetLbEndpoints() {
+			host = ep.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+		}
+	}
 	if ns, ok := strings.CutPrefix(host, "freqring."); !ok || !strings.HasSuffix(ns, ".svc.cluster.local") {
 		t.Errorf("rate limit cluster host %q, want freqring.<namespace>.svc.cluster.local", host)
 	}
