@@ -9,6 +9,7 @@ package envoy_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,13 +22,19 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"gopkg.in/yaml.v3"
 
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/gateway"
+	"github.com/freqring/freqring/rules"
+
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 )
 
 const (
@@ -305,18 +312,24 @@ func checkFreqringCluster(t *testing.T, c *clusterv3.Cluster, host string) {
 // checkRateLimits: each descriptor is made of request headers under the keys
 // freqring reads, names the recipient exactly once and never skips it (a
 // descriptor without it would not be limited), and is evaluated at the
-// filter's stage.
-func checkRateLimits(t *testing.T, where string, rls []*routev3.RateLimit, stage uint32) {
+// filter rl's stage; and freqring's RLS, on the embedded default rules,
+// limits the descriptor Envoy would send for a request with every header
+// set under the filter's domain.
+func checkRateLimits(t *testing.T, where string, rls []*routev3.RateLimit, rl *ratelimitv3.RateLimit) {
 	t.Helper()
+	stage := rl.GetStage()
+	for i, r := range rls {
+		checkTranslates(t, fmt.Sprintf("%s rate_limits[%d]", where, i), rl.GetDomain(), r)
+	}
 	if len(rls) == 0 {
 		t.Errorf("%s: no rate_limits", where)
 	}
-	for i, rl := range rls {
-		if rl.GetStage().GetValue() != stage {
-			t.Errorf("%s rate_limits[%d]: stage %d, the filter's is %d", where, i, rl.GetStage().GetValue(), stage)
+	for i, r := range rls {
+		if r.GetStage().GetValue() != stage {
+			t.Errorf("%s rate_limits[%d]: stage %d, the filter's is %d", where, i, r.GetStage().GetValue(), stage)
 		}
 		recipients := 0
-		for j, a := range rl.GetActions() {
+		for j, a := range r.GetActions() {
 			rh := a.GetRequestHeaders()
 			if rh == nil {
 				t.Errorf("%s rate_limits[%d].actions[%d]: %v, want request_headers", where, i, j, a)
@@ -429,7 +442,7 @@ func TestBootstrapLimitsThroughFreqring(t *testing.T) {
 						if _, ok := clusters[r.GetRoute().GetCluster()]; !ok {
 							t.Errorf("%s: cluster %q is not defined", where, r.GetRoute().GetCluster())
 						}
-						checkRateLimits(t, where, append(r.GetRoute().GetRateLimits(), vh.GetRateLimits()...), rl.GetStage())
+						checkRateLimits(t, where, append(r.GetRoute().GetRateLimits(), vh.GetRateLimits()...), rl)
 					}
 				}
 			}
@@ -547,9 +560,48 @@ func TestEnvoyFilterLimitsThroughFreqring(t *testing.T) {
 	for _, p := range patches {
 		switch {
 		case p.vhost != nil:
-			checkRateLimits(t, "VIRTUAL_HOST patch", p.vhost.GetRateLimits(), rl.GetStage())
+			checkRateLimits(t, "VIRTUAL_HOST patch", p.vhost.GetRateLimits(), rl)
 		case p.route != nil:
-			checkRateLimits(t, "HTTP_ROUTE patch", p.route.GetRoute().GetRateLimits(), rl.GetStage())
+			checkRateLimits(t, "HTTP_ROUTE patch", p.route.GetRoute().GetRateLimits(), rl)
 		}
 	}
+}
+
+// checkTranslates sends the descriptor Envoy builds from r's request_headers
+// actions (every header present) to freqring's RLS on the embedded default
+// rules under domain, and wants it limited: one item for the recipient, in
+// freqring domain default, with the content and a request id.
+func checkTranslates(t *testing.T, where, domain string, r *routev3.RateLimit) {
+	t.Helper()
+	d := &commonv3.RateLimitDescriptor{}
+	for _, a := range r.GetActions() {
+		if rh := a.GetRequestHeaders(); rh != nil {
+			d.Entries = append(d.Entries, &commonv3.RateLimitDescriptor_Entry{Key: rh.GetDescriptorKey(), Value: "value of " + rh.GetHeaderName()})
+		}
+	}
+	var got *pb.CheckRequest
+	rls, err := gateway.NewRLS(gateway.RLSConfig{Rules: rules.Default, Checker: checkFunc(func(req *pb.CheckRequest) *pb.CheckResponse {
+		got = req
+		n := len(req.Recipients)
+		return &pb.CheckResponse{Admitted: make([]bool, n), Recorded: make([]bool, n), DeniedBy: make([]int32, n), RetryAfterMs: make([]int64, n),
+			DecidedAtMs: make([]int64, n), RuleCounts: make([]uint32, n)}
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rls.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*commonv3.RateLimitDescriptor{d}}); err != nil {
+		t.Errorf("%s: freqring refuses the descriptor %v: %v", where, d, err)
+		return
+	}
+	if got == nil || len(got.Recipients) != 1 || got.Domains[0] != "default" || !strings.HasPrefix(got.Recipients[0], "value of ") ||
+		!strings.HasPrefix(string(got.Contents[0]), "value of ") || len(got.RequestIds) != 1 || got.RequestIds[0] == 0 {
+		t.Errorf("%s: descriptor %v became %v; want one item with recipient, content and request id", where, d, got)
+	}
+}
+
+// checkFunc is a gateway.Checker.
+type checkFunc func(*pb.CheckRequest) *pb.CheckResponse
+
+func (f checkFunc) Check(_ context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return f(req), nil
 }
