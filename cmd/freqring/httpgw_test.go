@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"io"
 	"net/http"
@@ -8,6 +9,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/freqring/freqring/internal/testcert"
 )
@@ -48,5 +56,42 @@ func TestServeHTTPGateway(t *testing.T) {
 	}
 	if resp, body, err := post(&http.Client{Timeout: 5 * time.Second}, "http"); err == nil && resp.StatusCode == 200 {
 		t.Fatalf("plaintext on the TLS HTTP listener answered 200: %s", body)
+	}
+}
+
+// TestServeEnvoyRLS runs serve and calls Envoy's ShouldRateLimit on its gRPC
+// listener as Envoy does, on the embedded default rules: two identical
+// messages are OK, the third OVER_LIMIT from content-59s; with
+// --envoy-rls=false the service is not there.
+func TestServeEnvoyRLS(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		addr, admin := freePort(t), freePort(t)
+		startServe(t, "--listen", addr, "--admin-listen", admin, "--envoy-rls="+strconv.FormatBool(on))
+		waitReady(t, &http.Client{Timeout: 5 * time.Second}, "http://"+admin)
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		rls := rlsv3.NewRateLimitServiceClient(cc)
+		req := &rlsv3.RateLimitRequest{Domain: "default", Descriptors: []*commonv3.RateLimitDescriptor{{Entries: []*commonv3.RateLimitDescriptor_Entry{
+			{Key: "recipient", Value: "+8613800000000"}, {Key: "content", Value: "hi"}}}}}
+		for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			resp, err := rls.ShouldRateLimit(ctx, req)
+			cancel()
+			if !on {
+				if grpcstatus.Code(err) != codes.Unimplemented {
+					t.Fatalf("--envoy-rls=false: %v %v; want UNIMPLEMENTED", resp, err)
+				}
+				break
+			}
+			if err != nil || resp.OverallCode != want {
+				t.Fatalf("call %d: %v %v; want %v", i, resp, err, want)
+			}
+			if want == rlsv3.RateLimitResponse_OVER_LIMIT && resp.Statuses[0].CurrentLimit.GetName() != "content-59s" {
+				t.Fatalf("call %d: %v; want content-59s to bind", i, resp)
+			}
+		}
 	}
 }
