@@ -46,15 +46,14 @@ func newRLSFixture(t testing.TB, rulesYAML string) *rlsFixture {
 	f := &rlsFixture{t: t, clk: &testClock{}}
 	f.clk.ns.Store(t0 * 1e6)
 	f.serving.Store(true)
-	var n *node.Node
-	register := func(r grpc.ServiceRegistrar) {
+	register := func(r grpc.ServiceRegistrar, n *node.Node) {
 		rls, err := gateway.NewRLS(gateway.RLSConfig{Checker: n, Rules: n.RuleSet, Serving: func() bool { return f.serving.Load() && n.Serving() }})
 		if err != nil {
 			t.Fatal(err)
 		}
 		rls.Register(r)
 	}
-	n, err = node.New(node.Config{Rules: rs, Clock: f.clk, SweepInterval: -1, Services: []func(grpc.ServiceRegistrar){register}})
+	n, err := node.New(node.Config{Rules: rs, Clock: f.clk, SweepInterval: -1, Services: []func(grpc.ServiceRegistrar, *node.Node){register}})
 	if err != nil {
 		t.Fatal(err)
 	}

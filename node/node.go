@@ -177,11 +177,11 @@ type Config struct {
 	// certificate.
 	PeerName string
 
-	// Services register further gRPC services on the server NewGRPCServer
-	// returns, beside the node's own: the Envoy rate limit service of
-	// package gateway, which node does not import. Each is called once per
-	// server.
-	Services []func(grpc.ServiceRegistrar)
+	// Services register further gRPC services for the node on the server
+	// NewGRPCServer returns, beside the node's own: the Envoy rate limit
+	// service of package gateway, which node does not import. Each is
+	// called once per server, with the node.
+	Services []func(grpc.ServiceRegistrar, *Node)
 }
 
 func (c *Config) fill() {

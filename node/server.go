@@ -109,7 +109,7 @@ func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.S
 	srv.RegisterService(decodeInvalid(&pb.Peer_ServiceDesc), peerServer{n: n})
 	srv.RegisterService(decodeInvalid(&pb.Admin_ServiceDesc), adminServer{n: n})
 	for _, register := range n.cfg.Services {
-		register(srv)
+		register(srv, n)
 	}
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)

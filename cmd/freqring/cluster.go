@@ -81,6 +81,7 @@ func cluster(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			observers[cfg.Name] = metrics.NewObserver()
 		}
 		cfg.Observer = observers[cfg.Name]
+		cfg.Services = append(cfg.Services, registerRLS(logger)) // Envoy's rate limit service, as serve
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

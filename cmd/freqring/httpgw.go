@@ -74,18 +74,14 @@ func startHTTPGateway(addr string, n *node.Node, legacy bool, tc *tls.Config, lo
 	return a, nil
 }
 
-// envoyRLS registers Envoy's rate limit service for the node *n on its gRPC
-// server, when enabled: nc.Services runs when the node serves, after
-// node.New has set *n.
-func (f *httpFlags) envoyRLS(nc *node.Config, n **node.Node, log *slog.Logger) {
-	if !*f.rls {
-		return
-	}
-	nc.Services = append(nc.Services, func(r grpc.ServiceRegistrar) {
-		rls, err := gateway.NewRLS(gateway.RLSConfig{Checker: *n, Rules: (*n).RuleSet, Serving: (*n).Serving, Log: log})
+// registerRLS registers Envoy's rate limit service for n on r: a
+// node.Config.Services entry.
+func registerRLS(log *slog.Logger) func(grpc.ServiceRegistrar, *node.Node) {
+	return func(r grpc.ServiceRegistrar, n *node.Node) {
+		rls, err := gateway.NewRLS(gateway.RLSConfig{Checker: n, Rules: n.RuleSet, Serving: n.Serving, Log: log})
 		if err != nil {
 			panic("BUG: " + err.Error())
 		}
 		rls.Register(r)
-	})
+	}
 }

@@ -182,9 +182,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	var n *node.Node
-	hf.envoyRLS(&nc, &n, logger)
-	if n, err = node.New(nc); err != nil {
+	if *hf.rls {
+		nc.Services = append(nc.Services, registerRLS(logger))
+	}
+	n, err := node.New(nc)
+	if err != nil {
 		return err
 	}
 	lis, err := net.Listen("tcp", *listen)
