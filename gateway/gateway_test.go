@@ -46,7 +46,13 @@ type fixture struct {
 
 func newFixture(t testing.TB, legacy bool) *fixture {
 	t.Helper()
-	rs, err := rules.Parse("test", []byte(testRules))
+	return newFixtureRules(t, testRules, legacy)
+}
+
+// newFixtureRules is newFixture on other rules.
+func newFixtureRules(t testing.TB, rulesYAML string, legacy bool) *fixture {
+	t.Helper()
+	rs, err := rules.Parse("test", []byte(rulesYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +167,19 @@ func TestCheckAdmitsThenDenies(t *testing.T) {
 	f.clk.advance(time.Millisecond)
 	if resp, b := f.post("application/json", `{"recipient":"+100","content":"md"}`); resp.StatusCode != 200 {
 		t.Fatalf("at Retry-After: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestBindingRuleNeedsContent: on the default rules, an item without
+// content is bound by a recipient rule, not by a content rule of smaller
+// limit that does not apply to it; with content, the content rule binds.
+func TestBindingRuleNeedsContent(t *testing.T) {
+	f := newFixtureRules(t, string(rules.DefaultYAML()), false)
+	if resp, b := f.post("application/json", `{"recipient":"a"}`); resp.Header.Get("RateLimit") != `"recipient-1m";r=14;t=0` {
+		t.Fatalf("without content: %v %s", resp.Header, b)
+	}
+	if resp, b := f.post("application/json", `{"recipient":"a","content":"x"}`); resp.Header.Get("RateLimit") != `"content-59s";r=1;t=0` {
+		t.Fatalf("with content: %v %s", resp.Header, b)
 	}
 }
 
