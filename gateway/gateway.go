@@ -308,13 +308,14 @@ func (h *Handler) writeBatch(w http.ResponseWriter, req *pb.CheckRequest, resp *
 	out := BatchResponse{Results: make([]ItemResult, len(req.Recipients))}
 	off := 0
 	for i := range out.Results {
+		ruleOff := off
+		off += int(resp.RuleCounts[i]) // a failed item may have entries too
 		if e := errs[i]; e != nil {
 			code, typ := httpStatus(codes.Code(e.Code))
 			out.Results[i].Error = &Problem{Type: typ, Title: http.StatusText(code), Status: code, Detail: httpFields(e.Message, true)}
 			continue
 		}
-		out.Results[i].Decision = decision(req, resp, i, off)
-		off += int(resp.RuleCounts[i])
+		out.Results[i].Decision = decision(req, resp, i, ruleOff)
 	}
 	writeJSON(w, http.StatusOK, "application/json", &out)
 }

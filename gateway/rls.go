@@ -150,7 +150,7 @@ func translate(rs *rules.Set, r *rlsv3.RateLimitRequest) (*rlsCall, error) {
 			if v.value == "" {
 				return nil, bad("descriptors[%d].entries[%d] (%s): value is empty", i, v.at, m.RequestID)
 			}
-			id = requestID(v.value)
+			id = requestID(m.Domain, string(content), v.value)
 			hasIDs = true
 		}
 		cost, mode := uint64(r.GetHitsAddend()), pb.Mode_MODE_CHECK_AND_RECORD
@@ -267,9 +267,20 @@ func recipientKey(m *rules.EnvoyDescriptor, vals map[string]entryValue, i int) (
 // keySep joins the parts of a recipient key composed of several entries.
 const keySep = '\x1f'
 
-// requestID hashes an entry's value into a nonzero request id.
-func requestID(v string) uint64 {
-	if h := xxhash.Sum64String(v); h != 0 {
+// requestID hashes an entry's value, with the item's freqring domain and
+// content, into a nonzero request id: descriptors of one request (one
+// x-request-id) that are items of other domains or contents get ids of
+// their own, and a negative-hits descriptor, made by the same mapping, the
+// id of the send it takes back.
+func requestID(domain, content, v string) uint64 {
+	d := xxhash.New()
+	for _, s := range []string{domain, content, v} {
+		var n [4]byte
+		binary.LittleEndian.PutUint32(n[:], uint32(len(s)))
+		d.Write(n[:])
+		d.WriteString(s)
+	}
+	if h := d.Sum64(); h != 0 {
 		return h
 	}
 	return 1
@@ -313,6 +324,8 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*
 	decisions := make([]*Decision, len(c.req.Recipients))
 	off := 0
 	for k := range decisions {
+		ruleOff := off
+		off += int(resp.RuleCounts[k]) // a failed item may have entries too
 		if e := errs[k]; e != nil {
 			if c.req.Modes[k] == pb.Mode_MODE_REFUND && codes.Code(e.Code) == codes.NotFound {
 				continue // nothing recorded under that id: nothing to take back
@@ -322,8 +335,15 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*
 			}
 			continue
 		}
-		decisions[k] = decision(c.req, resp, k, off)
-		off += int(resp.RuleCounts[k])
+		decisions[k] = decision(c.req, resp, k, ruleOff)
+		if decisions[k].Duplicate && c.req.Modes[k] == pb.Mode_MODE_CHECK_AND_RECORD && failed == nil {
+			// Envoy forwards on OK: answering a repeated id as the send it
+			// recorded would let a client that reuses x-request-id send
+			// again uncounted.
+			failed = status.Error(codes.AlreadyExists, descriptorField(fmt.Sprintf(
+				"request id %d already recorded a send of this recipient (at %s, not refunded); each request needs an id of its own",
+				c.req.RequestIds[k], decisions[k].DecidedAt.Format(time.RFC3339Nano)), c.index, k))
+		}
 	}
 	var binding *Decision
 	for i, k := range c.index {
@@ -358,8 +378,8 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*
 }
 
 // giveIDs gives each recording item of req without a request id one of
-// its own when req records more than one item, so that rollBack can take
-// them back.
+// its own when req has other items (whose denial or failure denies the
+// call), so that rollBack can take them back.
 func (s *RLS) giveIDs(req *pb.CheckRequest) {
 	recording := 0
 	for _, m := range req.Modes {
@@ -367,8 +387,8 @@ func (s *RLS) giveIDs(req *pb.CheckRequest) {
 			recording++
 		}
 	}
-	if recording < 2 {
-		return
+	if recording == 0 || len(req.Modes) < 2 {
+		return // a lone item that is denied or fails records nothing
 	}
 	if req.RequestIds == nil {
 		req.RequestIds = make([]uint64, len(req.Recipients))
@@ -388,8 +408,12 @@ func (s *RLS) giveIDs(req *pb.CheckRequest) {
 // more.
 func (s *RLS) rollBack(ctx context.Context, req *pb.CheckRequest, resp *pb.CheckResponse) {
 	var undo pb.CheckRequest
+	dup := make(map[int]bool, len(resp.Duplicates))
+	for _, k := range resp.Duplicates {
+		dup[int(k)] = true // recorded by an earlier call, not this one
+	}
 	for k := range req.Recipients {
-		if req.Modes[k] != pb.Mode_MODE_CHECK_AND_RECORD || k >= len(resp.Recorded) || !resp.Recorded[k] || len(req.RequestIds) <= k || req.RequestIds[k] == 0 {
+		if req.Modes[k] != pb.Mode_MODE_CHECK_AND_RECORD || k >= len(resp.Recorded) || !resp.Recorded[k] || dup[k] || len(req.RequestIds) <= k || req.RequestIds[k] == 0 {
 			continue
 		}
 		undo.Recipients = append(undo.Recipients, req.Recipients[k])

@@ -241,7 +241,9 @@ func TestRLSSeveralDescriptors(t *testing.T) {
 
 // TestRLSNegativeHits: is_negative_hits takes back the send that the
 // descriptor's request id recorded; a repeat or an unknown id changes
-// nothing and is OK; without a request id entry it is refused.
+// nothing and is OK; without a request id entry it is refused. A repeated
+// request id is refused (ALREADY_EXISTS), and counts once more only after
+// its send was taken back.
 func TestRLSNegativeHits(t *testing.T) {
 	f := newRLSFixture(t, testRules)
 	f.ok("default", 0, desc("recipient=n", "content=hello", "request_id=req-1"))
@@ -249,9 +251,11 @@ func TestRLSNegativeHits(t *testing.T) {
 	if got := f.used("default", "n"); got != 2 {
 		t.Fatalf("used %d, want 2", got)
 	}
-	// Envoy retrying the first call (same x-request-id) counts nothing more.
-	if resp := f.ok("default", 0, desc("recipient=n", "content=hello", "request_id=req-1")); resp.Statuses[0].LimitRemaining != 1 || f.used("default", "n") != 2 {
-		t.Fatalf("retry: %v, used %d", resp, f.used("default", "n"))
+	// A repeat of req-1 is refused: an OK would let Envoy forward it uncounted.
+	_, err := f.call("default", 0, desc("recipient=n", "content=hello", "request_id=req-1"))
+	wantCode(t, err, codes.AlreadyExists, "descriptors[0]: request id")
+	if got := f.used("default", "n"); got != 2 {
+		t.Fatalf("a repeated request id: used %d, want 2", got)
 	}
 	neg := desc("recipient=n", "content=hello", "request_id=req-1")
 	neg.IsNegativeHits = true
@@ -266,16 +270,69 @@ func TestRLSNegativeHits(t *testing.T) {
 	if resp := f.ok("default", 0, unknown); resp.OverallCode != rlsv3.RateLimitResponse_OK || f.used("default", "n") != 1 {
 		t.Fatalf("negative hits of an unknown id: %v", resp)
 	}
+	// A new attempt under the refunded id counts again, once.
+	if resp := f.ok("default", 0, desc("recipient=n", "content=hello", "request_id=req-1")); resp.OverallCode != rlsv3.RateLimitResponse_OK || f.used("default", "n") != 2 {
+		t.Fatalf("a new attempt after the refund: %v, used %d; want OK and 2", resp, f.used("default", "n"))
+	}
 	noID := desc("recipient=n")
 	noID.IsNegativeHits = true
-	_, err := f.call("default", 0, noID)
+	_, err = f.call("default", 0, noID)
 	wantCode(t, err, codes.InvalidArgument, `descriptors[0].is_negative_hits: a refund takes back the send a request id recorded`)
+	// The id is the mapping's domain, content and entry value hashed: other
+	// content names another id, which recorded nothing.
 	other := desc("recipient=n", "content=other", "request_id=req-2")
 	other.IsNegativeHits = true
-	_, err = f.call("default", 0, other)
-	wantCode(t, err, codes.AlreadyExists, "descriptors[0]:")
-	if got := f.used("default", "n"); got != 1 {
-		t.Fatalf("refused refunds changed the count to %d", got)
+	if resp := f.ok("default", 0, other); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("negative hits with other content: %v", resp)
+	}
+	if got := f.used("default", "n"); got != 2 {
+		t.Fatalf("refused or empty refunds changed the count to %d, want 2", got)
+	}
+}
+
+// TestRLSRequestIDs: request ids and the roll-back. A roll-back never
+// takes back a send an earlier call recorded; a new attempt after a
+// roll-back counts; a call denied by a peek takes back its one recorded
+// send; one x-request-id may name items of two domains.
+func TestRLSRequestIDs(t *testing.T) {
+	f := newRLSFixture(t, testRules+`envoy:
+  - domain: mesh
+    descriptors:
+      - {match: {tier: slow}, domain: default, key: user, request_id: rid}
+      - {match: {tier: fast}, domain: fast, key: user, request_id: rid}
+`)
+	used := func(domain, r string) uint32 {
+		t.Helper()
+		return f.used(domain, r)
+	}
+	// A call denied in part repeats an id that an earlier, forwarded call
+	// recorded: that send stays counted.
+	f.ok("mesh", 0, desc("tier=fast", "user=a", "rid=X"))
+	f.ok("mesh", 2, desc("tier=fast", "user=b"))
+	_, err := f.call("mesh", 0, desc("tier=fast", "user=a", "rid=X"), desc("tier=fast", "user=b"))
+	wantCode(t, err, codes.AlreadyExists, "descriptors[0]: request id")
+	if got := used("fast", "a"); got != 1 {
+		t.Fatalf("a counts %d sends after a refused repeat; the forwarded first call's send must stay: want 1", got)
+	}
+	// Rolled back, then retried under the same id once b admits: counted.
+	if resp := f.ok("mesh", 0, desc("tier=fast", "user=c", "rid=Y"), desc("tier=fast", "user=b")); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || used("fast", "c") != 0 {
+		t.Fatalf("denied call: %v, c counts %d", resp, used("fast", "c"))
+	}
+	f.clk.advance(1500 * time.Millisecond)
+	if resp := f.ok("mesh", 0, desc("tier=fast", "user=c", "rid=Y"), desc("tier=fast", "user=b")); resp.OverallCode != rlsv3.RateLimitResponse_OK || used("fast", "c") != 1 {
+		t.Fatalf("retry after the roll-back: %v, c counts %d; want OK and 1", resp, used("fast", "c"))
+	}
+	// One recording descriptor beside a peek over its limit: taken back.
+	f.ok("mesh", 2, desc("tier=fast", "user=d"))
+	peek := desc("tier=fast", "user=d")
+	peek.HitsAddend = wrapperspb.UInt64(0)
+	if resp := f.ok("mesh", 0, desc("tier=fast", "user=e"), peek); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || used("fast", "e") != 0 {
+		t.Fatalf("record beside a denying peek: %v, e counts %d; want OVER_LIMIT and 0", resp, used("fast", "e"))
+	}
+	// One x-request-id, one user, two domains: two items, both counted.
+	if resp := f.ok("mesh", 0, desc("tier=slow", "user=u", "rid=R"), desc("tier=fast", "user=u", "rid=R")); resp.OverallCode != rlsv3.RateLimitResponse_OK ||
+		used("default", "u") != 1 || used("fast", "u") != 1 {
+		t.Fatalf("one id in two domains: %v", resp)
 	}
 }
 
@@ -386,11 +443,14 @@ func TestRLSUnavailable(t *testing.T) {
 }
 
 // TestRLSMatchesReference replays seeded random Envoy calls (one to three
-// descriptors over six recipients, hits 1 or 2, the clock moving 0 to 700
-// ms between calls) and checks every descriptor's code and remaining
-// against a brute-force sliding window that counts only the sends of calls
-// answered OK, item by item in call order: the all-or-nothing calls, the
-// roll-back and the window's edges are exact.
+// descriptors over six recipients; hits 1 or 2, or an explicit 0 that
+// peeks; half of them with a request id; the clock moving 0 to 700 ms
+// between calls; some calls repeated: a denied one, which is a new attempt,
+// or one answered OK, whose ids are refused) and checks every descriptor's
+// code and remaining against a brute-force sliding window that counts only
+// the sends of calls answered OK, item by item in call order: the
+// all-or-nothing calls, the roll-back, request ids and the window's edges
+// are exact.
 func TestRLSMatchesReference(t *testing.T) {
 	const rulesYAML = `domains:
   - name: d
@@ -404,46 +464,65 @@ func TestRLSMatchesReference(t *testing.T) {
 	type send struct{ at, cost int64 }
 	hist := map[string][]send{} // the sends of calls answered OK
 	now := int64(t0)
-	for call := range 400 {
-		n := 1 + rng.IntN(3)
-		ds := make([]*commonv3.RateLimitDescriptor, n)
+	var lastDenied, lastOK []refItem // calls to repeat; lastOK only with a recorded id
+	repeats, refused, rolledBack := 0, 0, 0
+	for call := range 600 {
+		var items []refItem
+		switch x := rng.IntN(100); {
+		case x < 12 && lastDenied != nil:
+			items, lastDenied = lastDenied, nil
+			repeats++
+		case x < 20 && lastOK != nil:
+			items, lastOK = lastOK, nil
+			_, err := f.call("d", 0, descsOf(items)...)
+			wantCode(t, err, codes.AlreadyExists, "request id")
+			refused++
+			continue
+		default:
+			for i := range 1 + rng.IntN(3) {
+				it := refItem{r: "r" + strconv.Itoa(rng.IntN(6)), cost: int64(rng.IntN(3))}
+				if rng.IntN(2) == 0 {
+					it.id = "id-" + strconv.Itoa(call) + "-" + strconv.Itoa(i)
+				}
+				items = append(items, it)
+			}
+		}
 		var pending []struct {
 			r string
 			s send
 		}
 		wantOK := true
-		want := make([]rlsv3.RateLimitResponse_Code, n)
-		wantRemaining := make([]uint32, n)
-		for i := range ds {
-			r := "r" + strconv.Itoa(rng.IntN(6))
-			cost := int64(1 + rng.IntN(2))
-			ds[i] = desc("recipient=" + r)
-			ds[i].HitsAddend = wrapperspb.UInt64(uint64(cost))
+		want := make([]rlsv3.RateLimitResponse_Code, len(items))
+		wantRemaining := make([]uint32, len(items))
+		for i, it := range items {
 			used := int64(0)
-			for _, s := range hist[r] {
+			for _, s := range hist[it.r] {
 				if now-s.at < window {
 					used += s.cost
 				}
 			}
 			for _, p := range pending {
-				if p.r == r {
+				if p.r == it.r {
 					used += p.s.cost
 				}
 			}
+			cost := max(it.cost, 1)
 			if used+cost <= limit {
 				want[i] = rlsv3.RateLimitResponse_OK
-				pending = append(pending, struct {
-					r string
-					s send
-				}{r, send{now, cost}})
-				used += cost
+				if it.cost > 0 {
+					pending = append(pending, struct {
+						r string
+						s send
+					}{it.r, send{now, cost}})
+					used += cost
+				}
 			} else {
 				want[i] = rlsv3.RateLimitResponse_OVER_LIMIT
 				wantOK = false
 			}
 			wantRemaining[i] = uint32(max(limit-used, 0))
 		}
-		resp := f.ok("d", 0, ds...)
+		resp := f.ok("d", 0, descsOf(items)...)
 		if got := resp.OverallCode == rlsv3.RateLimitResponse_OK; got != wantOK {
 			t.Fatalf("call %d at +%d ms: overall %v, want OK=%v\n%v", call, now-t0, resp.OverallCode, wantOK, resp)
 		}
@@ -456,9 +535,43 @@ func TestRLSMatchesReference(t *testing.T) {
 			for _, p := range pending {
 				hist[p.r] = append(hist[p.r], p.s)
 			}
+			for _, it := range items {
+				if it.id != "" && it.cost > 0 {
+					lastOK = items
+				}
+			}
+		} else {
+			lastDenied = items
+			if len(pending) > 0 {
+				rolledBack++
+			}
 		}
 		step := int64(rng.IntN(701))
 		now += step
 		f.clk.advance(time.Duration(step) * time.Millisecond)
 	}
+	if repeats < 10 || refused < 10 || rolledBack < 10 {
+		t.Fatalf("the replay repeated %d denied calls, refused %d repeated ids and rolled back %d calls; want at least 10 of each", repeats, refused, rolledBack)
+	}
+}
+
+// refItem is a descriptor of TestRLSMatchesReference.
+type refItem struct {
+	r    string // recipient
+	cost int64  // hits_addend; 0 peeks
+	id   string // request_id entry; "" for none
+}
+
+// descsOf is the descriptors of a reference replay's items.
+func descsOf(items []refItem) []*commonv3.RateLimitDescriptor {
+	ds := make([]*commonv3.RateLimitDescriptor, len(items))
+	for i, it := range items {
+		if it.id != "" {
+			ds[i] = desc("recipient="+it.r, "request_id="+it.id)
+		} else {
+			ds[i] = desc("recipient=" + it.r)
+		}
+		ds[i].HitsAddend = wrapperspb.UInt64(uint64(it.cost))
+	}
+	return ds
 }

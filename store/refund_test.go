@@ -62,6 +62,29 @@ func TestRefundFreesExactlyOneSend(t *testing.T) {
 	if r, c := used(t0+13, 7); r != 2 || c != 1 {
 		t.Fatalf("after a second refund: used %d, content %d; want still 2, 1", r, c)
 	}
+	// A new attempt under the refunded id is decided and recorded afresh
+	// (not answered as a retry, which would let it be sent uncounted); a
+	// retry of that attempt is a retry again.
+	st3, _ := New(Config{Partitions: 4, IDHorizon: time.Minute})
+	ref3 := st3.Bind(d)
+	var d3 window.Decision
+	for i, want := range []struct {
+		mode     window.Mode
+		dup      bool
+		used     int
+		refunded bool
+	}{{window.CheckAndRecord, false, 1, false}, {0, false, 0, true}, {window.CheckAndRecord, false, 1, false}, {window.CheckAndRecord, true, 1, false}} {
+		var err error
+		dup := false
+		if want.refunded {
+			_, _, _, err = st3.Refund(p, ref3, key, tag, t0+int64(i), window.Item{Content: 7}, 42, &d3)
+		} else {
+			_, dup, err = st3.Apply(p, ref3, key, tag, t0+int64(i), window.Item{Content: 7}, 42, &d3)
+		}
+		if err != nil || dup != want.dup || d3.Rules[0].Used != want.used {
+			t.Fatalf("step %d: dup %v used %d err %v; want dup %v used %d", i, dup, d3.Rules[0].Used, err, want.dup, want.used)
+		}
+	}
 	if _, _, _, err := st.Refund(p, ref, key, tag, t0+14, window.Item{Content: 7}, 99, &rdec); !errors.Is(err, ErrRefundUnknown) {
 		t.Fatalf("refund of an unknown id: %v", err)
 	}

@@ -288,11 +288,19 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 		pos, rec, other = sp.lookup(key, tag)
 	}
 	if id != 0 && it.Mode != window.Peek {
+		var e idEntry
+		known := false
 		if sp != nil {
-			if e, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok {
-				if f := printOf(it, true).mismatch(e.idPrint); f != "" {
-					return 0, false, fmt.Errorf("%w: request id %d was first used for an item of other %s", ErrIDReused, id, f)
-				}
+			e, known = sp.ids.get(idKey(id, key), now, s.idHorizon)
+		}
+		if known {
+			if f := printOf(it, true).mismatch(e.idPrint); f != "" {
+				return 0, false, fmt.Errorf("%w: request id %d was first used for an item of other %s", ErrIDReused, id, f)
+			}
+			// A retry of a send that was taken back (refunded) is a new
+			// attempt at it: decided and recorded afresh below (its record
+			// renews the id), never answered as recorded for free.
+			if !e.refunded {
 				// The counts as of now: a peek of cost 1, since a record-only
 				// send may cost more than a limit, which a peek refuses.
 				peek := it
@@ -306,8 +314,7 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 				}
 				return 0, true, nil
 			}
-		}
-		if d, ok := s.idElsewhere(pt, r.id, idKey(id, key), now); ok {
+		} else if d, ok := s.idElsewhere(pt, r.id, idKey(id, key), now); ok {
 			return 0, false, fmt.Errorf("%w: request id %d was first used in domain %q", ErrIDReused, id, d)
 		}
 	}
@@ -386,7 +393,8 @@ func (s *Store) Insert(p int, r Ref, key uint64, tag uint16, at int64, it window
 // with the partition's next sequence number, which it returns: a backup
 // records the sends its owner admitted this way. A send whose nonzero id is
 // remembered for this recipient is a send recorded already: Record skips it
-// and returns dup.
+// and returns dup, unless that send was refunded (the owner admitted a new
+// attempt at it).
 func (s *Store) Record(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, id uint64, now int64) (seq uint64, dup bool, err error) {
 	key = storedKey(key)
 	pt := &s.parts[p]
@@ -394,7 +402,7 @@ func (s *Store) Record(p int, r Ref, key uint64, tag uint16, at int64, it window
 	defer pt.mu.Unlock()
 	sp := pt.space(r.id, true)
 	if id != 0 {
-		if _, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok {
+		if e, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok && !e.refunded {
 			return 0, true, nil
 		}
 		if now-at < s.idHorizon {

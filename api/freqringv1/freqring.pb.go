@@ -38,7 +38,9 @@ const (
 	// recipient, in its domain, because it was not delivered: it no longer
 	// counts. The item needs the request id, and the send's content (or
 	// none); its cost is the send's. One refund per send: a repeated refund
-	// changes nothing and is listed in duplicates. A refund is possible while
+	// changes nothing and is listed in duplicates. A check under the id after
+	// its refund is a new attempt, decided and recorded afresh (not answered
+	// as a retry). A refund is possible while
 	// the node remembers the id (the idempotency window, 1 minute by default;
 	// at least half of it under a load past the id capacity); after that, or
 	// for an id that recorded nothing (a denied check), the item fails with
