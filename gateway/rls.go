@@ -67,8 +67,8 @@ type RLSConfig struct {
 type RLS struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	cfg RLSConfig
-	// ids gives the items of a call that records several a request id of
-	// their own, so that a denied call can take its sends back:
+	// ids gives the recording items of a call of several items a request
+	// id of their own, so that a denied call can take its sends back:
 	// idBase + ids.Add(1) never repeats within a process, and idBase is
 	// random, so two processes' ids do not meet.
 	ids    atomic.Uint64
@@ -295,8 +295,9 @@ func entryKeys(es []*commonEntry) string {
 }
 
 // ShouldRateLimit answers one Envoy call. Its errors are INVALID_ARGUMENT
-// for a call it cannot translate (and ALREADY_EXISTS for a request id
-// reused with another item), UNAVAILABLE for every failure of the node, so
+// for a call it cannot translate, ALREADY_EXISTS for a request id whose
+// send is still counted (an OK would be forwarded uncounted) or reused with
+// another item, UNAVAILABLE for every failure of the node, so
 // that the filter's failure_mode_deny decides; overall_code is never
 // UNKNOWN.
 func (s *RLS) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
