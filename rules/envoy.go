@@ -219,28 +219,24 @@ func (rs *Set) envoyDescriptor(s envoyDescriptorSpec) (EnvoyDescriptor, string, 
 
 // appendEnvoy appends the canonical encoding of the envoy section to b.
 func appendEnvoy(b []byte, ds []EnvoyDomain) []byte {
-	str := func(s string) {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
-	}
 	b = append(b, "envoy"...)
 	b = binary.AppendUvarint(b, uint64(len(ds)))
 	for _, d := range ds {
-		str(d.Name)
+		b = appendString(b, d.Name)
 		b = binary.AppendUvarint(b, uint64(len(d.Descriptors)))
 		for _, e := range d.Descriptors {
 			b = binary.AppendUvarint(b, uint64(len(e.Match)))
 			for _, m := range e.Match {
-				str(m.Key)
-				str(m.Value)
+				b = appendString(b, m.Key)
+				b = appendString(b, m.Value)
 			}
-			str(e.Domain)
+			b = appendString(b, e.Domain)
 			b = binary.AppendUvarint(b, uint64(len(e.Key)))
 			for _, k := range e.Key {
-				str(k)
+				b = appendString(b, k)
 			}
-			str(e.Content)
-			str(e.RequestID)
+			b = appendString(b, e.Content)
+			b = appendString(b, e.RequestID)
 		}
 	}
 	return b

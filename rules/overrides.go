@@ -251,25 +251,21 @@ func (b *Binding) Lookup(key string) int {
 // appendOverride appends a canonical encoding of what o decides: name,
 // domain, sorted recipients and prefixes, sorted limits, exempt.
 func appendOverride(b []byte, o Override) []byte {
-	str := func(s string) {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
-	}
 	list := func(l []string) {
 		l = slices.Sorted(slices.Values(l))
 		b = binary.AppendUvarint(b, uint64(len(l)))
 		for _, s := range l {
-			str(s)
+			b = appendString(b, s)
 		}
 	}
-	str(o.Name)
-	str(o.Domain)
+	b = appendString(b, o.Name)
+	b = appendString(b, o.Domain)
 	list(o.Recipients)
 	list(o.Prefixes)
 	names := slices.Sorted(mapKeys(o.Limits))
 	b = binary.AppendUvarint(b, uint64(len(names)))
 	for _, n := range names {
-		str(n)
+		b = appendString(b, n)
 		b = binary.AppendUvarint(b, uint64(o.Limits[n]))
 	}
 	if o.Exempt {

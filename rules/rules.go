@@ -304,6 +304,13 @@ func fieldLine(m *yaml.Node, field string) int {
 	return line(m)
 }
 
+// appendString appends s to b, length-prefixed (uvarint): the string
+// encoding of digest.
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
 // digest computes Hash: SHA-256 over a canonical encoding (domains sorted by
 // name; per rule its name, scope (|0x80 for a shadow rule, so that a set
 // without shadows hashes as before shadows existed), limit and window in ms,
@@ -311,19 +318,15 @@ func fieldLine(m *yaml.Node, field string) int {
 func (rs *Set) digest() uint64 {
 	h := sha256.New()
 	var b []byte
-	str := func(s string) {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
-	}
 	b = append(b, "freqring rules v1"...)
 	b = binary.AppendUvarint(b, uint64(len(rs.names)))
 	for _, name := range rs.names {
 		d := rs.domains[name]
-		str(name)
+		b = appendString(b, name)
 		b = binary.AppendUvarint(b, uint64(d.NumRules()))
 		for i := range d.NumRules() {
 			r := d.Rule(i)
-			str(r.Name)
+			b = appendString(b, r.Name)
 			sc := byte(r.Scope)
 			if r.Shadow {
 				sc |= 0x80
