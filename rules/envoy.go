@@ -49,31 +49,22 @@ type EnvoyDescriptor struct {
 	RequestID string       // entry whose value is hashed into the request id; "" for none
 }
 
-// Envoy returns the Envoy domain of that name. Without an envoy section in
-// the file it returns ConventionalEnvoy(name) for a freqring domain of that
-// name; ok is false when name is not served.
+// Envoy returns the Envoy domain of that name: one of the file's envoy
+// section, or without one ConventionalEnvoy(name) for a freqring domain of
+// that name; ok is false when name is not served.
 func (rs *Set) Envoy(name string) (EnvoyDomain, bool) {
-	if rs.envoy == nil {
-		if rs.domains[name] == nil {
-			return EnvoyDomain{}, false
-		}
-		return ConventionalEnvoy(name), true
-	}
-	i, ok := slices.BinarySearchFunc(rs.envoy, name, func(d EnvoyDomain, n string) int { return strings.Compare(d.Name, n) })
+	i, ok := slices.BinarySearchFunc(rs.envoyServed, name, func(d EnvoyDomain, n string) int { return strings.Compare(d.Name, n) })
 	if !ok {
 		return EnvoyDomain{}, false
 	}
-	return rs.envoy[i], true
+	return rs.envoyServed[i], true
 }
 
 // EnvoyNames returns the Envoy domains served, sorted: those of the envoy
 // section, or without one every freqring domain.
 func (rs *Set) EnvoyNames() []string {
-	if rs.envoy == nil {
-		return rs.Names()
-	}
-	names := make([]string, len(rs.envoy))
-	for i, d := range rs.envoy {
+	names := make([]string, len(rs.envoyServed))
+	for i, d := range rs.envoyServed {
 		names[i] = d.Name
 	}
 	return names
@@ -120,10 +111,15 @@ func (l *stringList) UnmarshalYAML(n *yaml.Node) error {
 }
 
 // parseEnvoy validates the file's envoy section into rs.envoy, sorted by
-// Envoy domain name. An absent section leaves rs.envoy nil (the
-// convention); a present one must list at least one domain.
+// Envoy domain name, and sets rs.envoyServed: the section, or when it is
+// absent (rs.envoy nil) the convention for each freqring domain, built once
+// here rather than on each call. A present section must list at least one
+// domain.
 func (rs *Set) parseEnvoy(specs []envoyDomainSpec, section *yaml.Node, fail func(int, string, ...any) error) error {
 	if section == nil {
+		for _, name := range rs.names { // sorted
+			rs.envoyServed = append(rs.envoyServed, ConventionalEnvoy(name))
+		}
 		return nil
 	}
 	nodes := seqItems(section)
@@ -161,6 +157,7 @@ func (rs *Set) parseEnvoy(specs []envoyDomainSpec, section *yaml.Node, fail func
 		rs.envoy = append(rs.envoy, ed)
 	}
 	slices.SortFunc(rs.envoy, func(a, b EnvoyDomain) int { return strings.Compare(a.Name, b.Name) })
+	rs.envoyServed = rs.envoy
 	return nil
 }
 

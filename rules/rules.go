@@ -40,6 +40,9 @@ type Set struct {
 	// envoy is the file's envoy section, sorted by name; nil without one
 	// (ConventionalEnvoy applies).
 	envoy []EnvoyDomain
+	// envoyServed are the Envoy domains served, sorted by name: envoy, or
+	// ConventionalEnvoy of each domain.
+	envoyServed []EnvoyDomain
 }
 
 // Source names where the rules came from.
