@@ -26,12 +26,11 @@ import (
 	"github.com/freqring/freqring/rules"
 )
 
-// Limits of one ShouldRateLimit call.
+// Limits of one ShouldRateLimit call. The node checks each item's content
+// size (its --max-content-bytes) itself.
 const (
-	MaxRLSDescriptors = 64   // descriptors in one call
-	maxRecipientBytes = 256  // as the node's
-	maxCost           = 1000 // as the node's
-	maxContentBytes   = 64 << 10
+	MaxRLSDescriptors = 64  // descriptors in one call
+	maxRecipientBytes = 256 // as the node's; checked here to name the entries of a composed key
 )
 
 // RLSConfig configures an RLS.
@@ -137,13 +136,8 @@ func translate(rs *rules.Set, r *rlsv3.RateLimitRequest) (*rlsCall, error) {
 			return nil, err
 		}
 		var content []byte
-		if m.Content != "" {
-			if v, ok := vals[m.Content]; ok {
-				if len(v.value) > maxContentBytes {
-					return nil, bad("descriptors[%d].entries[%d] (%s): value is %d bytes, more than %d", i, v.at, m.Content, len(v.value), maxContentBytes)
-				}
-				content = []byte(v.value)
-			}
+		if v, ok := vals[m.Content]; ok && m.Content != "" {
+			content = []byte(v.value)
 		}
 		var id uint64
 		if v, ok := vals[m.RequestID]; ok && m.RequestID != "" {
@@ -163,12 +157,12 @@ func translate(rs *rules.Set, r *rlsv3.RateLimitRequest) (*rlsCall, error) {
 				cost, mode = 1, pb.Mode_MODE_PEEK
 			}
 		}
-		if cost > maxCost {
+		if cost > MaxCost {
 			field := "hits_addend"
 			if d.GetHitsAddend() != nil {
 				field = fmt.Sprintf("descriptors[%d].hits_addend", i)
 			}
-			return nil, bad("%s: %d is more than %d", field, cost, maxCost)
+			return nil, bad("%s: %d is more than %d", field, cost, MaxCost)
 		}
 		if d.GetIsNegativeHits() {
 			if mode == pb.Mode_MODE_PEEK {
@@ -367,7 +361,7 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*
 		}
 	}
 	if failed != nil || out.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
-		s.rollBack(ctx, c.req, resp)
+		s.rollBack(ctx, c.req, decisions)
 	}
 	if failed != nil {
 		return nil, failed
@@ -403,18 +397,15 @@ func (s *RLS) giveIDs(req *pb.CheckRequest) {
 	}
 }
 
-// rollBack refunds the sends resp recorded for req: the call is answered
-// OVER_LIMIT or fails, so Envoy does not forward the request. A failure is
-// logged: the sends stay counted, which can only deny more, never admit
-// more.
-func (s *RLS) rollBack(ctx context.Context, req *pb.CheckRequest, resp *pb.CheckResponse) {
+// rollBack refunds the sends that req recorded, by their decisions (nil
+// for a failed item): the call is answered OVER_LIMIT or fails, so Envoy
+// does not forward the request. A duplicate was recorded by an earlier
+// call, not this one, and stays. A failure is logged: the sends stay
+// counted, which can only deny more, never admit more.
+func (s *RLS) rollBack(ctx context.Context, req *pb.CheckRequest, decisions []*Decision) {
 	var undo pb.CheckRequest
-	dup := make(map[int]bool, len(resp.Duplicates))
-	for _, k := range resp.Duplicates {
-		dup[int(k)] = true // recorded by an earlier call, not this one
-	}
-	for k := range req.Recipients {
-		if req.Modes[k] != pb.Mode_MODE_CHECK_AND_RECORD || k >= len(resp.Recorded) || !resp.Recorded[k] || dup[k] || len(req.RequestIds) <= k || req.RequestIds[k] == 0 {
+	for k, d := range decisions {
+		if d == nil || !d.Recorded || d.Duplicate || req.Modes[k] != pb.Mode_MODE_CHECK_AND_RECORD || len(req.RequestIds) <= k || req.RequestIds[k] == 0 {
 			continue
 		}
 		undo.Recipients = append(undo.Recipients, req.Recipients[k])

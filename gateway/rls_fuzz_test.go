@@ -102,7 +102,7 @@ func FuzzTranslateRLS(f *testing.F) {
 			if rs.Domain(req.Domains[k]) == nil {
 				t.Fatalf("item %d domain %q", k, req.Domains[k])
 			}
-			if req.Costs[k] < 1 || req.Costs[k] > maxCost {
+			if req.Costs[k] < 1 || req.Costs[k] > MaxCost {
 				t.Fatalf("item %d cost %d", k, req.Costs[k])
 			}
 			if req.Modes[k] == pb.Mode_MODE_REFUND && (req.RequestIds == nil || req.RequestIds[k] == 0) {
