@@ -177,21 +177,9 @@ func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
 			gc.Join = append(gc.Join, o.GossipAddr)
 		}
 	}
+	// The gRPC listener first: while it is open, the free port chosen for
+	// gossip below cannot be its port.
 	var lis net.Listener
-	switch {
-	case m.GossipAddr != "": // a restart keeps its ports
-		_, port, _ := net.SplitHostPort(m.GossipAddr)
-		fmt.Sscan(port, &gc.BindPort)
-	case c.cfg.BasePort != 0:
-		gc.BindPort = c.cfg.BasePort + 100 + i
-	default:
-		p, err := freePort()
-		if err != nil {
-			return err
-		}
-		gc.BindPort = p
-	}
-	m.GossipAddr = fmt.Sprintf("127.0.0.1:%d", gc.BindPort)
 	if !c.cfg.InMemory {
 		addr := m.Addr
 		if addr == "" {
@@ -208,6 +196,23 @@ func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
 	} else {
 		m.Addr = m.Name + ".in-memory:1" // host:port, as gossip metadata wants
 	}
+	switch {
+	case m.GossipAddr != "": // a restart keeps its ports
+		_, port, _ := net.SplitHostPort(m.GossipAddr)
+		fmt.Sscan(port, &gc.BindPort)
+	case c.cfg.BasePort != 0:
+		gc.BindPort = c.cfg.BasePort + 100 + i
+	default:
+		p, err := freePort()
+		if err != nil {
+			if lis != nil {
+				lis.Close()
+			}
+			return err
+		}
+		gc.BindPort = p
+	}
+	m.GossipAddr = fmt.Sprintf("127.0.0.1:%d", gc.BindPort)
 	ncfg := node.Config{Rules: c.cfg.Rules, Clock: c.cfg.Clock, Name: m.Name, AdvertiseAddr: m.Addr,
 		Cluster: &gc, Logger: c.cfg.Logger}
 	if c.cfg.DataDir != "" {
@@ -504,12 +509,16 @@ func waitServing(ctx context.Context, addr string, served <-chan error, opts ...
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
-	if err != nil {
-		return err
-	}
 	got := make(chan error, 1)
 	go func() {
+		// Opening the watch waits for a connection (WaitForReady), so it
+		// runs here, beside served: a Serve that fails and closes its
+		// listener is reported at once, not as a dial error at ctx's end.
+		w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+		if err != nil {
+			got <- err
+			return
+		}
 		for {
 			r, err := w.Recv()
 			if err != nil {
