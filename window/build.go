@@ -19,7 +19,7 @@ func (d *Domain) Build(s *Scratch, tag uint16, sends []Send) ([]byte, error) {
 	st := &s.st
 	st.reset(tag)
 	// newest is the newest send that changes a record: every send when d
-	// has recipient rules, else those with content.
+	// has recipient rules (of any algorithm), else those with content.
 	last := -1
 	for i, snd := range sends {
 		switch {
@@ -28,7 +28,7 @@ func (d *Domain) Build(s *Scratch, tag uint16, sends []Send) ([]byte, error) {
 		case i > 0 && snd.At < sends[i-1].At:
 			return nil, fmt.Errorf("%w: sends[%d]: time %d ms before the previous send's %d", ErrInvalid, i, snd.At, sends[i-1].At)
 		}
-		if d.recipCap > 0 || (snd.Content != 0 && d.contentCap > 0) {
+		if d.recipCap > 0 || len(d.counters) > 0 || (snd.Content != 0 && d.contentCap > 0) {
 			last = i
 		}
 	}
@@ -79,6 +79,9 @@ func (d *Domain) Build(s *Scratch, tag uint16, sends []Send) ([]byte, error) {
 			st.ctimes[c.off+c.n] = snd.At
 			c.n++
 		}
+	}
+	for _, snd := range sends {
+		s.addCounters(d, snd.At, 1) // in time order: exact for every algorithm
 	}
 	return d.finish(s, st)
 }

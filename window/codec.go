@@ -10,6 +10,10 @@ import (
 // ErrCorruptRecord reports record bytes that the codec did not write.
 var ErrCorruptRecord = errors.New("window: corrupt record")
 
+// ErrNeedsFormat3 reports a record with counter states converted to a
+// format older than 3. It wraps ErrInvalid.
+var ErrNeedsFormat3 = fmt.Errorf("%w: counter states need record format 3", ErrInvalid)
+
 const (
 	timeBits     = 44 // unix ms up to year 2527
 	maxTime      = 1<<timeBits - 1
@@ -39,6 +43,10 @@ type state struct {
 	ctimes []int64      // entries of every content log, each log contiguous and ascending
 	in     []byte       // the record being decoded, padded for bitReader
 	match  []int32      // encodeContent's recipient position per content entry, -1 for none
+
+	counters []counterState // format 3: counter states, sorted by id once pruned
+	cvals    []int64        // values of every counter state
+	cnew     []int64        // pruneCounters' new cvals
 }
 
 func (s *state) reset(tag uint16) {
@@ -46,6 +54,8 @@ func (s *state) reset(tag uint16) {
 	s.recip = s.recip[:0]
 	s.clogs = s.clogs[:0]
 	s.ctimes = s.ctimes[:0]
+	s.counters = s.counters[:0]
+	s.cvals = s.cvals[:0]
 }
 
 // contentFP folds a 64-bit content hash into the 32-bit fingerprint a
@@ -187,7 +197,7 @@ func RecordNewest(rec []byte) (int64, error) {
 // after the record are ignored (a record may sit in a larger slot).
 func (s *state) decode(rec []byte) error { return s.decodeFormat(rec, RecordFormat) }
 
-// decodeFormat parses rec, in format 1 or 2, into s.
+// decodeFormat parses rec, in format 1, 2 or 3, into s.
 func (s *state) decodeFormat(rec []byte, format int) error {
 	if len(rec) > MaxRecordBytes {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrCorruptRecord, len(rec), MaxRecordBytes)
@@ -199,6 +209,8 @@ func (s *state) decodeFormat(rec []byte, format int) error {
 	s.recip = s.recip[:0]
 	s.clogs = s.clogs[:0]
 	s.ctimes = s.ctimes[:0]
+	s.counters = s.counters[:0]
+	s.cvals = s.cvals[:0]
 
 	n := r.count()
 	if n > 0 {
@@ -245,7 +257,86 @@ func (s *state) decodeFormat(rec []byte, format int) error {
 	if r.overrun(0) {
 		return fmt.Errorf("%w: %d bytes end inside the record", ErrCorruptRecord, len(rec))
 	}
+	if format >= 3 {
+		if err := s.decodeCounters(&r, len(rec)); err != nil {
+			return err
+		}
+		if r.overrun(0) {
+			return fmt.Errorf("%w: %d bytes end inside the counter states", ErrCorruptRecord, len(rec))
+		}
+	}
 	return nil
+}
+
+// Format 3 adds counter states after the content logs:
+//
+//	k        count    counter states (at most MaxRules)
+//	then k times, by ascending id:
+//	  id     32 bits  the rule's counterID
+//	  alg     3 bits  its Algorithm (not SlidingLog)
+//	  m      count    values (2 to MaxBuckets+2)
+//	  width   6 bits  bits per value (at most counterBits)
+//	  m values: the age of vals[0] from newest, then vals[1:] (see counterState)
+const counterBits = 56
+
+func (s *state) decodeCounters(r *bitReader, size int) error {
+	k := r.count()
+	if k > MaxRules {
+		return fmt.Errorf("%w: %d counter states, more than %d", ErrCorruptRecord, k, MaxRules)
+	}
+	for j := range k {
+		// The header's fields fit in the reader's padding; the check of m*w
+		// values below covers them.
+		id := uint32(r.read(32))
+		alg := Algorithm(r.read(3))
+		m := r.count()
+		w := uint(r.read(widthBits))
+		switch {
+		case alg == SlidingLog || alg > FixedWindow:
+			return fmt.Errorf("%w: counter state %d: algorithm %d", ErrCorruptRecord, j, alg)
+		case m < 2 || m > MaxBuckets+2 || (m != 2 && alg != SlidingCounter):
+			return fmt.Errorf("%w: counter state %d: %d values for %v", ErrCorruptRecord, j, m, alg)
+		case w > counterBits:
+			return fmt.Errorf("%w: counter state %d: width %d", ErrCorruptRecord, j, w)
+		case j > 0 && id <= s.counters[j-1].id:
+			return fmt.Errorf("%w: counter state %d: id %08x out of order", ErrCorruptRecord, j, id)
+		case r.overrun(uint(m) * w):
+			return fmt.Errorf("%w: counter state %d overruns %d bytes", ErrCorruptRecord, j, size)
+		}
+		off := len(s.cvals)
+		age := int64(r.read(w))
+		if age > s.newest {
+			return fmt.Errorf("%w: counter state %d: time before 1970", ErrCorruptRecord, j)
+		}
+		s.cvals = append(s.cvals, s.newest-age)
+		for range m - 1 {
+			s.cvals = append(s.cvals, int64(r.read(w)))
+		}
+		s.counters = append(s.counters, counterState{id: id, alg: alg, off: int32(off), n: int32(m)})
+	}
+	return nil
+}
+
+// encodeCounters writes s's counter states in format 3. The caller has
+// normalized them to s.newest and sorted them by id.
+func (s *state) encodeCounters(w *bitWriter) {
+	w.count(len(s.counters))
+	for _, c := range s.counters {
+		v := s.cvals[c.off : c.off+c.n]
+		or := s.newest - v[0]
+		for _, x := range v[1:] {
+			or |= x
+		}
+		wd := widthOf(or)
+		w.write(uint64(c.id), 32)
+		w.write(uint64(c.alg), 3)
+		w.count(int(c.n))
+		w.write(uint64(wd), widthBits)
+		w.write(uint64(s.newest-v[0]), wd)
+		for _, x := range v[1:] {
+			w.write(uint64(x), wd)
+		}
+	}
 }
 
 // encode appends the record form of s, in the current RecordFormat, to dst.
@@ -253,14 +344,16 @@ func (s *state) decodeFormat(rec []byte, format int) error {
 // within 2^44-1 ms of s.newest.
 func (s *state) encode(dst []byte) []byte { return s.encodeFormat(dst, RecordFormat) }
 
-// encodeFormat appends the record form of s in format 1 or 2 to dst.
+// encodeFormat appends the record form of s in format 1, 2 or 3 to dst;
+// formats 1 and 2 leave out the counter states.
 func (s *state) encodeFormat(dst []byte, format int) []byte {
 	entries := len(s.recip)
 	for _, c := range s.clogs {
 		entries += int(c.n)
 	}
 	maxBits := tagBits + timeBits + 2*(countBits+countExtBits) + 1 + timeBits + 2*widthBits +
-		len(s.clogs)*(fpBits+countBits+countExtBits) + entries*(maxValueBits+1)
+		len(s.clogs)*(fpBits+countBits+countExtBits) + entries*(maxValueBits+1) +
+		countBits + countExtBits + len(s.counters)*(32+3+countBits+countExtBits+widthBits) + len(s.cvals)*counterBits
 	start := len(dst)
 	need := start + maxBits/8 + 1 + pad
 	if cap(dst) < need {
@@ -299,6 +392,9 @@ func (s *state) encodeFormat(dst []byte, format int) []byte {
 			s.encodeContent(&w)
 		}
 	}
+	if format >= 3 {
+		s.encodeCounters(&w)
+	}
 	return dst[:start+w.bytes()]
 }
 
@@ -317,17 +413,21 @@ func grow(s []int64, n int) []int64 {
 // Format 2 differs from format 1 in the content logs only: an entry that is
 // also in the recipient log (almost every entry: a recorded send with
 // content goes into both) is written as its position there, a few bits
-// instead of a timestamp.
-const RecordFormat = 2
+// instead of a timestamp. Format 3 adds the states of the counting
+// algorithms after the content logs (see decodeCounters); a record of
+// format 2 is a format-3 record without them.
+const RecordFormat = 3
 
 // ConvertRecord returns rec, written in format from, rewritten in format to
-// (each 1 or 2); equal formats return rec itself. The returned bytes live in
-// s, valid until the next call with s. An error wraps ErrCorruptRecord, or
-// ErrInvalid for an unknown format.
+// (each 1 to RecordFormat); equal formats return rec itself. The returned
+// bytes live in s, valid until the next call with s. An error wraps
+// ErrCorruptRecord, or ErrInvalid for an unknown format or a record whose
+// counter states format to cannot carry (ErrNeedsFormat3): only a release
+// that reads format 3 can hold rules of the counting algorithms.
 func ConvertRecord(s *Scratch, rec []byte, from, to int) ([]byte, error) {
 	for _, f := range []int{from, to} {
-		if f != 1 && f != 2 {
-			return nil, fmt.Errorf("%w: record format %d, not 1 or 2", ErrInvalid, f)
+		if f < 1 || f > RecordFormat {
+			return nil, fmt.Errorf("%w: record format %d, not 1 to %d", ErrInvalid, f, RecordFormat)
 		}
 	}
 	if from == to {
@@ -335,6 +435,9 @@ func ConvertRecord(s *Scratch, rec []byte, from, to int) ([]byte, error) {
 	}
 	if err := s.st.decodeFormat(rec, from); err != nil {
 		return nil, err
+	}
+	if to < 3 && len(s.st.counters) > 0 {
+		return nil, fmt.Errorf("%w: the record holds %d counter states (rule ids %08x...), which format %d cannot carry", ErrNeedsFormat3, len(s.st.counters), s.st.counters[0].id, to)
 	}
 	s.out = s.st.encodeFormat(s.out[:0], to)
 	return s.out, nil

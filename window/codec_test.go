@@ -38,7 +38,33 @@ func randomState(rng *rand.Rand) *state {
 		slices.Sort(s.ctimes[off:])
 		s.clogs = append(s.clogs, contentLog{fp: rng.Uint32() + uint32(j), off: int32(off), n: int32(m)})
 	}
+	if rng.IntN(3) == 0 {
+		addRandomCounters(rng, s)
+	}
 	return s
+}
+
+// addRandomCounters gives s up to MaxRules counter states of random
+// algorithms and values, sorted by id as pruning leaves them.
+func addRandomCounters(rng *rand.Rand, s *state) {
+	id := rng.Uint32() >> 8
+	for range 1 + rng.IntN(MaxRules) {
+		alg := Algorithm(1 + rng.IntN(int(FixedWindow)))
+		m := 2
+		if alg == SlidingCounter {
+			m = 2 + rng.IntN(60)
+			if rng.IntN(20) == 0 {
+				m = MaxBuckets + 2
+			}
+		}
+		off := len(s.cvals)
+		s.cvals = append(s.cvals, s.newest-rng.Int64N(min(s.newest+1, 1<<uint(rng.IntN(45)))))
+		for range m - 1 {
+			s.cvals = append(s.cvals, rng.Int64N(1<<uint(rng.IntN(56))))
+		}
+		s.counters = append(s.counters, counterState{id: id, alg: alg, off: int32(off), n: int32(m)})
+		id += 1 + rng.Uint32()>>12
+	}
 }
 
 func statesEqual(a, b *state) bool {
@@ -51,7 +77,23 @@ func statesEqual(a, b *state) bool {
 			return false
 		}
 	}
+	if len(a.counters) != len(b.counters) {
+		return false
+	}
+	for j := range a.counters {
+		ca, cb := a.counters[j], b.counters[j]
+		if ca.id != cb.id || ca.alg != cb.alg || !slices.Equal(a.cvals[ca.off:ca.off+ca.n], b.cvals[cb.off:cb.off+cb.n]) {
+			return false
+		}
+	}
 	return true
+}
+
+// withoutCounters returns a copy of s without its counter states.
+func withoutCounters(s *state) *state {
+	c := *s
+	c.counters, c.cvals = nil, nil
+	return &c
 }
 
 func TestCodecRoundTrip(t *testing.T) {
@@ -81,8 +123,16 @@ func TestCodecFormats(t *testing.T) {
 		s := randomState(rng)
 		v1 := s.encodeFormat(nil, 1)
 		v2 := s.encodeFormat(nil, 2)
-		if err := got.decodeFormat(v1, 1); err != nil || !statesEqual(s, &got) {
+		v3 := s.encodeFormat(nil, 3)
+		plain := withoutCounters(s)
+		if err := got.decodeFormat(v1, 1); err != nil || !statesEqual(plain, &got) {
 			t.Fatalf("case %d: format 1 round trip: %v", i, err)
+		}
+		if err := got.decodeFormat(v2, 2); err != nil || !statesEqual(plain, &got) {
+			t.Fatalf("case %d: format 2 round trip: %v", i, err)
+		}
+		if err := got.decodeFormat(v3, 3); err != nil || !statesEqual(s, &got) {
+			t.Fatalf("case %d: format 3 round trip: %v", i, err)
 		}
 		c, err := ConvertRecord(&sc, v1, 1, 2)
 		if err != nil || !slices.Equal(c, v2) {
@@ -92,9 +142,31 @@ func TestCodecFormats(t *testing.T) {
 		if err != nil || !slices.Equal(c, v1) {
 			t.Fatalf("case %d: ConvertRecord 2->1 = %x, %v; want %x", i, c, err, v1)
 		}
+		want3 := plain.encodeFormat(nil, 3)
+		for from, v := range map[int][]byte{1: v1, 2: v2} {
+			c, err = ConvertRecord(&sc, v, from, 3)
+			if err != nil || !slices.Equal(c, want3) {
+				t.Fatalf("case %d: ConvertRecord %d->3 = %x, %v; want %x", i, from, c, err, want3)
+			}
+		}
+		for to, want := range map[int][]byte{1: v1, 2: v2} {
+			c, err = ConvertRecord(&sc, v3, 3, to)
+			if len(s.counters) > 0 {
+				// Counter states cannot travel in an older format: refused, not dropped.
+				if !errors.Is(err, ErrNeedsFormat3) || !errors.Is(err, ErrInvalid) {
+					t.Fatalf("case %d: ConvertRecord 3->%d with %d counter states: %v, want ErrNeedsFormat3", i, to, len(s.counters), err)
+				}
+				continue
+			}
+			if err != nil || !slices.Equal(c, want) {
+				t.Fatalf("case %d: ConvertRecord 3->%d = %x, %v; want %x", i, to, c, err, want)
+			}
+		}
 	}
-	if _, err := ConvertRecord(&sc, nil, 3, 2); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("ConvertRecord from format 3: %v, want ErrInvalid", err)
+	for _, f := range [][2]int{{4, 3}, {3, 4}, {0, 3}} {
+		if _, err := ConvertRecord(&sc, nil, f[0], f[1]); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("ConvertRecord %d->%d: %v, want ErrInvalid", f[0], f[1], err)
+		}
 	}
 }
 
@@ -110,7 +182,7 @@ func TestFormat1Golden(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sc Scratch
-	c, err := ConvertRecord(&sc, old, 1, 2)
+	c, err := ConvertRecord(&sc, old, 1, RecordFormat)
 	if err != nil || !slices.Equal(c, rec) {
 		t.Fatalf("format 1 golden converts to %x, %v; want %x", c, err, rec)
 	}
@@ -161,6 +233,30 @@ func FuzzDecodeRecord(f *testing.F) {
 	})
 }
 
+// FuzzDecodeRecordV2 is FuzzDecodeRecord for format 2, which snapshots and
+// peers of the release before counter states still send.
+func FuzzDecodeRecordV2(f *testing.F) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	for range 8 {
+		f.Add(randomState(rng).encodeFormat(nil, 2))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var s, again state
+		if err := s.decodeFormat(b, 2); err != nil {
+			if !errors.Is(err, ErrCorruptRecord) {
+				t.Fatalf("decode error %v does not wrap ErrCorruptRecord", err)
+			}
+			return
+		}
+		if len(s.counters) > 0 {
+			t.Fatalf("format 2 %x decoded with counter states", b)
+		}
+		if err := again.decode(s.encode(nil)); err != nil || !statesEqual(&s, &again) {
+			t.Fatalf("format 2 %x does not survive conversion to format 3: %v", b, err)
+		}
+	})
+}
+
 // FuzzDecodeRecordV1 is FuzzDecodeRecord for format 1, which snapshots and
 // older peers still send.
 func FuzzDecodeRecordV1(f *testing.F) {
@@ -177,7 +273,7 @@ func FuzzDecodeRecordV1(f *testing.F) {
 			return
 		}
 		if err := again.decode(s.encode(nil)); err != nil || !statesEqual(&s, &again) {
-			t.Fatalf("format 1 %x does not survive conversion to format 2: %v", b, err)
+			t.Fatalf("format 1 %x does not survive conversion to format 3: %v", b, err)
 		}
 	})
 }

@@ -97,6 +97,7 @@ type Scratch struct {
 	other  state // the second record of Merge
 	merged state // Merge's result
 	out    []byte
+	cbuf   []int64 // a counter state being rewritten
 }
 
 // Apply decides it against rec, the current record of one recipient in
@@ -140,6 +141,26 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	var shadowRetry int64 // RetryAfter of rule ShadowDeniedBy
 	for i, r := range d.rules {
 		dec.Rules[i] = RuleResult{}
+		if r.Algorithm != SlidingLog {
+			c := &d.counters[d.cidx[i]]
+			res := &dec.Rules[i]
+			if c.decide(st.counterVals(c), t, int64(cost), res) || it.Mode == RecordOnly {
+				res.RetryAfter = 0
+				continue
+			}
+			retry := res.RetryAfter
+			switch {
+			case retry < 0 && !r.Shadow:
+				return nil, fmt.Errorf("%w: cost %d exceeds %s %d of rule %q", ErrInvalid, cost, c.most(), c.mostValue(), r.Name)
+			case r.Shadow:
+				if dec.ShadowDeniedBy < 0 || shadowRetry >= 0 && (retry < 0 || retry > shadowRetry) {
+					shadowRetry, dec.ShadowDeniedBy = retry, i
+				}
+			case retry > dec.RetryAfter:
+				dec.RetryAfter, dec.DeniedBy = retry, i
+			}
+			continue
+		}
 		log := st.recip
 		scopeCap := d.recipCap
 		if r.Scope == ScopeContent {
@@ -180,7 +201,7 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 
 	// Record: cost entries at t in every log the item belongs to.
 	recordRecip := d.recipCap > 0
-	if !recordRecip && !hasContent {
+	if !recordRecip && !hasContent && len(d.counters) == 0 {
 		d.fillRemaining(dec)
 		return nil, nil
 	}
@@ -195,6 +216,11 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	if hasContent {
 		st.addContent(ci, fp, t, cost)
 	}
+	s.addCounters(d, t, int64(cost))
+	for i := range d.counters {
+		c := &d.counters[i]
+		c.report(st.counterVals(c), t, &dec.Rules[c.rule])
+	}
 	st.newest = t
 	out, err := d.finish(s, st)
 	if err != nil {
@@ -202,7 +228,7 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	}
 	dec.Recorded = true
 	for i, r := range d.rules {
-		if r.Scope == ScopeContent && !hasContent {
+		if r.Scope == ScopeContent && !hasContent || r.Algorithm != SlidingLog {
 			continue
 		}
 		scopeCap := d.recipCap
@@ -237,9 +263,22 @@ func (s *Scratch) load(rec []byte, tag uint16, t int64, it Item) (int, error) {
 	return cost, s.st.decode(rec)
 }
 
+// fillRemaining sets the Remaining of each sliding-log rule from its Used
+// (a counting rule reports its own).
 func (d *Domain) fillRemaining(dec *Decision) {
 	for i, r := range d.rules {
-		dec.Rules[i].Remaining = max(0, r.Limit-dec.Rules[i].Used)
+		if r.Algorithm == SlidingLog {
+			dec.Rules[i].Remaining = max(0, r.Limit-dec.Rules[i].Used)
+		}
+	}
+}
+
+// addCounters adds cost sends at at to the state of every counting rule of d.
+func (s *Scratch) addCounters(d *Domain, at, cost int64) {
+	for i := range d.counters {
+		c := &d.counters[i]
+		s.cbuf = c.add(s.cbuf[:0], s.st.counterVals(c), at, cost)
+		s.st.setCounter(c, s.cbuf)
 	}
 }
 
@@ -258,12 +297,13 @@ func (d *Domain) Insert(s *Scratch, rec []byte, tag uint16, at int64, it Item) (
 	}
 	st := &s.st
 	hasContent := it.Content != 0 && d.contentCap > 0
-	if d.recipCap == 0 && !hasContent {
+	if d.recipCap == 0 && !hasContent && len(d.counters) == 0 {
 		return nil, nil
 	}
 	if d.recipCap > 0 {
 		st.recip = insertSorted(st.recip, at, cost)
 	}
+	s.addCounters(d, at, int64(cost))
 	if hasContent {
 		fp := contentFP(it.Content)
 		ci := -1
@@ -299,7 +339,7 @@ func (d *Domain) Insert(s *Scratch, rec []byte, tag uint16, at int64, it Item) (
 // record over MaxRecordBytes fails with ErrFull.
 func (d *Domain) finish(s *Scratch, st *state) ([]byte, error) {
 	d.prune(st, st.newest)
-	if len(st.recip) == 0 && len(st.clogs) == 0 {
+	if len(st.recip) == 0 && len(st.clogs) == 0 && len(st.counters) == 0 {
 		return nil, nil
 	}
 	out := st.encode(s.out[:0])
@@ -375,6 +415,40 @@ func (d *Domain) prune(s *state, t int64) {
 		}
 	}
 	s.clogs = kept
+	d.pruneCounters(s, t)
+}
+
+// pruneCounters normalizes every counter state of s to t (see
+// counterRule.normalize), drops those that count nothing and those of no
+// rule of d (a rule a reload removed, or changed the window or algorithm
+// of), and sorts the rest by id.
+func (d *Domain) pruneCounters(s *state, t int64) {
+	if len(s.counters) == 0 {
+		return
+	}
+	vals := s.cnew[:0]
+	kept := s.counters[:0]
+	for _, cs := range s.counters {
+		for i := range d.counters {
+			c := &d.counters[i]
+			if c.id != cs.id || c.alg != cs.alg {
+				continue
+			}
+			off := len(vals)
+			vals = c.normalize(vals, s.cvals[cs.off:cs.off+cs.n], t)
+			if len(vals) > off {
+				kept = append(kept, counterState{id: cs.id, alg: cs.alg, off: int32(off), n: int32(len(vals) - off)})
+			}
+			break
+		}
+	}
+	for i := 1; i < len(kept); i++ {
+		for j := i; j > 0 && kept[j].id < kept[j-1].id; j-- {
+			kept[j], kept[j-1] = kept[j-1], kept[j]
+		}
+	}
+	s.counters = kept
+	s.cnew, s.cvals = s.cvals, vals
 }
 
 // countAfter returns the number of entries of the ascending log that are
@@ -424,6 +498,13 @@ func (d *Domain) Merge(s *Scratch, a, b []byte) ([]byte, error) {
 	x, y, m := &s.st, &s.other, &s.merged
 	m.reset(tag)
 	m.newest = max(x.newest, y.newest)
+	for i := range d.counters {
+		c := &d.counters[i]
+		if a, b := x.counterVals(c), y.counterVals(c); a != nil || b != nil {
+			s.cbuf = c.merge(s.cbuf[:0], a, b)
+			m.setCounter(c, s.cbuf)
+		}
+	}
 	if d.recipCap > 0 {
 		m.recip = unionLogs(m.recip[:0], x.recip, y.recip)
 	}

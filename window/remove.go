@@ -8,8 +8,9 @@ package window
 //
 // It returns the record to store in place of rec, and how many entries it
 // removed from the log that counts the item (the recipient log, or the
-// content log in a domain without recipient rules); nothing changed when
-// removed is 0. A record left with no entries comes back empty (nil out with
+// content log in a domain without recipient rules; in a domain without
+// either, the cost when a counter state gave some of the send back);
+// nothing changed when removed is 0 and out is nil. A record left with no entries comes back empty (nil out with
 // emptied true): the caller drops it.
 //
 // A log that is full (it holds its scope's largest limit of entries, all
@@ -49,7 +50,22 @@ func (d *Domain) Remove(s *Scratch, rec []byte, tag uint16, at int64, it Item) (
 			break
 		}
 	}
-	if removed == 0 {
+	counted := false // a counter state gave some of the send back
+	for i := range d.counters {
+		c := &d.counters[i]
+		if v := st.counterVals(c); v != nil {
+			var changed bool
+			s.cbuf, changed = c.remove(s.cbuf[:0], v, at, int64(cost))
+			if changed {
+				st.setCounter(c, s.cbuf)
+				counted = true
+			}
+		}
+	}
+	if counted && d.recipCap == 0 && !hasContent {
+		removed = cost
+	}
+	if removed == 0 && !counted {
 		return nil, 0, false, nil
 	}
 	out, err = d.finish(s, st) // st.newest is unchanged: the record keeps it

@@ -3,6 +3,7 @@ package window
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -40,9 +41,17 @@ func ParseScope(s string) (Scope, error) {
 
 // Limits of the rule engine.
 const (
-	// MaxLimit is the largest Rule.Limit. A timestamp log keeps every admitted
-	// send of its window, so larger limits need a bucketed counter instead.
+	// MaxLimit is the largest Limit of a sliding-log rule. A timestamp log
+	// keeps every admitted send of its window, so larger limits need one of
+	// the counting algorithms (MaxCounterLimit).
 	MaxLimit = 1000
+	// MaxCounterLimit is the largest Limit, and Capacity, of a rule of any
+	// other algorithm: their state does not grow with the limit.
+	MaxCounterLimit = 10_000_000
+	// DefaultBuckets is the number of sub-windows of a sliding-counter rule
+	// that does not set Buckets; MaxBuckets the most it may set.
+	DefaultBuckets = 60
+	MaxBuckets     = 1000
 	// MaxWindow is the longest Rule.Window.
 	MaxWindow = 31 * 24 * time.Hour
 	// MaxRules is the largest number of rules in one domain.
@@ -58,7 +67,9 @@ const (
 
 // Rule admits at most Limit sends of its Scope in any sliding window of
 // length Window: a send at t is admitted only if fewer than Limit admitted
-// sends lie in (t-Window, t].
+// sends lie in (t-Window, t]. That is the SlidingLog algorithm, the
+// default; Algorithm picks another reading of Limit and Window (see
+// Algorithm and counter.go).
 //
 // A Shadow rule is evaluated and reported like any other but never denies:
 // an item that only shadow rules would deny is admitted (and recorded per
@@ -67,9 +78,19 @@ const (
 type Rule struct {
 	Name   string
 	Scope  Scope
-	Limit  int           // sends, in [1, MaxLimit]
+	Limit  int           // sends, in [1, MaxLimit] (sliding-log) or [1, MaxCounterLimit]
 	Window time.Duration // whole milliseconds, in [1ms, MaxWindow]
 	Shadow bool          // evaluated and reported, never denies
+
+	Algorithm Algorithm // SlidingLog (the zero value) or a counting algorithm
+	// Capacity is the most sends a bucket (TokenBucket, LeakyBucket, GCRA)
+	// holds: the burst it admits at once when empty. 0 means Limit. Only
+	// bucket rules may set it.
+	Capacity int
+	// Buckets is the number of sub-windows of a SlidingCounter rule; 0 means
+	// DefaultBuckets. Window must be a whole multiple of Buckets ms. Only
+	// sliding-counter rules may set it.
+	Buckets int
 }
 
 // WindowMillis returns the rule's window in milliseconds.
@@ -80,7 +101,7 @@ func (r Rule) WindowMillis() int64 { return int64(r.Window / time.Millisecond) }
 // place in a rules file.
 type FieldError struct {
 	Rule  string // the rule's name
-	Field string // "name", "scope", "limit" or "window"
+	Field string // "name", "scope", "limit", "window", "algorithm", "capacity" or "buckets"
 	Msg   string // what is wrong, with the value and the allowed range
 }
 
@@ -99,16 +120,48 @@ func (r Rule) Validate() error {
 		return bad("name", "is empty")
 	case len(r.Name) > 64:
 		return bad("name", "is %d bytes, more than 64", len(r.Name))
+	case r.Algorithm > FixedWindow:
+		return bad("algorithm", "%v is not one of %s", r.Algorithm, algorithmList)
 	case r.Scope != ScopeRecipient && r.Scope != ScopeContent:
 		return bad("scope", "%v is not one of recipient, recipient+content", r.Scope)
-	case r.Limit < 1 || r.Limit > MaxLimit:
-		return bad("limit", "%d out of range [1, %d] (a timestamp log keeps every send of its window)", r.Limit, MaxLimit)
+	case r.Scope != ScopeRecipient && r.Algorithm != SlidingLog:
+		return bad("scope", "%v: algorithm %v counts per recipient (key) only; use sliding-log for recipient+content", r.Scope, r.Algorithm)
+	case r.Algorithm == SlidingLog && (r.Limit < 1 || r.Limit > MaxLimit):
+		return bad("limit", "%d out of range [1, %d] (a sliding-log keeps every send of its window; a counting algorithm takes up to %d)", r.Limit, MaxLimit, MaxCounterLimit)
+	case r.Limit < 1 || r.Limit > MaxCounterLimit:
+		return bad("limit", "%d out of range [1, %d]", r.Limit, MaxCounterLimit)
 	case r.Window < time.Millisecond || r.Window > MaxWindow:
 		return bad("window", "%v out of range [1ms, %v]", r.Window, MaxWindow)
 	case r.Window%time.Millisecond != 0:
 		return bad("window", "%v is not a whole number of milliseconds", r.Window)
+	case r.Capacity != 0 && !r.Algorithm.isBucket():
+		return bad("capacity", "%d is set, but only token-bucket, leaky-bucket and gcra rules have a capacity", r.Capacity)
+	case r.Capacity < 0 || r.Capacity > MaxCounterLimit:
+		return bad("capacity", "%d out of range [1, %d] (0 means the limit)", r.Capacity, MaxCounterLimit)
+	case r.Buckets != 0 && r.Algorithm != SlidingCounter:
+		return bad("buckets", "%d is set, but only sliding-counter rules have buckets", r.Buckets)
+	case r.Buckets < 0 || r.Buckets > MaxBuckets:
+		return bad("buckets", "%d out of range [1, %d] (0 means %d)", r.Buckets, MaxBuckets, DefaultBuckets)
+	case r.Algorithm == SlidingCounter && r.WindowMillis()%int64(r.buckets()) != 0:
+		return bad("buckets", "%d does not divide the window %v into whole milliseconds", r.buckets(), r.Window)
 	}
 	return nil
+}
+
+// buckets returns the sub-windows of a sliding-counter rule.
+func (r Rule) buckets() int {
+	if r.Buckets == 0 {
+		return DefaultBuckets
+	}
+	return r.Buckets
+}
+
+// capacity returns the capacity of a bucket rule, in sends.
+func (r Rule) capacity() int {
+	if r.Capacity == 0 {
+		return r.Limit
+	}
+	return r.Capacity
 }
 
 // Domain is a named, validated set of rules: the rules one check is decided
@@ -118,10 +171,14 @@ type Domain struct {
 	rules []Rule
 	win   []int64 // rules[i].Window in ms
 
-	recipCap    int   // largest recipient limit; 0 when there is no recipient rule
-	recipSpan   int64 // longest recipient window, ms
+	recipCap    int   // largest recipient sliding-log limit; 0 when there is no such rule
+	recipSpan   int64 // longest recipient sliding-log window, ms
 	contentCap  int   // largest content limit; 0 when there is no content rule
 	contentSpan int64 // longest content window, ms
+
+	counters    []counterRule // the rules of counting algorithms, in domain order
+	cidx        []int         // per rule, its index in counters (-1: a sliding-log)
+	counterSpan int64         // longest time a counter state counts a send, ms (counterRule.span)
 }
 
 // NewDomain validates rules and returns the domain they form. Rule names must
@@ -145,6 +202,19 @@ func NewDomain(name string, rules []Rule) (*Domain, error) {
 		seen[r.Name] = true
 		w := r.WindowMillis()
 		d.win = append(d.win, w)
+		d.cidx = append(d.cidx, -1)
+		if r.Algorithm != SlidingLog {
+			d.cidx[len(d.cidx)-1] = len(d.counters)
+			c := newCounterRule(len(d.win)-1, r)
+			for _, o := range d.counters {
+				if o.id == c.id {
+					return nil, fmt.Errorf("window: domain %q: rules %q and %q have the same counter id %08x; rename one", name, d.rules[o.rule].Name, r.Name, c.id)
+				}
+			}
+			d.counters = append(d.counters, c)
+			d.counterSpan = max(d.counterSpan, c.span())
+			continue
+		}
 		switch r.Scope {
 		case ScopeRecipient:
 			d.recipCap = max(d.recipCap, r.Limit)
@@ -171,7 +241,7 @@ func (d *Domain) Rule(i int) Rule { return d.rules[i] }
 
 // Longest returns the longest window of the domain in milliseconds: a record
 // whose newest send is at least this old holds nothing that any rule counts.
-func (d *Domain) Longest() int64 { return max(d.recipSpan, d.contentSpan) }
+func (d *Domain) Longest() int64 { return max(d.recipSpan, d.contentSpan, d.counterSpan) }
 
 // HasContentRules reports whether any rule of the domain is content-scoped.
 func (d *Domain) HasContentRules() bool { return d.contentCap > 0 }
@@ -215,22 +285,36 @@ func (d *Domain) WithLimits(limits []int, exempt bool) (*Domain, error) {
 	return o.Widen(d), nil
 }
 
-// Widen returns d with record capacities raised to the largest of d's and
+// Widen returns d with record capacities (and the time counter states are
+// kept) raised to the largest of d's and
 // others' (domains of the same rules and windows, as WithLimits makes): every
 // domain of such a family, widened by all the others, keeps the same sends
 // in a record, so it does not matter which one writes it, and replay and
 // merges (which use the base domain) keep what an override counts. It
 // returns d itself when nothing changes.
 func (d *Domain) Widen(others ...*Domain) *Domain {
-	rc, cc := d.recipCap, d.contentCap
+	w := *d
+	w.counters = slices.Clone(d.counters)
 	for _, o := range others {
-		rc, cc = max(rc, o.recipCap), max(cc, o.contentCap)
+		w.recipCap, w.contentCap = max(w.recipCap, o.recipCap), max(w.contentCap, o.contentCap)
+		w.counterSpan = max(w.counterSpan, o.counterSpan)
 	}
-	if rc == d.recipCap && cc == d.contentCap {
+	for i := range w.counters {
+		c := &w.counters[i]
+		lim := c.limit // the slowest drain of the family
+		for _, o := range others {
+			if i < len(o.counters) {
+				c.keep, lim = max(c.keep, o.counters[i].keep), min(lim, o.counters[i].limit)
+			}
+		}
+		if c.alg.isBucket() {
+			c.span0 = max(c.span0, ceilDiv(c.keep*c.win, lim))
+		}
+		w.counterSpan = max(w.counterSpan, c.span())
+	}
+	if w.recipCap == d.recipCap && w.contentCap == d.contentCap && w.counterSpan == d.counterSpan && slices.Equal(w.counters, d.counters) {
 		return d
 	}
-	w := *d
-	w.recipCap, w.contentCap = rc, cc
 	return &w
 }
 

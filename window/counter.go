@@ -1,0 +1,465 @@
+package window
+
+import (
+	"fmt"
+	"hash/fnv"
+	"strings"
+)
+
+// Algorithm says how a rule reads its Limit and Window.
+//
+// SlidingLog, the default, is exact: it keeps the time of every admitted
+// send of its window (engine.go). The others keep a counter state of a few
+// numbers per rule, whatever the limit, and take limits up to
+// MaxCounterLimit. They count per recipient (the record's key) only. Each is
+// defined here by what it admits; the reference tests check the engine
+// against these definitions by brute force.
+//
+// Times are unix ms; a send of cost c counts as c sends. t is the decision
+// time (Decision.At).
+//
+//   - SlidingCounter (seed 003's bucketed window): the window is cut into
+//     Buckets sub-windows of B = Window/Buckets ms, aligned to the unix
+//     epoch; bucket k covers [kB, (k+1)B). The estimate at t is the sum of
+//     the sends of every bucket that overlaps (t-Window, t]: a send at s is
+//     counted until the end of its bucket plus Window, ((k+1)B-1)+Window
+//     exclusive. The estimate is never below the exact sliding count and
+//     exceeds it by at most the sends of the one oldest bucket, which lies
+//     partly outside the window: the counter only ever denies early, never
+//     admits beyond the limit. Admits iff estimate+c <= Limit.
+//   - FixedWindow (envoyproxy/ratelimit's windows): windows aligned to the
+//     unix epoch, [kW, (k+1)W); admits iff the sends admitted in t's window
+//     plus c are at most Limit. Unlike envoyproxy/ratelimit, denied
+//     attempts are not counted.
+//   - TokenBucket, LeakyBucket (seed 001's funnel) and GCRA (redis-cell)
+//     are one meter, under the names each tradition gives it: a bucket of
+//     Capacity sends (default Limit) that drains, or refills, continuously
+//     at Limit sends per Window. Its level is the debt D(t) of the admitted
+//     sends: D rises by c at each admitted send and falls at Limit/Window
+//     per ms, never below 0. A send admits iff D(t)+c <= Capacity. GCRA's
+//     theoretical arrival time is t+D(t)*Window/Limit, its emission interval
+//     Window/Limit and its burst (redis-cell's max_burst+1) Capacity;
+//     a token bucket's tokens are Capacity-D(t); a funnel's left quota is
+//     Capacity-D(t). The state is kept exactly, in units of 1/Limit of a
+//     send-window (a send adds Window units and Limit units drain each ms),
+//     so retry-after is exact to the ms.
+//
+// Every algorithm reports Used (the count, or ceil(D)), Remaining (sends of
+// cost 1 it would admit now) and RetryAfter (ms until it admits the item,
+// if nothing else is recorded), exact under its definition. A rule rejects
+// an item whose cost exceeds its Limit (Capacity for a bucket) with
+// ErrInvalid, as a sliding-log does, unless it is a shadow.
+//
+// Record-only sends beyond a bucket's capacity leave it full (D = Capacity):
+// like a sliding-log, which keeps only the newest Limit sends, a full
+// bucket's state no longer grows. Replayed sends (Insert) older than the
+// record's newest send are added to a bucket without draining: the result
+// is at or above what time order gives (denies early, never admits more).
+// Merge takes the larger state of each rule, exact when one copy's sends
+// include the other's. Remove (a refund) takes back from a bucket only the
+// part of the send that cannot have drained yet, c-(t-s)*Limit/Window at
+// the record's newest time t for a send at s: never more than the send
+// still counts.
+type Algorithm uint8
+
+const (
+	SlidingLog     Algorithm = iota // exact timestamp log (the default)
+	SlidingCounter                  // seed 003's sub-window buckets
+	TokenBucket                     // bucket of Capacity, refilled at Limit per Window
+	LeakyBucket                     // seed 001's funnel: Capacity, leaking Limit per Window
+	GCRA                            // redis-cell: Limit per Window, burst Capacity
+	FixedWindow                     // envoyproxy/ratelimit: Limit per aligned Window
+)
+
+var algorithmNames = [...]string{"sliding-log", "sliding-counter", "token-bucket", "leaky-bucket", "gcra", "fixed-window"}
+
+var algorithmList = strings.Join(algorithmNames[:], ", ")
+
+// String returns the algorithm's name as written in a rules file.
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm parses an algorithm's name; "" is SlidingLog.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	if s == "" {
+		return SlidingLog, nil
+	}
+	for i, n := range algorithmNames {
+		if s == n {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("window: algorithm %q is not one of %s", s, algorithmList)
+}
+
+func (a Algorithm) isBucket() bool { return a == TokenBucket || a == LeakyBucket || a == GCRA }
+
+// counterRule is the compiled form of a rule of a counting algorithm.
+type counterRule struct {
+	rule  int // index in Domain.rules
+	id    uint32
+	alg   Algorithm
+	limit int64
+	win   int64 // ms
+	// bucket rules
+	capacity int64 // sends the bucket holds
+	keep     int64 // the most sends the state keeps: capacity, raised by Widen
+	span0    int64 // time to drain keep, ms, at the slowest rate of the family (Widen)
+	// sliding-counter rules
+	width int64 // ms per sub-window
+}
+
+func newCounterRule(i int, r Rule) counterRule {
+	c := counterRule{rule: i, id: counterID(r), alg: r.Algorithm, limit: int64(r.Limit), win: r.WindowMillis()}
+	switch {
+	case r.Algorithm.isBucket():
+		c.capacity = int64(r.capacity())
+		c.keep = c.capacity
+		c.span0 = ceilDiv(c.keep*c.win, c.limit)
+	case r.Algorithm == SlidingCounter:
+		c.width = c.win / int64(r.buckets())
+	}
+	return c
+}
+
+// counterID identifies a rule's state in a record: FNV-1a of the rule's
+// name, algorithm, window and buckets. A reload that keeps them keeps the
+// state, whatever the new limit or capacity (the state's units do not
+// depend on them); a rule whose window or algorithm changes starts afresh.
+func counterID(r Rule) uint32 {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d", r.Name, r.Algorithm, r.WindowMillis(), r.buckets()*boolInt(r.Algorithm == SlidingCounter))
+	return h.Sum32()
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// span returns how long after a record's newest send this rule's state can
+// still count a send, in ms.
+func (c *counterRule) span() int64 {
+	switch {
+	case c.alg.isBucket():
+		return c.span0
+	case c.alg == SlidingCounter:
+		return c.win + c.width - 1
+	}
+	return c.win
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// counterState locates one rule's state inside state.cvals. vals[0] is a
+// time (unix ms), written in a record as its age from the record's newest
+// send; the rest are counts:
+//
+//	bucket          [asOf, D]: the debt D at asOf, in units of 1/limit send-window
+//	fixed-window    [start, n]: n sends in the window starting at start
+//	sliding-counter [top, n0, n1, ...]: ni sends in the sub-window starting at top-i*width
+type counterState struct {
+	id  uint32
+	alg Algorithm
+	off int32 // first value in state.cvals
+	n   int32 // values, >= 2
+}
+
+// findCounter returns the index of the state with id, or -1.
+func (s *state) findCounter(id uint32) int {
+	for j, c := range s.counters {
+		if c.id == id {
+			return j
+		}
+	}
+	return -1
+}
+
+// vals returns the values of the state of rule c, or nil when there is none.
+func (s *state) counterVals(c *counterRule) []int64 {
+	j := s.findCounter(c.id)
+	if j < 0 || s.counters[j].alg != c.alg {
+		return nil
+	}
+	cs := s.counters[j]
+	return s.cvals[cs.off : cs.off+cs.n]
+}
+
+// setCounter replaces the state of rule c by vals (nil: none). vals may
+// alias s.cvals: the new values are appended before the old are dropped.
+func (s *state) setCounter(c *counterRule, vals []int64) {
+	j := s.findCounter(c.id)
+	if vals == nil {
+		if j >= 0 {
+			s.counters = append(s.counters[:j], s.counters[j+1:]...)
+		}
+		return
+	}
+	off := len(s.cvals)
+	s.cvals = append(s.cvals, vals...)
+	cs := counterState{id: c.id, alg: c.alg, off: int32(off), n: int32(len(vals))}
+	if j >= 0 {
+		s.counters[j] = cs
+	} else {
+		s.counters = append(s.counters, cs)
+	}
+}
+
+// drain returns the debt d, in units, after el ms at limit units per ms.
+func drain(d, el, limit int64) int64 {
+	if el <= 0 {
+		return d
+	}
+	if el >= ceilDiv(d, limit) {
+		return 0
+	}
+	return d - el*limit
+}
+
+// level returns what rule c counts at t (t at or after every time in vals):
+// the debt in units for a bucket, else sends.
+func (c *counterRule) level(vals []int64, t int64) int64 {
+	if vals == nil {
+		return 0
+	}
+	switch {
+	case c.alg.isBucket():
+		return drain(vals[1], t-vals[0], c.limit)
+	case c.alg == FixedWindow:
+		if t < vals[0]+c.win {
+			return vals[1]
+		}
+		return 0
+	}
+	var n int64
+	for i, v := range vals[1:] {
+		if c.leaves(vals[0]-int64(i)*c.width) > t {
+			n += v
+		}
+	}
+	return n
+}
+
+// report sets res.Used and res.Remaining from the state at t, and returns
+// the level (see level).
+func (c *counterRule) report(vals []int64, t int64, res *RuleResult) int64 {
+	lv := c.level(vals, t)
+	if c.alg.isBucket() {
+		res.Used = int(ceilDiv(lv, c.win))
+		res.Remaining = int(max(0, (c.capacity*c.win-lv)/c.win))
+	} else {
+		res.Used = int(min(lv, 1<<31-1))
+		res.Remaining = int(max(0, c.limit-lv))
+	}
+	return lv
+}
+
+// most names the largest cost the rule can ever admit, and mostValue is it.
+func (c *counterRule) most() string {
+	if c.alg.isBucket() {
+		return "capacity"
+	}
+	return "limit"
+}
+
+func (c *counterRule) mostValue() int64 {
+	if c.alg.isBucket() {
+		return c.capacity
+	}
+	return c.limit
+}
+
+// leaves returns when the sub-window starting at start stops counting: its
+// last ms plus the window.
+func (c *counterRule) leaves(start int64) int64 { return start + c.width - 1 + c.win }
+
+// decide fills res with rule c's view of an item of cost at t, before it is
+// recorded, and reports whether c admits it. retry is -1 (never) when cost
+// exceeds what the rule can ever admit.
+func (c *counterRule) decide(vals []int64, t int64, cost int64, res *RuleResult) bool {
+	lv := c.report(vals, t, res)
+	if c.alg.isBucket() {
+		if lv+cost*c.win <= c.capacity*c.win {
+			return true
+		}
+		if cost > c.capacity {
+			res.RetryAfter = -1
+		} else {
+			res.RetryAfter = ceilDiv(lv+cost*c.win-c.capacity*c.win, c.limit)
+		}
+		return false
+	}
+	if lv+cost <= c.limit {
+		return true
+	}
+	switch {
+	case cost > c.limit:
+		res.RetryAfter = -1
+	case c.alg == FixedWindow:
+		res.RetryAfter = (t/c.win+1)*c.win - t
+	default:
+		// Sub-windows leave oldest first; the first at which the estimate
+		// has room for cost.
+		for i := len(vals) - 1; i >= 1; i-- {
+			at := c.leaves(vals[0] - int64(i-1)*c.width)
+			if at <= t {
+				continue
+			}
+			lv -= vals[i]
+			if lv+cost <= c.limit {
+				res.RetryAfter = at - t
+				break
+			}
+		}
+	}
+	return false
+}
+
+// add returns vals with cost sends at at added, in dst (which must not
+// alias vals). at may be older than the state's times (Insert): a bucket
+// then adds without draining, the counters add to at's window or
+// sub-window if they still keep it. A bucket keeps at most c.keep sends.
+func (c *counterRule) add(dst, vals []int64, at, cost int64) []int64 {
+	switch {
+	case c.alg.isBucket():
+		asOf, d := at, int64(0)
+		if vals != nil {
+			asOf = max(vals[0], at)
+			d = drain(vals[1], at-vals[0], c.limit)
+		}
+		return append(dst, asOf, min(d+cost*c.win, c.keep*c.win))
+	case c.alg == FixedWindow:
+		start := at / c.win * c.win
+		switch {
+		case vals == nil || start > vals[0]:
+			return append(dst, start, cost)
+		case start == vals[0]:
+			return append(dst, start, vals[1]+cost)
+		}
+		return append(dst, vals...)
+	}
+	start := at / c.width * c.width
+	if vals == nil {
+		return append(dst, start, cost)
+	}
+	top := max(vals[0], start)
+	dst = append(dst, top)
+	for s := top; s > vals[0]; s -= c.width {
+		dst = append(dst, 0)
+	}
+	dst = append(dst, vals[1:]...)
+	i := 1 + (top-start)/c.width
+	for int64(len(dst)) <= i {
+		dst = append(dst, 0)
+	}
+	dst[i] += cost
+	return dst
+}
+
+// remove returns vals with a send of cost at at taken back, in dst (which
+// must not alias vals), as far as the state still counts it; changed is
+// false when it counted none of it.
+func (c *counterRule) remove(dst, vals []int64, at, cost int64) (out []int64, changed bool) {
+	dst = append(dst, vals...)
+	switch {
+	case c.alg.isBucket():
+		el := dst[0] - at
+		var part int64 // the units of the send that cannot have drained
+		if el < ceilDiv(cost*c.win, c.limit) {
+			part = cost*c.win - max(el, 0)*c.limit
+		}
+		part = min(part, dst[1])
+		dst[1] -= part
+		return dst, part > 0
+	case c.alg == FixedWindow:
+		if at/c.win*c.win != dst[0] || dst[1] == 0 {
+			return dst, false
+		}
+		dst[1] -= min(cost, dst[1])
+		return dst, true
+	}
+	start := at / c.width * c.width
+	if start > dst[0] {
+		return dst, false
+	}
+	i := 1 + (dst[0]-start)/c.width
+	if i >= int64(len(dst)) || dst[i] == 0 {
+		return dst, false
+	}
+	dst[i] -= min(cost, dst[i])
+	return dst, true
+}
+
+// merge returns the larger of two states of rule c at each point, in dst
+// (which must alias neither).
+func (c *counterRule) merge(dst, a, b []int64) []int64 {
+	switch {
+	case a == nil:
+		return append(dst, b...)
+	case b == nil:
+		return append(dst, a...)
+	case c.alg.isBucket():
+		t := max(a[0], b[0])
+		return append(dst, t, max(drain(a[1], t-a[0], c.limit), drain(b[1], t-b[0], c.limit)))
+	case c.alg == FixedWindow:
+		switch {
+		case a[0] > b[0]:
+			return append(dst, a...)
+		case b[0] > a[0]:
+			return append(dst, b...)
+		}
+		return append(dst, a[0], max(a[1], b[1]))
+	}
+	if b[0] > a[0] {
+		a, b = b, a
+	}
+	dst = append(dst, a...)
+	shift := (a[0] - b[0]) / c.width
+	for i, v := range b[1:] {
+		j := 1 + shift + int64(i)
+		for int64(len(dst)) <= j {
+			dst = append(dst, 0)
+		}
+		dst[j] = max(dst[j], v)
+	}
+	return dst
+}
+
+// normalize returns vals as of t, the record's newest time, in dst (which
+// must not alias vals): a bucket drained to t, a past window or sub-window
+// dropped, leading and trailing empty sub-windows trimmed. nil means the
+// state counts nothing at t or later.
+func (c *counterRule) normalize(dst, vals []int64, t int64) []int64 {
+	switch {
+	case c.alg.isBucket():
+		d := drain(vals[1], t-vals[0], c.limit)
+		if d == 0 {
+			return nil
+		}
+		return append(dst, t, d)
+	case c.alg == FixedWindow:
+		if vals[0]+c.win <= t || vals[1] == 0 {
+			return nil
+		}
+		return append(dst, vals...)
+	}
+	counts := vals[1:]
+	lo, hi := 0, len(counts) // the kept sub-windows, newest first
+	for lo < hi && counts[lo] == 0 {
+		lo++
+	}
+	for hi > lo && (counts[hi-1] == 0 || c.leaves(vals[0]-int64(hi-1)*c.width) <= t) {
+		hi--
+	}
+	if lo == hi {
+		return nil
+	}
+	dst = append(dst, vals[0]-int64(lo)*c.width)
+	return append(dst, counts[lo:hi]...)
+}

@@ -1,0 +1,284 @@
+package window
+
+import (
+	"errors"
+	"fmt"
+	"math/big"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// refKey is the brute-force model of one key's record under rules of every
+// algorithm (recipient scope, no content): the list of recorded sends, and
+// per bucket rule redis-cell's theoretical arrival time, kept as an exact
+// rational (GCRA's virtual scheduling, a formulation independent of the
+// engine's integer debt).
+type refKey struct {
+	sends  []refCost
+	newest int64
+	tat    map[int]*big.Rat // bucket rule index -> TAT, unix ms
+}
+
+type refCost struct{ at, cost int64 }
+
+// count returns the sends of rule r (not a bucket) that count at t, by its
+// definition.
+func (k *refKey) count(r Rule, t int64) int64 {
+	w := r.WindowMillis()
+	var n int64
+	for _, s := range k.sends {
+		switch r.Algorithm {
+		case SlidingLog:
+			if s.at > t-w && s.at <= t {
+				n += s.cost
+			}
+		case FixedWindow:
+			if s.at/w == t/w {
+				n += s.cost
+			}
+		case SlidingCounter:
+			b := w / int64(r.buckets())
+			if s.at/b*b+b-1+w > t { // the send's sub-window still overlaps (t-w, t]
+				n += s.cost
+			}
+		}
+	}
+	return n
+}
+
+// backlog returns max(TAT, t) - t in ms for bucket rule i: the debt as time.
+func (k *refKey) backlog(i int, t int64) *big.Rat {
+	tat := k.tat[i]
+	if tat == nil || tat.Cmp(big.NewRat(t, 1)) <= 0 {
+		return new(big.Rat)
+	}
+	return new(big.Rat).Sub(tat, big.NewRat(t, 1))
+}
+
+func ratFloor(r *big.Rat) int64 { return new(big.Int).Div(r.Num(), r.Denom()).Int64() }
+func ratCeil(r *big.Rat) int64 {
+	return -new(big.Int).Div(new(big.Int).Neg(r.Num()), r.Denom()).Int64()
+}
+
+// decide answers what Apply must, by definition and brute force, and
+// records an admitted item.
+func (k *refKey) decide(d *Domain, now int64, it Item) (Decision, bool) {
+	cost := int64(max(it.Cost, 1))
+	t := max(now, k.newest)
+	dec := Decision{DeniedBy: -1, ShadowDeniedBy: -1, At: t, NumRules: d.NumRules()}
+	never := false
+	logCap := int64(d.recipCap)
+	// Sends older than twice the longest window count for no rule: drop
+	// them, to keep the brute force quick.
+	var horizon int64
+	for _, r := range d.rules {
+		horizon = max(horizon, 2*r.WindowMillis())
+	}
+	kept := k.sends[:0]
+	for _, s := range k.sends {
+		if s.at > k.newest-horizon { // t never goes below newest
+			kept = append(kept, s)
+		}
+	}
+	k.sends = kept
+	for i, r := range d.rules {
+		res := &dec.Rules[i]
+		lim := int64(r.Limit)
+		var ok bool
+		retry := int64(-1)
+		if r.Algorithm.isBucket() {
+			T := big.NewRat(r.WindowMillis(), lim) // emission interval, ms
+			capT := new(big.Rat).Mul(T, big.NewRat(int64(r.capacity()), 1))
+			bl := k.backlog(i, t)
+			res.Used = int(ratCeil(new(big.Rat).Quo(bl, T)))
+			res.Remaining = int(max(0, ratFloor(new(big.Rat).Quo(new(big.Rat).Sub(capT, bl), T))))
+			after := new(big.Rat).Add(bl, new(big.Rat).Mul(T, big.NewRat(cost, 1)))
+			ok = after.Cmp(capT) <= 0
+			if !ok && cost <= int64(r.capacity()) {
+				retry = ratCeil(new(big.Rat).Sub(after, capT))
+			}
+		} else {
+			n := k.count(r, t)
+			if r.Algorithm == SlidingLog {
+				n = min(n, logCap)
+			}
+			res.Used, res.Remaining = int(n), int(max(0, lim-n))
+			ok = n+cost <= lim
+			if !ok && cost <= lim {
+				for at := t + 1; ; at++ { // step a ms at a time until it admits
+					if k.count(r, at)+cost <= lim {
+						retry = at - t
+						break
+					}
+				}
+			}
+		}
+		if ok || it.Mode == RecordOnly {
+			continue
+		}
+		res.RetryAfter = retry
+		switch {
+		case r.Shadow:
+			if sb := dec.ShadowDeniedBy; sb < 0 || dec.Rules[sb].RetryAfter >= 0 && (retry < 0 || retry > dec.Rules[sb].RetryAfter) {
+				dec.ShadowDeniedBy = i
+			}
+		case retry < 0:
+			never = true
+		case retry > dec.RetryAfter:
+			dec.RetryAfter, dec.DeniedBy = retry, i
+		}
+	}
+	if never {
+		return dec, false
+	}
+	dec.Admitted = dec.DeniedBy < 0
+	if !dec.Admitted || it.Mode == Peek {
+		return dec, true
+	}
+	dec.Recorded = true
+	k.sends = append(k.sends, refCost{t, cost})
+	k.newest = t
+	for i, r := range d.rules {
+		res := &dec.Rules[i]
+		lim := int64(r.Limit)
+		if !r.Algorithm.isBucket() {
+			n := k.count(r, t)
+			if r.Algorithm == SlidingLog {
+				n = min(n, logCap)
+			}
+			res.Used, res.Remaining = int(n), int(max(0, lim-n))
+			continue
+		}
+		// TAT = max(TAT, t) + cost*T, at most t + keep*T (a full bucket).
+		T := big.NewRat(r.WindowMillis(), lim)
+		tat := new(big.Rat).Add(big.NewRat(t, 1), k.backlog(i, t))
+		tat.Add(tat, new(big.Rat).Mul(T, big.NewRat(cost, 1)))
+		keep := d.counters[d.cidx[i]].keep
+		if top := new(big.Rat).Add(big.NewRat(t, 1), new(big.Rat).Mul(T, big.NewRat(keep, 1))); tat.Cmp(top) > 0 {
+			tat = top
+		}
+		if k.tat == nil {
+			k.tat = map[int]*big.Rat{}
+		}
+		k.tat[i] = tat
+		bl := k.backlog(i, t)
+		capT := new(big.Rat).Mul(T, big.NewRat(int64(r.capacity()), 1))
+		res.Used = int(ratCeil(new(big.Rat).Quo(bl, T)))
+		res.Remaining = int(max(0, ratFloor(new(big.Rat).Quo(new(big.Rat).Sub(capT, bl), T))))
+	}
+	return dec, true
+}
+
+// randomCounterDomain returns 1 to 4 recipient rules of random algorithms
+// (sliding-log among them), small enough for the reference to step ms by ms.
+func randomCounterDomain(rng *rand.Rand, shadows bool) *Domain {
+	n := 1 + rng.IntN(4)
+	rules := make([]Rule, n)
+	for i := range rules {
+		r := Rule{
+			Name:      fmt.Sprintf("r%d", i),
+			Scope:     ScopeRecipient,
+			Algorithm: Algorithm(rng.IntN(int(FixedWindow) + 1)),
+			Limit:     1 + rng.IntN(12),
+			Window:    time.Duration(1+rng.IntN(3_000)) * time.Millisecond,
+			Shadow:    shadows && rng.IntN(3) == 0,
+		}
+		switch {
+		case r.Algorithm.isBucket() && rng.IntN(2) == 0:
+			r.Capacity = 1 + rng.IntN(15)
+		case r.Algorithm == SlidingCounter:
+			r.Buckets = 1 + rng.IntN(12)
+			r.Window = time.Duration(int(r.Window/time.Millisecond)/r.Buckets*r.Buckets+r.Buckets) * time.Millisecond
+		}
+		if rng.IntN(6) == 0 && r.Algorithm != SlidingLog {
+			// Large limits: the counters' reason to exist.
+			r.Limit = 1 + rng.IntN(MaxCounterLimit)
+		}
+		rules[i] = r
+	}
+	d, err := NewDomain("random", rules)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+// runCounterReference drives the engine and refKey with one random sequence
+// over several keys, with clock jumps back and long quiet spells, and
+// compares every decision.
+func runCounterReference(t *testing.T, rng *rand.Rand, d *Domain, ops, keys, maxStep int) {
+	t.Helper()
+	recs := make([][]byte, keys)
+	refs := make([]refKey, keys)
+	var s Scratch
+	now := t0
+	for op := range ops {
+		switch x := rng.IntN(100); {
+		case x < 3:
+			now -= int64(rng.IntN(2_000))
+		case x < 5:
+			now += int64(rng.IntN(int(3 * d.Longest())))
+		default:
+			now += int64(rng.IntN(maxStep))
+		}
+		k := rng.IntN(keys)
+		it := Item{Cost: 1}
+		if rng.IntN(6) == 0 {
+			it.Cost = 1 + rng.IntN(6)
+		}
+		switch x := rng.IntN(20); {
+		case x == 0:
+			it.Mode = RecordOnly
+		case x < 3:
+			it.Mode = Peek
+		}
+		want, valid := refs[k].decide(d, now, it)
+		var got Decision
+		out, err := d.Apply(&s, recs[k], uint16(k), now, it, &got)
+		if !valid {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("op %d: Apply = %v, want ErrInvalid (cost %d beyond a rule)", op, err, it.Cost)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("op %d: Apply: %v", op, err)
+		}
+		if got != want {
+			t.Fatalf("op %d key %d now t0%+d item %+v rules %+v:\n got %+v\nwant %+v\nsends %v", op, k, now-t0, it, d.rules, got, want, refs[k].sends)
+		}
+		if out != nil {
+			recs[k] = append(recs[k][:0], out...)
+		}
+	}
+}
+
+func TestCountersMatchReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 1))
+	for i := range 300 {
+		d := randomCounterDomain(rng, i%3 == 0)
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			runCounterReference(t, rng, d, 400, 3, 1+rng.IntN(400))
+		})
+	}
+}
+
+// TestEachAlgorithmMatchesReference runs one rule of each algorithm alone,
+// long, at a rate near its limit.
+func TestEachAlgorithmMatchesReference(t *testing.T) {
+	for alg := SlidingLog; alg <= FixedWindow; alg++ {
+		t.Run(alg.String(), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(16, uint64(alg)))
+			r := Rule{Name: "r", Scope: ScopeRecipient, Algorithm: alg, Limit: 7, Window: 1200 * time.Millisecond}
+			if alg == SlidingCounter {
+				r.Buckets = 6
+			}
+			d, err := NewDomain("one", []Rule{r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCounterReference(t, rng, d, 20_000, 2, 2*1200/7)
+		})
+	}
+}
