@@ -921,9 +921,13 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 	version := min(max(int(req.ImageVersion), 1), store.ImageVersion)
 	resp := &pb.AcquireResponse{Node: n.cfg.Name}
 	for _, p := range req.Partitions {
+		// An older version fails for counter states, which only a release
+		// that reads record format 3 can hold; the partition stays open here.
+		img, _, err := n.store.AppendImageVersion(nil, int(p), true, version)
+		if err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "partition %d: %v; upgrade %s before it takes partitions of a cluster whose rules use counting algorithms", p, err, req.Node)
+		}
 		n.closePartition(int(p)) // wakes nobody; makes waiters wait for a next open
-		// version is 1 or ImageVersion: AppendImageVersion cannot fail.
-		img, _, _ := n.store.AppendImageVersion(nil, int(p), true, version)
 		parts, err := n.splitImages([][]byte{img}) // the acquirer logs them in bounded WAL records
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "partition %d: %v", p, err)

@@ -127,18 +127,36 @@ type ruleGrowth struct{ rule, why string }
 func growth(from, to *window.Domain) []ruleGrowth {
 	span := map[window.Scope]int64{}
 	limit := map[window.Scope]int{}
+	counting := map[string]window.Rule{}
 	for _, r := range from.Rules() {
+		if r.Algorithm != window.SlidingLog {
+			counting[r.Name] = r
+			continue
+		}
 		span[r.Scope] = max(span[r.Scope], r.WindowMillis())
 		limit[r.Scope] = max(limit[r.Scope], r.Limit)
 	}
 	var out []ruleGrowth
 	for _, r := range to.Rules() {
 		var why []string
-		if w := r.WindowMillis(); w > span[r.Scope] {
-			why = append(why, fmt.Sprintf("window %v is longer than the %v of %s history records kept", r.Window, time.Duration(span[r.Scope])*time.Millisecond, r.Scope))
-		}
-		if r.Limit > limit[r.Scope] {
-			why = append(why, fmt.Sprintf("limit %d is above the %d %s sends records kept", r.Limit, limit[r.Scope], r.Scope))
+		if r.Algorithm != window.SlidingLog {
+			// A counting rule's state is kept under its name, algorithm,
+			// window and buckets: a change of any starts it afresh.
+			o, ok := counting[r.Name]
+			switch {
+			case !ok:
+				why = append(why, fmt.Sprintf("a new %v rule: its state counts sends from the reload on", r.Algorithm))
+			case o.Algorithm != r.Algorithm || o.Window != r.Window || o.Buckets != r.Buckets:
+				why = append(why, fmt.Sprintf("algorithm, window or buckets changed (%v %v/%d to %v %v/%d): its state counts sends from the reload on",
+					o.Algorithm, o.Window, o.Buckets, r.Algorithm, r.Window, r.Buckets))
+			}
+		} else {
+			if w := r.WindowMillis(); w > span[r.Scope] {
+				why = append(why, fmt.Sprintf("window %v is longer than the %v of %s history records kept", r.Window, time.Duration(span[r.Scope])*time.Millisecond, r.Scope))
+			}
+			if r.Limit > limit[r.Scope] {
+				why = append(why, fmt.Sprintf("limit %d is above the %d %s sends records kept", r.Limit, limit[r.Scope], r.Scope))
+			}
 		}
 		if len(why) > 0 {
 			out = append(out, ruleGrowth{r.Name, strings.Join(why, "; ")})

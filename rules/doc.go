@@ -13,6 +13,23 @@
 //	        scope: recipient        # recipient | recipient+content
 //	        limit: 15               # [1, window.MaxLimit]
 //	        window: 1m              # a Go duration, whole ms, [1ms, window.MaxWindow]
+//	  - name: api-ip
+//	    rules:
+//	      - name: hourly
+//	        algorithm: sliding-counter # sliding-log (default) | sliding-counter | token-bucket |
+//	                                   # leaky-bucket | gcra | fixed-window (window.Algorithm)
+//	        limit: 10000            # [1, window.MaxCounterLimit] for a counting algorithm
+//	        window: 1h
+//	        buckets: 60             # sliding-counter only: sub-windows (default 60)
+//	      - name: burst
+//	        algorithm: gcra
+//	        limit: 100              # a bucket drains, or refills, limit per window
+//	        window: 1m
+//	        capacity: 20            # bucket algorithms only: the burst (default: the limit)
+//
+// A counting algorithm counts per key (scope recipient, which may be left
+// out); a parameter set for an algorithm that has no such parameter is an
+// error naming the field.
 //
 // Unknown fields are errors. A Set is immutable and safe for concurrent use;
 // a reload builds a new one. The package imports window and yaml only.

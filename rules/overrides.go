@@ -32,7 +32,7 @@ type Override struct {
 	Domain     string         // the domain whose keys it overrides
 	Recipients []string       // exact keys
 	Prefixes   []string       // key prefixes: a key that starts with one (the longest wins; an exact key beats any prefix)
-	Limits     map[string]int // rule name -> limit, in [1, window.MaxLimit]; the domain's other rules keep theirs
+	Limits     map[string]int // rule name -> limit, in [1, window.MaxLimit] (MaxCounterLimit for a counting rule); the domain's other rules keep theirs
 	Exempt     bool           // admitted without a check (every rule a shadow), still recorded; not with Limits
 	// Version orders overrides that claim the same key: the newer wins.
 	// Admin overrides carry their set time (unix ms); rules-file ones 0.
@@ -110,8 +110,12 @@ func (o *Override) Validate(rs *Set) error {
 			}
 			return bad("limits", "unknown rule %q of domain %q (its rules are %v)", name, o.Domain, names)
 		}
-		if l < 1 || l > window.MaxLimit {
-			return bad("limits", "rule %q: limit %d out of range [1, %d]", name, l, window.MaxLimit)
+		most := window.MaxLimit
+		if d.Rule(ruleIndex(d, name)).Algorithm != window.SlidingLog {
+			most = window.MaxCounterLimit
+		}
+		if l < 1 || l > most {
+			return bad("limits", "rule %q: limit %d out of range [1, %d]", name, l, most)
 		}
 	}
 	return nil

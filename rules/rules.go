@@ -103,11 +103,14 @@ type domainSpec struct {
 }
 
 type ruleSpec struct {
-	Name   string `yaml:"name"`
-	Scope  string `yaml:"scope"`
-	Limit  int    `yaml:"limit"`
-	Window string `yaml:"window"`
-	Shadow bool   `yaml:"shadow"` // evaluated and reported, never denies (window.Rule.Shadow)
+	Name      string `yaml:"name"`
+	Scope     string `yaml:"scope"`
+	Limit     int    `yaml:"limit"`
+	Window    string `yaml:"window"`
+	Shadow    bool   `yaml:"shadow"`    // evaluated and reported, never denies (window.Rule.Shadow)
+	Algorithm string `yaml:"algorithm"` // window.ParseAlgorithm; "" is sliding-log
+	Capacity  int    `yaml:"capacity"`  // bucket algorithms (window.Rule.Capacity)
+	Buckets   int    `yaml:"buckets"`   // sliding-counter (window.Rule.Buckets)
 }
 
 // Parse validates the rules file data read from source. Errors read
@@ -237,11 +240,19 @@ func (rs *Set) parseOverrides(specs []overrideSpec, nodes []*yaml.Node, fail fun
 
 // rule converts the spec, returning the field at fault on error.
 func (s ruleSpec) rule() (window.Rule, string, error) {
-	r := window.Rule{Name: s.Name, Limit: s.Limit}
+	r := window.Rule{Name: s.Name, Limit: s.Limit, Capacity: s.Capacity, Buckets: s.Buckets}
 	if s.Name == "" {
 		return r, "name", errors.New("name is empty")
 	}
+	alg, err := window.ParseAlgorithm(s.Algorithm)
+	if err != nil {
+		return r, "algorithm", errors.New(strings.TrimPrefix(err.Error(), "window: "))
+	}
+	r.Algorithm = alg
 	sc, err := window.ParseScope(s.Scope)
+	if s.Scope == "" && alg != window.SlidingLog {
+		sc, err = window.ScopeRecipient, nil // a counting algorithm counts per key: the scope may be left out
+	}
 	if err != nil {
 		return r, "scope", fmt.Errorf("scope %q is not one of recipient, recipient+content", s.Scope)
 	}
@@ -316,8 +327,9 @@ func appendString(b []byte, s string) []byte {
 
 // digest computes Hash: SHA-256 over a canonical encoding (domains sorted by
 // name; per rule its name, scope (|0x80 for a shadow rule, so that a set
-// without shadows hashes as before shadows existed), limit and window in ms,
-// length-prefixed), cut to its first 8 bytes.
+// without shadows hashes as before shadows existed; |0x40 for a counting
+// algorithm, whose number, capacity and buckets follow the window), limit
+// and window in ms, length-prefixed), cut to its first 8 bytes.
 func (rs *Set) digest() uint64 {
 	h := sha256.New()
 	var b []byte
@@ -334,9 +346,17 @@ func (rs *Set) digest() uint64 {
 			if r.Shadow {
 				sc |= 0x80
 			}
+			if r.Algorithm != window.SlidingLog {
+				sc |= 0x40 // then the algorithm and its parameters: sliding-log rules hash as before algorithms existed
+			}
 			b = append(b, sc)
 			b = binary.AppendUvarint(b, uint64(r.Limit))
 			b = binary.AppendUvarint(b, uint64(r.WindowMillis()))
+			if r.Algorithm != window.SlidingLog {
+				b = append(b, byte(r.Algorithm))
+				b = binary.AppendUvarint(b, uint64(r.Capacity))
+				b = binary.AppendUvarint(b, uint64(r.Buckets))
+			}
 		}
 	}
 	if len(rs.overrides) > 0 {

@@ -1,11 +1,13 @@
 package rules
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/freqring/freqring/window"
 )
@@ -48,6 +50,15 @@ func TestParseRulesErrorsNameFileLineAndField(t *testing.T) {
 		{"duplicate rule", good + "      - name: r1\n        scope: recipient\n        limit: 1\n        window: 1s\n", `r.yaml:8: domain "sms": rule name "r1" appears twice`},
 		{"duplicate domain", good + strings.TrimPrefix(good, "domains:\n"), `r.yaml:8: domain "sms" appears twice`},
 		{"not yaml", "domains: [", `r.yaml: `},
+		{"unknown algorithm", strings.Replace(good, "limit: 15", "algorithm: sliding-window\n        limit: 15", 1), `r.yaml:6: domain "sms" rule "r1": algorithm "sliding-window" is not one of sliding-log, sliding-counter, token-bucket, leaky-bucket, gcra, fixed-window`},
+		{"log limit beyond a log", strings.Replace(good, "limit: 15", "limit: 10000", 1), `r.yaml:6: domain "sms" rule "r1": limit 10000 out of range [1, 1000] (a sliding-log keeps every send of its window; a counting algorithm takes up to 10000000)`},
+		{"counter limit too large", strings.Replace(good, "limit: 15", "algorithm: fixed-window\n        limit: 20000000", 1), `r.yaml:7: domain "sms" rule "r1": limit 20000000 out of range [1, 10000000]`},
+		{"capacity on a log", strings.Replace(good, "limit: 15", "limit: 15\n        capacity: 30", 1), `r.yaml:7: domain "sms" rule "r1": capacity 30 is set, but only token-bucket, leaky-bucket and gcra rules have a capacity`},
+		{"buckets on a bucket", strings.Replace(good, "limit: 15", "algorithm: gcra\n        limit: 15\n        buckets: 6", 1), `r.yaml:8: domain "sms" rule "r1": buckets 6 is set, but only sliding-counter rules have buckets`},
+		{"buckets do not divide", strings.Replace(strings.Replace(good, "limit: 15", "algorithm: sliding-counter\n        limit: 15\n        buckets: 7", 1), "window: 1m", "window: 59s", 1), `r.yaml:8: domain "sms" rule "r1": buckets 7 does not divide the window 59s into whole milliseconds`},
+		{"default buckets do not divide", strings.Replace(strings.Replace(good, "limit: 15", "algorithm: sliding-counter\n        limit: 15", 1), "window: 1m", "window: 59s", 1), `domain "sms" rule "r1": buckets 60 does not divide the window 59s`},
+		{"capacity negative", strings.Replace(good, "limit: 15", "algorithm: token-bucket\n        limit: 15\n        capacity: -1", 1), `r.yaml:8: domain "sms" rule "r1": capacity -1 out of range [1, 10000000] (0 means the limit)`},
+		{"counter per content", strings.Replace(strings.Replace(good, "limit: 15", "algorithm: leaky-bucket\n        limit: 15", 1), "scope: recipient", "scope: recipient+content", 1), `r.yaml:5: domain "sms" rule "r1": scope recipient+content: algorithm leaky-bucket counts per recipient (key) only`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("r.yaml", []byte(tc.yaml))
@@ -198,5 +209,51 @@ func TestShadowRulesAndDomains(t *testing.T) {
 	}
 	if _, err := Parse("r.yaml", []byte(strings.Replace(ruleShadow, "shadow: true", "shadow: maybe", 1))); err == nil || !strings.Contains(err.Error(), "line 9: cannot unmarshal !!str `maybe` into bool") {
 		t.Fatalf("shadow: maybe: %v", err)
+	}
+}
+
+// TestAlgorithmsParse reads every algorithm and its parameters, leaves the
+// scope of a counting rule to default to recipient, and hashes each choice
+// apart while a sliding-log file hashes as before algorithms existed.
+func TestAlgorithmsParse(t *testing.T) {
+	file := func(extra string) string {
+		return "domains:\n  - name: api\n    rules:\n      - name: hourly\n        limit: 10000\n        window: 1h\n" + extra
+	}
+	seen := map[uint64]string{}
+	for _, tc := range []struct {
+		extra string
+		want  window.Rule
+	}{
+		{"        algorithm: sliding-counter\n", window.Rule{Algorithm: window.SlidingCounter}},
+		{"        algorithm: sliding-counter\n        buckets: 12\n", window.Rule{Algorithm: window.SlidingCounter, Buckets: 12}},
+		{"        algorithm: token-bucket\n", window.Rule{Algorithm: window.TokenBucket}},
+		{"        algorithm: token-bucket\n        capacity: 500\n", window.Rule{Algorithm: window.TokenBucket, Capacity: 500}},
+		{"        algorithm: leaky-bucket\n        capacity: 500\n", window.Rule{Algorithm: window.LeakyBucket, Capacity: 500}},
+		{"        algorithm: gcra\n        capacity: 500\n", window.Rule{Algorithm: window.GCRA, Capacity: 500}},
+		{"        algorithm: fixed-window\n", window.Rule{Algorithm: window.FixedWindow}},
+		{"        algorithm: fixed-window\n        scope: recipient\n", window.Rule{Algorithm: window.FixedWindow}},
+	} {
+		rs, err := Parse("a.yaml", []byte(file(tc.extra)))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.extra, err)
+		}
+		got := rs.Domain("api").Rule(0)
+		want := tc.want
+		want.Name, want.Scope, want.Limit, want.Window = "hourly", window.ScopeRecipient, 10000, time.Hour
+		if got != want {
+			t.Fatalf("%q: rule %+v, want %+v", tc.extra, got, want)
+		}
+		if prev, ok := seen[rs.Hash()]; ok && prev != fmt.Sprint(want) {
+			t.Fatalf("%q hashes as %s", tc.extra, prev)
+		}
+		seen[rs.Hash()] = fmt.Sprint(want)
+	}
+	log, err := Parse("a.yaml", []byte(strings.Replace(file("        scope: recipient\n"), "10000", "1000", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	explicit, err := Parse("a.yaml", []byte(strings.Replace(file("        scope: recipient\n        algorithm: sliding-log\n"), "10000", "1000", 1)))
+	if err != nil || explicit.Hash() != log.Hash() {
+		t.Fatalf("algorithm: sliding-log spelled out changes the hash (%v)", err)
 	}
 }

@@ -15,61 +15,61 @@ var ErrBadImage = errors.New("store: bad partition image")
 // snapshots and for moving a partition to another node. Layout,
 // little-endian:
 //
-//	version     u8   ImageVersion, or 1
+//	version     u8   1 to ImageVersion
 //	partition   u32  the partition's number
 //	partitions  u32  the store's partition count
 //	seq         u64  the partition's sequence number when the image was taken
 //	domains     u16  count, then each:
 //	  name      u16 length, bytes
 //	  records   u32 count, then each: key u64, length u16, record (window's
-//	            format 2 in version 2, format 1 in version 1)
+//	            record format v in version v: 3 adds the counting
+//	            algorithms' states, 2 and 1 are read from older releases)
 //	  ids       u32 count, then each: mixed key u64 (id ^ key*φ), decision time u64 (unix ms)
 //
 // An image has no checksum of its own: it travels inside framed, checksummed
 // containers (snapshot sections, peer messages). Versions may only be added;
 // MergeImage reads every version, and AppendImageVersion writes any, for
 // peers that read nothing newer.
-const ImageVersion = 2
+const ImageVersion = 3
 
 // AppendImage appends partition p's image to dst and returns it with the
 // number of records it holds. It holds p's lock while it copies.
 func (s *Store) AppendImage(dst []byte, p int) ([]byte, int64) {
-	return s.appendImage(dst, p, false, ImageVersion)
+	dst, n, _ := s.appendImage(dst, p, false, ImageVersion) // the current version cannot fail
+	return dst, n
 }
 
-// AppendImageVersion is AppendImage writing image version v (1 or
-// ImageVersion), with close as in CloseAndAppendImage. Version 1 rewrites
-// every record in window's format 1, for peers of an older binary.
+// AppendImageVersion is AppendImage writing image version v (1 to
+// ImageVersion), with close as in CloseAndAppendImage. An older version
+// rewrites every record in its record format, for peers of an older
+// binary; a record holding counter states (rules of the counting
+// algorithms, which no older release can load) cannot be rewritten, and
+// the call fails wrapping window.ErrNeedsFormat3, leaving dst and the
+// partition as they were.
 func (s *Store) AppendImageVersion(dst []byte, p int, close bool, v int) ([]byte, int64, error) {
-	if v != 1 && v != ImageVersion {
-		return dst, 0, fmt.Errorf("store: image version %d, not 1 or %d", v, ImageVersion)
+	if v < 1 || v > ImageVersion {
+		return dst, 0, fmt.Errorf("store: image version %d, not 1 to %d", v, ImageVersion)
 	}
-	dst, n := s.appendImage(dst, p, close, v)
-	return dst, n, nil
+	return s.appendImage(dst, p, close, v)
 }
 
 // CloseAndAppendImage closes partition p (see Close) and appends its image
 // to dst, under one hold of its lock: no check is decided between the two,
 // so the image holds every send the partition admitted.
 func (s *Store) CloseAndAppendImage(dst []byte, p int) ([]byte, int64) {
-	return s.appendImage(dst, p, true, ImageVersion)
+	dst, n, _ := s.appendImage(dst, p, true, ImageVersion) // the current version cannot fail
+	return dst, n
 }
 
-// recordFormat returns the window record format of image version v.
-func recordFormat(v int) int {
-	if v == 1 {
-		return 1
-	}
-	return window.RecordFormat
-}
+// recordFormat returns the window record format of image version v: the
+// two numbers have moved together so far.
+func recordFormat(v int) int { return v }
 
-func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64) {
+func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64, error) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
-	if close {
-		pt.closed = true
-	}
+	start := len(dst)
 	dst = append(dst, byte(v))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(p))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.parts)))
@@ -99,8 +99,12 @@ func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64
 			r := t.ref(pos)
 			rec := sp.slabs[r.class()].bytes(r.slot()) // the whole slot: a record ignores bytes after it
 			if f := recordFormat(v); f != window.RecordFormat {
-				// The slot held a record this store wrote: it decodes.
-				rec, _ = window.ConvertRecord(&pt.scratch, rec, window.RecordFormat, f)
+				// The slot held a record this store wrote: it decodes, and
+				// fails only for counter states format f cannot carry.
+				var err error
+				if rec, err = window.ConvertRecord(&pt.scratch, rec, window.RecordFormat, f); err != nil {
+					return dst[:start], 0, fmt.Errorf("store: partition %d, domain %q: image version %d: %w", p, name, v, err)
+				}
 			}
 			dst = binary.LittleEndian.AppendUint64(dst, k)
 			dst = binary.LittleEndian.AppendUint16(dst, uint16(len(rec)))
@@ -115,12 +119,15 @@ func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64
 			}
 		}
 	}
-	return dst, records
+	if close {
+		pt.closed = true
+	}
+	return dst, records, nil
 }
 
 // ImageHeader is what an image says about itself.
 type ImageHeader struct {
-	Version    int    // the image's version: 1 or ImageVersion
+	Version    int    // the image's version: 1 to ImageVersion
 	Partition  int    // the partition the image was taken of
 	Partitions int    // the partition count of the store it was taken from
 	Seq        uint64 // that partition's sequence number then
@@ -223,7 +230,7 @@ func CheckImage(img []byte) (ImageHeader, error) {
 	if len(img) < imageHeaderLen+2 {
 		return h, bad("%d bytes, shorter than a header", len(img))
 	}
-	if v := img[0]; v != 1 && v != ImageVersion {
+	if v := img[0]; v < 1 || v > ImageVersion {
 		return h, bad("version %d, this store reads 1 to %d", v, ImageVersion)
 	}
 	h.Version = int(img[0])

@@ -71,7 +71,7 @@ func TestImageRoundTrip(t *testing.T) {
 	rcps := fill(t, src, sref, rng, 500, 5000, t0)
 	now := t0 + 5000
 	want := peekAll(t, src, sref, rcps, now)
-	for _, tc := range []struct{ parts, version int }{{16, ImageVersion}, {7, ImageVersion}, {16, 1}, {7, 1}} {
+	for _, tc := range []struct{ parts, version int }{{16, ImageVersion}, {7, ImageVersion}, {16, 2}, {7, 2}, {16, 1}, {7, 1}} {
 		parts := tc.parts
 		dst, dref := newTestStore(t, d, parts)
 		var total int64
@@ -102,8 +102,46 @@ func TestImageRoundTrip(t *testing.T) {
 			t.Fatalf("ids: %d moved, want %d", dst.Stats(dref).IDs, src.Stats(sref).IDs)
 		}
 	}
-	if _, _, err := src.AppendImageVersion(nil, 0, false, 3); err == nil {
-		t.Fatal("AppendImageVersion wrote version 3")
+	if _, _, err := src.AppendImageVersion(nil, 0, false, ImageVersion+1); err == nil {
+		t.Fatalf("AppendImageVersion wrote version %d", ImageVersion+1)
+	}
+}
+
+// TestImageCarriesCounterStates moves the records of a domain of counting
+// algorithms in the current image version, and refuses to write them in an
+// older one (whose record format has no room for them), changing nothing.
+func TestImageCarriesCounterStates(t *testing.T) {
+	d, err := window.NewDomain("api", []window.Rule{
+		{Name: "hour", Scope: window.ScopeRecipient, Algorithm: window.SlidingCounter, Limit: 10_000, Window: time.Hour},
+		{Name: "burst", Scope: window.ScopeRecipient, Algorithm: window.GCRA, Limit: 100, Window: time.Minute},
+		{Name: "day", Scope: window.ScopeRecipient, Algorithm: window.FixedWindow, Limit: 1_000_000, Window: 24 * time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 3))
+	src, sref := newTestStore(t, d, 4)
+	rcps := fill(t, src, sref, rng, 200, 3000, t0)
+	now := t0 + 3000
+	want := peekAll(t, src, sref, rcps, now)
+	dst, dref := newTestStore(t, d, 4)
+	for p := range src.Partitions() {
+		if _, _, err := src.AppendImageVersion(nil, p, true, 2); !errors.Is(err, window.ErrNeedsFormat3) {
+			t.Fatalf("partition %d: image version 2 of counter states: %v, want ErrNeedsFormat3", p, err)
+		}
+		img, _, err := src.AppendImageVersion(nil, p, false, ImageVersion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := dst.MergeImage(img, now, bindTo(dref)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := peekAll(t, src, sref, rcps, now); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatal("a refused older image changed the source")
+	}
+	if got := peekAll(t, dst, dref, rcps, now); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatal("answers differ after moving counter states")
 	}
 }
 
