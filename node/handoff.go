@@ -927,7 +927,7 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 		if err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "partition %d: %v; upgrade %s before it takes partitions of a cluster whose rules use counting algorithms", p, err, req.Node)
 		}
-		n.closePartition(int(p)) // wakes nobody; makes waiters wait for a next open
+		n.closePartition(int(p))                   // wakes nobody; makes waiters wait for a next open
 		parts, err := n.splitImages([][]byte{img}) // the acquirer logs them in bounded WAL records
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "partition %d: %v", p, err)

@@ -1,5 +1,10 @@
 // Package window is freqring's rule engine: exact sliding-window frequency
-// limits over compact per-recipient records. It is pure code: no goroutines,
+// limits over compact per-recipient records, and the counting algorithms
+// (sliding-counter, token-bucket, leaky-bucket, gcra, fixed-window) for
+// limits a timestamp log cannot hold. Each rule names its Algorithm; a
+// domain may mix them, and an item is admitted only if every rule admits
+// it, and then recorded in every rule's state at once (counter.go defines
+// each algorithm). It is pure code: no goroutines,
 // no I/O, no clock; the same inputs always give the same outputs.
 //
 // # Rules and semantics
@@ -26,8 +31,12 @@
 //
 // # Records
 //
-// This is record format 2 (RecordFormat); ConvertRecord reads and writes
-// format 1 for snapshots and peers of older releases.
+// This is record format 3 (RecordFormat); ConvertRecord reads and writes
+// formats 1 and 2 for snapshots and peers of older releases. Format 3 is
+// format 2 followed by the counter states of the counting rules (see
+// decodeCounters): a 32-bit id per rule (its name, algorithm, window and
+// buckets), the algorithm, and a few numbers. The sliding-log rules decide
+// by the logs below.
 //
 // A record is the state of one recipient in one domain: a recipient log of
 // at most max(recipient limits) timestamps within the longest recipient
@@ -55,6 +64,9 @@
 //	         many positions before the log's previous such entry (the end
 //	         of the recipient log at first) it sits, 1 to 7 bits in practice
 //	      0: width bits, the previous entry (newest at first) minus this one
+//	c        count    counter states (format 3), by ascending id, each:
+//	  id     32 bits, algorithm 3 bits, m count, width 6 bits, m values
+//	                  (the age of the state's time from newest, then counts)
 //
 //	count: 4 bits v; if v == 15, 11 more bits e and the count is 15+e.
 //

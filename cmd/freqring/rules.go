@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/freqring/freqring/rules"
+	"github.com/freqring/freqring/window"
 )
 
 const rulesUsage = `Usage:
@@ -39,7 +40,18 @@ func rulesCmd(args []string, stdout, stderr io.Writer) error {
 				if r.Shadow {
 					shadow = "  (shadow: never denies)"
 				}
-				fmt.Fprintf(stdout, "    %-20s %-18s at most %d per %v%s\n", r.Name, r.Scope, r.Limit, r.Window, shadow)
+				alg := ""
+				switch {
+				case r.Algorithm == window.SlidingCounter && r.Buckets == 0:
+					alg = fmt.Sprintf("  (sliding-counter, %d buckets)", window.DefaultBuckets)
+				case r.Algorithm == window.SlidingCounter:
+					alg = fmt.Sprintf("  (sliding-counter, %d buckets)", r.Buckets)
+				case r.Algorithm != window.SlidingLog && r.Capacity > 0:
+					alg = fmt.Sprintf("  (%v, capacity %d)", r.Algorithm, r.Capacity)
+				case r.Algorithm != window.SlidingLog:
+					alg = fmt.Sprintf("  (%v)", r.Algorithm)
+				}
+				fmt.Fprintf(stdout, "    %-20s %-18s at most %d per %v%s%s\n", r.Name, r.Scope, r.Limit, r.Window, alg, shadow)
 			}
 		}
 		for _, o := range rs.Overrides() {
