@@ -14,7 +14,13 @@ import (
 // in Fill and in the WAL. Acquire still answers version 1 to a caller that
 // asks for nothing newer, so members of version 1 left out of the ring can
 // take their partitions from a version 2 member during a rolling upgrade.
-const ProtocolVersion = 2
+//
+// Version 3: partition images of version 3 (records in window's format 3,
+// which adds the counting algorithms' states) in Fill and in the WAL.
+// Acquire answers versions 1 and 2 to callers that ask for them, unless a
+// partition holds counter states (then FailedPrecondition: no older binary
+// can load rules with counting algorithms).
+const ProtocolVersion = 3
 
 // Version returns the binary's version: the main module's version and, when
 // the build recorded them, the VCS revision (12 hex digits) and "+dirty" for
