@@ -279,6 +279,15 @@ func (s *state) decodeFormat(rec []byte, format int) error {
 //	  m values: the age of vals[0] from newest, then vals[1:] (see counterState)
 const counterBits = 56
 
+// maxCounterValue bounds every count a counter state keeps, so that sums
+// over MaxBuckets+1 sub-windows cannot overflow: counts saturate there (1e15
+// sends). maxDebt bounds a bucket's debt, above MaxCounterLimit sends of
+// MaxWindow units (a bucket keeps at most its capacity).
+const (
+	maxCounterValue = 1<<50 - 1
+	maxDebt         = 1<<55 - 1
+)
+
 func (s *state) decodeCounters(r *bitReader, size int) error {
 	k := r.count()
 	if k > MaxRules {
@@ -310,7 +319,11 @@ func (s *state) decodeCounters(r *bitReader, size int) error {
 		}
 		s.cvals = append(s.cvals, s.newest-age)
 		for range m - 1 {
-			s.cvals = append(s.cvals, int64(r.read(w)))
+			v := int64(r.read(w))
+			if most := int64(maxCounterValue); v > most && (!alg.isBucket() || v > maxDebt) {
+				return fmt.Errorf("%w: counter state %d: value %d out of range", ErrCorruptRecord, j, v)
+			}
+			s.cvals = append(s.cvals, v)
 		}
 		s.counters = append(s.counters, counterState{id: id, alg: alg, off: int32(off), n: int32(m)})
 	}

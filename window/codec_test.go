@@ -59,8 +59,12 @@ func addRandomCounters(rng *rand.Rand, s *state) {
 		}
 		off := len(s.cvals)
 		s.cvals = append(s.cvals, s.newest-rng.Int64N(min(s.newest+1, 1<<uint(rng.IntN(45)))))
+		most := 50
+		if alg.isBucket() {
+			most = 55
+		}
 		for range m - 1 {
-			s.cvals = append(s.cvals, rng.Int64N(1<<uint(rng.IntN(56))))
+			s.cvals = append(s.cvals, rng.Int64N(1<<uint(1+rng.IntN(most))))
 		}
 		s.counters = append(s.counters, counterState{id: id, alg: alg, off: int32(off), n: int32(m)})
 		id += 1 + rng.Uint32()>>12

@@ -340,7 +340,7 @@ func (c *counterRule) add(dst, vals []int64, at, cost int64) []int64 {
 		case vals == nil || start > vals[0]:
 			return append(dst, start, cost)
 		case start == vals[0]:
-			return append(dst, start, vals[1]+cost)
+			return append(dst, start, min(vals[1]+cost, maxCounterValue))
 		}
 		return append(dst, vals...)
 	}
@@ -358,7 +358,7 @@ func (c *counterRule) add(dst, vals []int64, at, cost int64) []int64 {
 	for int64(len(dst)) <= i {
 		dst = append(dst, 0)
 	}
-	dst[i] += cost
+	dst[i] = min(dst[i]+cost, maxCounterValue)
 	return dst
 }
 
