@@ -275,8 +275,10 @@ func (s *state) decodeFormat(rec []byte, format int) error {
 //	  id     32 bits  the rule's counterID
 //	  alg     3 bits  its Algorithm (not SlidingLog)
 //	  m      count    values (2 to MaxBuckets+2)
-//	  width   6 bits  bits per value (at most counterBits)
-//	  m values: the age of vals[0] from newest, then vals[1:] (see counterState)
+//	  aw      6 bits  bits of the age (at most 44)
+//	  age    aw bits  newest minus vals[0] (a time: see counterState)
+//	  width   6 bits  bits per further value (at most counterBits)
+//	  m-1 values: vals[1:]
 const counterBits = 56
 
 // maxCounterValue bounds every count a counter state keeps, so that sums
@@ -299,6 +301,11 @@ func (s *state) decodeCounters(r *bitReader, size int) error {
 		id := uint32(r.read(32))
 		alg := Algorithm(r.read(3))
 		m := r.count()
+		aw := uint(r.read(widthBits))
+		if aw > timeBits {
+			return fmt.Errorf("%w: counter state %d: age width %d", ErrCorruptRecord, j, aw)
+		}
+		age := int64(r.read(aw))
 		w := uint(r.read(widthBits))
 		switch {
 		case alg == SlidingLog || alg > FixedWindow:
@@ -309,11 +316,10 @@ func (s *state) decodeCounters(r *bitReader, size int) error {
 			return fmt.Errorf("%w: counter state %d: width %d", ErrCorruptRecord, j, w)
 		case j > 0 && id <= s.counters[j-1].id:
 			return fmt.Errorf("%w: counter state %d: id %08x out of order", ErrCorruptRecord, j, id)
-		case r.overrun(uint(m) * w):
+		case r.overrun(uint(m-1) * w):
 			return fmt.Errorf("%w: counter state %d overruns %d bytes", ErrCorruptRecord, j, size)
 		}
 		off := len(s.cvals)
-		age := int64(r.read(w))
 		if age > s.newest {
 			return fmt.Errorf("%w: counter state %d: time before 1970", ErrCorruptRecord, j)
 		}
@@ -336,16 +342,18 @@ func (s *state) encodeCounters(w *bitWriter) {
 	w.count(len(s.counters))
 	for _, c := range s.counters {
 		v := s.cvals[c.off : c.off+c.n]
-		or := s.newest - v[0]
+		var or int64
 		for _, x := range v[1:] {
 			or |= x
 		}
-		wd := widthOf(or)
+		age := s.newest - v[0]
+		aw, wd := widthOf(age), widthOf(or)
 		w.write(uint64(c.id), 32)
 		w.write(uint64(c.alg), 3)
 		w.count(int(c.n))
+		w.write(uint64(aw), widthBits)
+		w.write(uint64(age), aw)
 		w.write(uint64(wd), widthBits)
-		w.write(uint64(s.newest-v[0]), wd)
 		for _, x := range v[1:] {
 			w.write(uint64(x), wd)
 		}
@@ -366,7 +374,7 @@ func (s *state) encodeFormat(dst []byte, format int) []byte {
 	}
 	maxBits := tagBits + timeBits + 2*(countBits+countExtBits) + 1 + timeBits + 2*widthBits +
 		len(s.clogs)*(fpBits+countBits+countExtBits) + entries*(maxValueBits+1) +
-		countBits + countExtBits + len(s.counters)*(32+3+countBits+countExtBits+widthBits) + len(s.cvals)*counterBits
+		countBits + countExtBits + len(s.counters)*(32+3+countBits+countExtBits+2*widthBits+timeBits) + len(s.cvals)*counterBits
 	start := len(dst)
 	need := start + maxBits/8 + 1 + pad
 	if cap(dst) < need {

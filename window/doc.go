@@ -65,8 +65,9 @@
 //	         of the recipient log at first) it sits, 1 to 7 bits in practice
 //	      0: width bits, the previous entry (newest at first) minus this one
 //	c        count    counter states (format 3), by ascending id, each:
-//	  id     32 bits, algorithm 3 bits, m count, width 6 bits, m values
-//	                  (the age of the state's time from newest, then counts)
+//	  id     32 bits, algorithm 3 bits, m count, the age of the state's
+//	                  time from newest (6-bit width, value), then m-1 counts
+//	                  (6-bit width, values)
 //
 //	count: 4 bits v; if v == 15, 11 more bits e and the count is 15+e.
 //
