@@ -51,6 +51,9 @@ func addRandomCounters(rng *rand.Rand, s *state) {
 	for range 1 + rng.IntN(MaxRules) {
 		alg := Algorithm(1 + rng.IntN(int(FixedWindow)))
 		m := 2
+		if alg.isBucket() {
+			m += rng.IntN(2) // the time it was last full
+		}
 		if alg == SlidingCounter {
 			m = 2 + rng.IntN(60)
 			if rng.IntN(20) == 0 {

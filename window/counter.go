@@ -59,7 +59,9 @@ import (
 // include the other's. Remove (a refund) takes back from a bucket only the
 // part of the send that cannot have drained yet, c-(t-s)*Limit/Window at
 // the record's newest time t for a send at s: never more than the send
-// still counts.
+// still counts; and nothing once the bucket was full at or after the send
+// (a record-only send was then kept only in part, and the send's share is
+// unknown).
 type Algorithm uint8
 
 const (
@@ -161,7 +163,9 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // time (unix ms), written in a record as its age from the record's newest
 // send; the rest are counts:
 //
-//	bucket          [asOf, D]: the debt D at asOf, in units of 1/limit send-window
+//	bucket          [asOf, D] or [asOf, D, full]: the debt D at asOf, in units
+//	                of 1/limit send-window; full is the newest time a send
+//	                found it full and was kept only in part (record-only)
 //	fixed-window    [start, n]: n sends in the window starting at start
 //	sliding-counter [top, n0, n1, ...]: ni sends in the sub-window starting at top-i*width
 type counterState struct {
@@ -209,6 +213,15 @@ func (s *state) setCounter(c *counterRule, vals []int64) {
 	} else {
 		s.counters = append(s.counters, cs)
 	}
+}
+
+// clampedAt returns when a bucket state was last full beyond its keep (see
+// add), or 0.
+func clampedAt(vals []int64) int64 {
+	if len(vals) > 2 {
+		return vals[2]
+	}
+	return 0
 }
 
 // drain returns the debt d, in units, after el ms at limit units per ms.
@@ -328,12 +341,24 @@ func (c *counterRule) decide(vals []int64, t int64, cost int64, res *RuleResult)
 func (c *counterRule) add(dst, vals []int64, at, cost int64) []int64 {
 	switch {
 	case c.alg.isBucket():
-		asOf, d := at, int64(0)
+		asOf, d, clamped := at, int64(0), int64(0)
 		if vals != nil {
 			asOf = max(vals[0], at)
 			d = drain(vals[1], at-vals[0], c.limit)
+			if len(vals) > 2 {
+				clamped = vals[2]
+			}
 		}
-		return append(dst, asOf, min(d+cost*c.win, c.keep*c.win))
+		d += cost * c.win
+		if d > c.keep*c.win {
+			// Full: the send is only partly kept. Remember when, for
+			// Remove, which can then no longer tell its share.
+			d, clamped = c.keep*c.win, asOf
+		}
+		if clamped > 0 {
+			return append(dst, asOf, d, clamped)
+		}
+		return append(dst, asOf, d)
 	case c.alg == FixedWindow:
 		start := at / c.win * c.win
 		switch {
@@ -369,6 +394,11 @@ func (c *counterRule) remove(dst, vals []int64, at, cost int64) (out []int64, ch
 	dst = append(dst, vals...)
 	switch {
 	case c.alg.isBucket():
+		if len(dst) > 2 && dst[2] >= at {
+			// The bucket was full at or after the send: its share of the
+			// debt is unknown, and taking any back could undercount.
+			return dst, false
+		}
 		el := dst[0] - at
 		var part int64 // the units of the send that cannot have drained
 		if el < ceilDiv(cost*c.win, c.limit) {
@@ -406,7 +436,11 @@ func (c *counterRule) merge(dst, a, b []int64) []int64 {
 		return append(dst, a...)
 	case c.alg.isBucket():
 		t := max(a[0], b[0])
-		return append(dst, t, max(drain(a[1], t-a[0], c.limit), drain(b[1], t-b[0], c.limit)))
+		dst = append(dst, t, max(drain(a[1], t-a[0], c.limit), drain(b[1], t-b[0], c.limit)))
+		if cl := max(clampedAt(a), clampedAt(b)); cl > 0 {
+			dst = append(dst, cl)
+		}
+		return dst
 	case c.alg == FixedWindow:
 		switch {
 		case a[0] > b[0]:
@@ -441,6 +475,9 @@ func (c *counterRule) normalize(dst, vals []int64, t int64) []int64 {
 		d := drain(vals[1], t-vals[0], c.limit)
 		if d == 0 {
 			return nil
+		}
+		if cl := clampedAt(vals); cl > 0 {
+			return append(dst, t, d, cl)
 		}
 		return append(dst, t, d)
 	case c.alg == FixedWindow:

@@ -435,8 +435,8 @@ func (d *Domain) pruneCounters(s *state, t int64) {
 				continue
 			}
 			off := len(vals)
-			vals = c.normalize(vals, s.cvals[cs.off:cs.off+cs.n], t)
-			if len(vals) > off {
+			if nv := c.normalize(vals, s.cvals[cs.off:cs.off+cs.n], t); nv != nil { // nil: counts nothing
+				vals = nv
 				kept = append(kept, counterState{id: cs.id, alg: cs.alg, off: int32(off), n: int32(len(vals) - off)})
 			}
 			break
