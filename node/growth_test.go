@@ -34,4 +34,10 @@ func TestGrowthNamesCountingRulesThatStartAfresh(t *testing.T) {
 		g[1].rule != "hour" || !strings.Contains(g[1].why, "sliding-counter 1h0m0s/0 to fixed-window 1h0m0s/0") {
 		t.Fatalf("growth = %+v", g)
 	}
+	tb := window.Rule{Name: "tb", Scope: window.ScopeRecipient, Algorithm: window.TokenBucket, Limit: 10, Window: time.Hour, Capacity: 100}
+	lower := tb
+	lower.Capacity = 10
+	if g := growth(dom(tb), dom(lower)); len(g) != 1 || !strings.Contains(g[0].why, "capacity lowered from 100 to 10") {
+		t.Fatalf("capacity lowered: %+v", g)
+	}
 }

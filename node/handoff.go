@@ -919,10 +919,20 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 		}
 	}
 	version := min(max(int(req.ImageVersion), 1), store.ImageVersion)
+	if version < store.ImageVersion {
+		// An older version cannot carry counter states: find out before any
+		// partition is closed, so that a refusal leaves every one open.
+		for _, p := range req.Partitions {
+			if _, _, err := n.store.AppendImageVersion(nil, int(p), false, version); err != nil {
+				return nil, status.Errorf(codes.FailedPrecondition, "partition %d: %v; upgrade %s before it takes partitions of a cluster whose rules use counting algorithms", p, err, req.Node)
+			}
+		}
+	}
 	resp := &pb.AcquireResponse{Node: n.cfg.Name}
 	for _, p := range req.Partitions {
 		// An older version fails for counter states, which only a release
-		// that reads record format 3 can hold; the partition stays open here.
+		// that reads record format 3 can hold (checked above; only a state
+		// written since can fail here, and this partition stays open).
 		img, _, err := n.store.AppendImageVersion(nil, int(p), true, version)
 		if err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "partition %d: %v; upgrade %s before it takes partitions of a cluster whose rules use counting algorithms", p, err, req.Node)

@@ -113,6 +113,7 @@ type counterRule struct {
 	span0    int64 // time to drain keep, ms, at the slowest rate of the family (Widen)
 	// sliding-counter rules
 	width int64 // ms per sub-window
+	nb    int64 // sub-windows per window
 }
 
 func newCounterRule(i int, r Rule) counterRule {
@@ -124,6 +125,7 @@ func newCounterRule(i int, r Rule) counterRule {
 		c.span0 = ceilDiv(c.keep*c.win, c.limit)
 	case r.Algorithm == SlidingCounter:
 		c.width = c.win / int64(r.buckets())
+		c.nb = int64(r.buckets())
 	}
 	return c
 }
@@ -215,6 +217,32 @@ func (s *state) setCounter(c *counterRule, vals []int64) {
 	}
 }
 
+// check reports a state of rule c that this package cannot have written
+// for it: values out of line with the rule's windows, or too many. Records
+// travel between nodes and releases; a state that does not fit its rule is
+// refused (ErrCorruptRecord) rather than read as something that admits.
+func (c *counterRule) check(vals []int64) error {
+	bad := false
+	switch {
+	case c.alg.isBucket():
+		bad = len(vals) > 3
+	case c.alg == FixedWindow:
+		bad = len(vals) != 2 || vals[0]%c.win != 0
+	default:
+		bad = int64(len(vals)) > c.nb+2 || vals[0]%c.width != 0
+	}
+	if bad {
+		return fmt.Errorf("%w: %v state %v of rule %d does not fit its window", ErrCorruptRecord, c.alg, vals[:min(len(vals), 4)], c.rule)
+	}
+	return nil
+}
+
+// debt returns a bucket state's debt at vals[0], at most keep sends: a
+// reload that lowered the capacity (or, with the default capacity, the
+// limit) leaves a fuller bucket full, so that it drains within the
+// domain's Longest.
+func (c *counterRule) debt(vals []int64) int64 { return min(vals[1], c.keep*c.win) }
+
 // clampedAt returns when a bucket state was last full beyond its keep (see
 // add), or 0.
 func clampedAt(vals []int64) int64 {
@@ -243,7 +271,7 @@ func (c *counterRule) level(vals []int64, t int64) int64 {
 	}
 	switch {
 	case c.alg.isBucket():
-		return drain(vals[1], t-vals[0], c.limit)
+		return drain(c.debt(vals), t-vals[0], c.limit)
 	case c.alg == FixedWindow:
 		if t < vals[0]+c.win {
 			return vals[1]
@@ -344,7 +372,7 @@ func (c *counterRule) add(dst, vals []int64, at, cost int64) []int64 {
 		asOf, d, clamped := at, int64(0), int64(0)
 		if vals != nil {
 			asOf = max(vals[0], at)
-			d = drain(vals[1], at-vals[0], c.limit)
+			d = drain(c.debt(vals), at-vals[0], c.limit)
 			if len(vals) > 2 {
 				clamped = vals[2]
 			}
@@ -370,8 +398,14 @@ func (c *counterRule) add(dst, vals []int64, at, cost int64) []int64 {
 		return append(dst, vals...)
 	}
 	start := at / c.width * c.width
-	if vals == nil {
+	switch {
+	case vals == nil || start-vals[0] > c.nb*c.width:
+		// Nothing stored still counts at the send's time: start afresh
+		// rather than write a zero per idle sub-window.
 		return append(dst, start, cost)
+	case vals[0]-start > c.nb*c.width:
+		// An old replayed send whose sub-window no longer counts.
+		return append(dst, vals...)
 	}
 	top := max(vals[0], start)
 	dst = append(dst, top)
@@ -399,6 +433,7 @@ func (c *counterRule) remove(dst, vals []int64, at, cost int64) (out []int64, ch
 			// debt is unknown, and taking any back could undercount.
 			return dst, false
 		}
+		dst[1] = c.debt(dst)
 		el := dst[0] - at
 		var part int64 // the units of the send that cannot have drained
 		if el < ceilDiv(cost*c.win, c.limit) {
@@ -436,7 +471,7 @@ func (c *counterRule) merge(dst, a, b []int64) []int64 {
 		return append(dst, a...)
 	case c.alg.isBucket():
 		t := max(a[0], b[0])
-		dst = append(dst, t, max(drain(a[1], t-a[0], c.limit), drain(b[1], t-b[0], c.limit)))
+		dst = append(dst, t, max(drain(c.debt(a), t-a[0], c.limit), drain(c.debt(b), t-b[0], c.limit)))
 		if cl := max(clampedAt(a), clampedAt(b)); cl > 0 {
 			dst = append(dst, cl)
 		}
@@ -455,6 +490,9 @@ func (c *counterRule) merge(dst, a, b []int64) []int64 {
 	}
 	dst = append(dst, a...)
 	shift := (a[0] - b[0]) / c.width
+	if shift > c.nb {
+		return dst // nothing of b still counts at a's newest sub-window
+	}
 	for i, v := range b[1:] {
 		j := 1 + shift + int64(i)
 		for int64(len(dst)) <= j {
@@ -472,7 +510,7 @@ func (c *counterRule) merge(dst, a, b []int64) []int64 {
 func (c *counterRule) normalize(dst, vals []int64, t int64) []int64 {
 	switch {
 	case c.alg.isBucket():
-		d := drain(vals[1], t-vals[0], c.limit)
+		d := drain(c.debt(vals), t-vals[0], c.limit)
 		if d == 0 {
 			return nil
 		}

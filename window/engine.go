@@ -57,7 +57,8 @@ type Item struct {
 type RuleResult struct {
 	// Used counts the sends of the rule's scope in (At-Window, At] after the
 	// decision. It saturates at the largest limit of the scope (the log keeps
-	// no more), which is never below this rule's limit.
+	// no more), which is never below this rule's limit. A counting rule
+	// reports its own count, or a bucket's level rounded up (Algorithm).
 	Used int
 	// Remaining is Limit-Used, never below 0.
 	Remaining int
@@ -113,6 +114,9 @@ type Scratch struct {
 // This takes O(rules * log(entries)) after decoding the record.
 func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, dec *Decision) ([]byte, error) {
 	cost, err := s.load(rec, tag, now, it)
+	if err == nil {
+		err = d.checkCounters(&s.st)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -241,6 +245,20 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	return out, nil
 }
 
+// checkCounters checks every counter state of st that belongs to a rule of
+// d (see counterRule.check).
+func (d *Domain) checkCounters(st *state) error {
+	for i := range d.counters {
+		c := &d.counters[i]
+		if v := st.counterVals(c); v != nil {
+			if err := c.check(v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // load validates it and the time t (unix ms), and decodes rec (a new record
 // with tag if empty) into s. It returns the item's cost.
 func (s *Scratch) load(rec []byte, tag uint16, t int64, it Item) (int, error) {
@@ -286,12 +304,18 @@ func (s *Scratch) addCounters(d *Domain, at, cost int64) {
 // its sends in time order among those the record holds, whatever their
 // times. Mode is ignored. A record is a function of the set of sends it was
 // given: inserting the same sends in any order, or applying them in time
-// order, gives identical bytes. That is how a node rebuilds records from its
-// write-ahead log, where concurrent batches may appear out of time order.
+// order, gives identical bytes; except for bucket rules (token, leaky,
+// gcra), to which a send older than the record's newest is added without
+// draining, which can only deny early (see Algorithm). That is how a node
+// rebuilds records from its write-ahead log, where concurrent batches may
+// appear out of time order.
 // The returned bytes live in s, valid until the next call with s.
 func (d *Domain) Insert(s *Scratch, rec []byte, tag uint16, at int64, it Item) ([]byte, error) {
 	it.Mode = CheckAndRecord // ignored; any mode is valid here
 	cost, err := s.load(rec, tag, at, it)
+	if err == nil {
+		err = d.checkCounters(&s.st)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -496,6 +520,12 @@ func (d *Domain) Merge(s *Scratch, a, b []byte) ([]byte, error) {
 		}
 	}
 	x, y, m := &s.st, &s.other, &s.merged
+	if err := d.checkCounters(x); err != nil {
+		return nil, err
+	}
+	if err := d.checkCounters(y); err != nil {
+		return nil, err
+	}
 	m.reset(tag)
 	m.newest = max(x.newest, y.newest)
 	for i := range d.counters {

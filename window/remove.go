@@ -27,6 +27,9 @@ package window
 func (d *Domain) Remove(s *Scratch, rec []byte, tag uint16, at int64, it Item) (out []byte, removed int, emptied bool, err error) {
 	it.Mode = CheckAndRecord // ignored; any mode is valid here
 	cost, err := s.load(rec, tag, at, it)
+	if err == nil {
+		err = d.checkCounters(&s.st)
+	}
 	if err != nil || len(rec) == 0 {
 		return nil, 0, false, err
 	}
