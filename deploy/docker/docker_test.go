@@ -19,7 +19,7 @@ import (
 // Bounds of single docker commands.
 const (
 	dockerTimeout = 60 * time.Second // any command but build and stop
-	buildTimeout  = 5 * time.Minute  // go build and docker build
+	buildTimeout  = 10 * time.Minute // go build (a cold cache, on 2 busy cores: 5 min was not enough) and docker build
 	stopGrace     = 30               // seconds docker stop waits before SIGKILL
 )
 
