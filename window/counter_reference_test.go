@@ -256,7 +256,11 @@ func runCounterReference(t *testing.T, rng *rand.Rand, d *Domain, ops, keys, max
 
 func TestCountersMatchReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(16, 1))
-	for i := range 300 {
+	domains := 300
+	if raceEnabled {
+		domains = 60
+	}
+	for i := range domains {
 		d := randomCounterDomain(rng, i%3 == 0)
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			runCounterReference(t, rng, d, 400, 3, 1+rng.IntN(400))
@@ -278,7 +282,11 @@ func TestEachAlgorithmMatchesReference(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			runCounterReference(t, rng, d, 20_000, 2, 2*1200/7)
+			ops := 20_000
+			if raceEnabled {
+				ops = 4_000
+			}
+			runCounterReference(t, rng, d, ops, 2, 2*1200/7)
 		})
 	}
 }
