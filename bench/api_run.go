@@ -2,8 +2,11 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -263,4 +266,35 @@ func auditSent(r window.Rule, perWorker [][]apiSent) (KeyAudit, error) {
 		}
 	}
 	return auditKeys(keys, ats, r.WindowMillis(), r.Limit, counts), nil
+}
+
+// WriteAPIJSON writes api reports to path as indented JSON.
+func WriteAPIJSON(path string, reports []*APIReport) error {
+	b, err := json.MarshalIndent(reports, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// WriteAPITable prints the reports as WriteTable does (a decision is a
+// call, of two checks), then each target's denials by key and audit per
+// rule, the exact sliding window's count included.
+func WriteAPITable(w io.Writer, reports []*APIReport) error {
+	rs := make([]*Report, len(reports))
+	for i, r := range reports {
+		rs[i] = r.Report
+	}
+	if err := WriteTable(w, rs); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, r := range reports {
+		fmt.Fprintf(w, "%s (%s): %.0f checks/s; denied by (app, ip) %d, by (app, user, interface) %d\n",
+			r.Target, r.Algorithm, 2*r.PerSecond, r.DeniedByIP, r.DeniedByUser)
+		if r.AuditSkipped == "" {
+			fmt.Fprintf(w, "  (app, ip):                 %v\n  (app, user, interface):    %v\n", r.IPAudit, r.UserAudit)
+		}
+	}
+	return nil
 }

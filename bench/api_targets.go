@@ -313,14 +313,19 @@ func (t *APIRedisTarget) CheckCalls(ctx context.Context, calls []Call, out []Cal
 }
 
 // Memory implements APITarget: used_memory above what it was when the
-// target connected, and the number of keys (DBSIZE).
+// target connected, and the number of its keys (SCAN of its prefix; a
+// fixed window's keys of past windows count until they expire).
 func (t *APIRedisTarget) Memory(ctx context.Context) (int64, int64, error) {
 	used, err := (&RedisTarget{rdb: t.rdb}).usedMemory(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
-	n, err := t.rdb.DBSize(ctx).Result()
-	return used - t.base, n, err
+	var n int64
+	iter := t.rdb.Scan(ctx, 0, t.prefix+"*", 10_000).Iterator()
+	for iter.Next(ctx) {
+		n++
+	}
+	return used - t.base, n, iter.Err()
 }
 
 // Close implements APITarget.
