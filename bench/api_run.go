@@ -124,17 +124,21 @@ func RunAPI(ctx context.Context, target APITarget, cfg APIConfig) (*APIReport, e
 				var a, d, e, g, bi, bu int64
 				for i, c := range calls {
 					o := &out[i]
-					if err != nil || o.Err != nil {
+					if err != nil {
 						e++
 						continue
 					}
 					// What a key recorded counts for the oracle, whatever
-					// the call's outcome.
+					// the call's outcome (the other key may have failed).
 					if rc.Audit && o.IPRecorded {
 						ipSends[w] = append(ipSends[w], apiSent{c.ipKey(), o.IPAt})
 					}
 					if rc.Audit && o.UserRecorded {
 						userSends[w] = append(userSends[w], apiSent{c.userKey(), o.UserAt})
+					}
+					if o.Err != nil {
+						e++
+						continue
 					}
 					switch {
 					case o.Degraded:

@@ -88,7 +88,7 @@ func (t *APIFreqringTarget) CheckCalls(ctx context.Context, calls []Call, out []
 		default:
 			o.DeniedBy = "user"
 		}
-		if t.Refund && !o.Allowed && o.Err == nil {
+		if t.Refund && o.DeniedBy != "" {
 			for k, rec := range []bool{o.IPRecorded, o.UserRecorded} {
 				if rec {
 					it := items[2*i+k]
