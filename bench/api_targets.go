@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,7 +19,8 @@ import (
 // APIFreqringTarget checks the seed 004 workload through the ring-aware
 // client: a request of n calls is one CheckBatch of 2n items, each call's
 // (app, ip) key in domain api-ip and its (app, user, interface) key in
-// domain api-user, which the client splits into one RPC per owner. The two
+// domain api-user, which the client splits into one RPC per owner (a request
+// of one call: two single Checks, which the client coalesces). The two
 // keys of a call are decided independently (they live on different nodes);
 // each records its own admitted check. With Refund, a key that admitted a
 // call the other key denied is refunded (by its request id, in one more
@@ -57,14 +59,9 @@ func (t *APIFreqringTarget) CheckCalls(ctx context.Context, calls []Call, out []
 			items[2*i].RequestID, items[2*i+1].RequestID = randID(), randID()
 		}
 	}
-	decs, err := t.c.CheckBatch(ctx, items)
-	var bad client.ItemErrors
-	if err != nil && !errors.As(err, &bad) {
+	decs, failed, err := t.decide(ctx, items)
+	if err != nil {
 		return err
-	}
-	failed := make([]error, len(items))
-	for _, e := range bad {
-		failed[e.Index] = e
 	}
 	var refunds []client.Item
 	var refundOf []int // item index of each refund
@@ -101,8 +98,8 @@ func (t *APIFreqringTarget) CheckCalls(ctx context.Context, calls []Call, out []
 		out[i] = o
 	}
 	if len(refunds) > 0 {
-		rdecs, err := t.c.CheckBatch(ctx, refunds)
-		if err != nil && !errors.As(err, &bad) {
+		rdecs, _, err := t.decide(ctx, refunds)
+		if err != nil {
 			return err
 		}
 		for j, d := range rdecs {
@@ -117,6 +114,41 @@ func (t *APIFreqringTarget) CheckCalls(ctx context.Context, calls []Call, out []
 		}
 	}
 	return nil
+}
+
+// decide checks items: up to two (a single call's keys) as concurrent
+// single Checks, which the client coalesces with other callers' on a
+// CheckStream per node, as FreqringTarget does a batch of one; more in one
+// CheckBatch. It returns the decisions, each item's failure, and an error
+// that fails the whole call.
+func (t *APIFreqringTarget) decide(ctx context.Context, items []client.Item) ([]client.Decision, []error, error) {
+	decs := make([]client.Decision, len(items))
+	failed := make([]error, len(items))
+	if len(items) <= 2 {
+		var wg sync.WaitGroup
+		for i := range items {
+			wg.Go(func() { decs[i], failed[i] = t.c.Check(ctx, items[i]) })
+		}
+		wg.Wait()
+		for i, err := range failed {
+			if errors.Is(err, client.ErrClosed) {
+				return nil, nil, err
+			}
+			if err != nil {
+				decs[i] = client.Decision{}
+			}
+		}
+		return decs, failed, nil
+	}
+	decs, err := t.c.CheckBatch(ctx, items)
+	var bad client.ItemErrors
+	if err != nil && !errors.As(err, &bad) {
+		return nil, nil, err
+	}
+	for _, e := range bad {
+		failed[e.Index] = e
+	}
+	return decs, failed, nil
 }
 
 // Memory implements APITarget: the nodes' store heap and the keys they own.
