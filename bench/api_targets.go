@@ -103,9 +103,7 @@ func (t *APIFreqringTarget) CheckCalls(ctx context.Context, calls []Call, out []
 			return err
 		}
 		for j, d := range rdecs {
-			// Duplicate: an earlier attempt of this very refund (the
-			// client retries a call whose answer was lost) took it back.
-			if !d.Refunded && !d.Duplicate {
+			if !d.Refunded {
 				continue // not taken back: the send still counts
 			}
 			if k := refundOf[j]; k%2 == 0 {
