@@ -149,8 +149,8 @@ func growth(from, to *window.Domain) []ruleGrowth {
 			case o.Algorithm != r.Algorithm || o.Window != r.Window || o.Buckets != r.Buckets:
 				why = append(why, fmt.Sprintf("algorithm, window or buckets changed (%v %v/%d to %v %v/%d): its state counts sends from the reload on",
 					o.Algorithm, o.Window, o.Buckets, r.Algorithm, r.Window, r.Buckets))
-			case bucketCapacity(r) < bucketCapacity(o):
-				why = append(why, fmt.Sprintf("capacity lowered from %d to %d: a bucket fuller than that reads as full", bucketCapacity(o), bucketCapacity(r)))
+			case r.BucketCapacity() < o.BucketCapacity():
+				why = append(why, fmt.Sprintf("capacity lowered from %d to %d: a bucket fuller than that reads as full", o.BucketCapacity(), r.BucketCapacity()))
 			}
 		} else {
 			if w := r.WindowMillis(); w > span[r.Scope] {
@@ -166,18 +166,6 @@ func growth(from, to *window.Domain) []ruleGrowth {
 	}
 	slices.SortFunc(out, func(a, b ruleGrowth) int { return strings.Compare(a.rule, b.rule) })
 	return out
-}
-
-// bucketCapacity returns the capacity of a bucket rule (its limit when
-// unset), or 0 for any other.
-func bucketCapacity(r window.Rule) int {
-	switch {
-	case r.Algorithm != window.TokenBucket && r.Algorithm != window.LeakyBucket && r.Algorithm != window.GCRA:
-		return 0
-	case r.Capacity > 0:
-		return r.Capacity
-	}
-	return r.Limit
 }
 
 // RuleSet returns the rules in force: those of Config, or of the last

@@ -100,6 +100,15 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 
 func (a Algorithm) isBucket() bool { return a == TokenBucket || a == LeakyBucket || a == GCRA }
 
+// BucketCapacity returns the capacity of a bucket rule (token-bucket,
+// leaky-bucket, gcra): Capacity, or Limit when unset; 0 for any other rule.
+func (r Rule) BucketCapacity() int {
+	if !r.Algorithm.isBucket() {
+		return 0
+	}
+	return r.capacity()
+}
+
 // counterRule is the compiled form of a rule of a counting algorithm.
 type counterRule struct {
 	rule  int // index in Domain.rules
@@ -135,16 +144,13 @@ func newCounterRule(i int, r Rule) counterRule {
 // state, whatever the new limit or capacity (the state's units do not
 // depend on them); a rule whose window or algorithm changes starts afresh.
 func counterID(r Rule) uint32 {
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d", r.Name, r.Algorithm, r.WindowMillis(), r.buckets()*boolInt(r.Algorithm == SlidingCounter))
-	return h.Sum32()
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
+	buckets := 0
+	if r.Algorithm == SlidingCounter {
+		buckets = r.buckets()
 	}
-	return 0
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d", r.Name, r.Algorithm, r.WindowMillis(), buckets)
+	return h.Sum32()
 }
 
 // span returns how long after a record's newest send this rule's state can
