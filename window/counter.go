@@ -233,7 +233,7 @@ func (c *counterRule) check(vals []int64) error {
 	case c.alg.isBucket():
 		bad = len(vals) > 3
 	case c.alg == FixedWindow:
-		bad = len(vals) != 2 || vals[0]%c.win != 0
+		bad = len(vals) != 2 || c.windowStart(vals[0]) != vals[0]
 	default:
 		bad = int64(len(vals)) > c.nb+2 || vals[0]%c.width != 0
 	}
@@ -279,7 +279,7 @@ func (c *counterRule) level(vals []int64, t int64) int64 {
 	case c.alg.isBucket():
 		return drain(c.debt(vals), t-vals[0], c.limit)
 	case c.alg == FixedWindow:
-		if t < vals[0]+c.win {
+		if t < c.windowEnd(vals[0]) {
 			return vals[1]
 		}
 		return 0
@@ -322,6 +322,14 @@ func (c *counterRule) mostValue() int64 {
 	return c.limit
 }
 
+// windowStart returns the start of the fixed window holding t (unix ms),
+// and windowEnd the end (exclusive) of the window starting at start. Times
+// are at least 0 (the engine refuses earlier ones). Every fixed-window
+// computation goes through these two.
+func (c *counterRule) windowStart(t int64) int64 { return t / c.win * c.win }
+
+func (c *counterRule) windowEnd(start int64) int64 { return start + c.win }
+
 // leaves returns when the sub-window starting at start stops counting: its
 // last ms plus the window.
 func (c *counterRule) leaves(start int64) int64 { return start + c.width - 1 + c.win }
@@ -349,7 +357,7 @@ func (c *counterRule) decide(vals []int64, t int64, cost int64, res *RuleResult)
 	case cost > c.limit:
 		res.RetryAfter = -1
 	case c.alg == FixedWindow:
-		res.RetryAfter = (t/c.win+1)*c.win - t
+		res.RetryAfter = c.windowEnd(c.windowStart(t)) - t
 	default:
 		// Sub-windows leave oldest first; the first at which the estimate
 		// has room for cost.
@@ -394,7 +402,7 @@ func (c *counterRule) add(dst, vals []int64, at, cost int64) []int64 {
 		}
 		return append(dst, asOf, d)
 	case c.alg == FixedWindow:
-		start := at / c.win * c.win
+		start := c.windowStart(at)
 		switch {
 		case vals == nil || start > vals[0]:
 			return append(dst, start, cost)
@@ -449,7 +457,7 @@ func (c *counterRule) remove(dst, vals []int64, at, cost int64) (out []int64, ch
 		dst[1] -= part
 		return dst, part > 0
 	case c.alg == FixedWindow:
-		if at/c.win*c.win != dst[0] || dst[1] == 0 {
+		if c.windowStart(at) != dst[0] || dst[1] == 0 {
 			return dst, false
 		}
 		dst[1] -= min(cost, dst[1])
@@ -525,7 +533,7 @@ func (c *counterRule) normalize(dst, vals []int64, t int64) []int64 {
 		}
 		return append(dst, t, d)
 	case c.alg == FixedWindow:
-		if vals[0]+c.win <= t || vals[1] == 0 {
+		if c.windowEnd(vals[0]) <= t || vals[1] == 0 {
 			return nil
 		}
 		return append(dst, vals...)
