@@ -97,23 +97,67 @@ func (t *APIFreqringTarget) CheckCalls(ctx context.Context, calls []Call, out []
 		}
 		out[i] = o
 	}
-	if len(refunds) > 0 {
-		rdecs, _, err := t.decide(ctx, refunds)
+	return settleRefunds(ctx, t.decide, refunds, refundOf, out)
+}
+
+// refundTries bounds the attempts at one refund (each the client's call,
+// with its own retry).
+const refundTries = 5
+
+// settleRefunds sends refunds (refundOf[j] is the item index, 2*call+key,
+// of refunds[j]) through decide and marks each send taken back as not
+// recorded in out.
+//
+// A refund's answer is definite when it says Refunded, or Duplicate (an
+// earlier attempt of this very refund, whose answer the client lost and
+// retried, took the send back: the bench refunds each id once), or the
+// item failed (refused: nothing changed). A degraded refund (no node
+// answered in time) may or may not have been applied: it is sent again
+// with the same request id, which a node applies at most once, until its
+// answer is definite. One still unknown after refundTries fails its call,
+// and its send is left out of the oracle's replay, which must never count
+// a send the node may have taken back.
+func settleRefunds(ctx context.Context, decide func(context.Context, []client.Item) ([]client.Decision, []error, error), refunds []client.Item, refundOf []int, out []CallResult) error {
+	for try := 0; len(refunds) > 0; try++ {
+		rdecs, failed, err := decide(ctx, refunds)
 		if err != nil {
 			return err
 		}
+		var again []client.Item
+		var againOf []int
 		for j, d := range rdecs {
-			if !d.Refunded {
-				continue // not taken back: the send still counts
-			}
-			if k := refundOf[j]; k%2 == 0 {
-				out[k/2].IPRecorded = false
-			} else {
-				out[k/2].UserRecorded = false
+			k := refundOf[j]
+			switch {
+			case failed[j] != nil:
+				// Refused (not retryable): the node changed nothing, and
+				// the send still counts.
+				if out[k/2].Err == nil {
+					out[k/2].Err = fmt.Errorf("bench: refund: %w", failed[j])
+				}
+			case d.Degraded && try+1 < refundTries:
+				again = append(again, refunds[j])
+				againOf = append(againOf, k)
+			case d.Degraded:
+				if out[k/2].Err == nil {
+					out[k/2].Err = fmt.Errorf("bench: refund of request id %d: no node answered in %d tries", refunds[j].RequestID, refundTries)
+				}
+				out[k/2].setRecorded(k%2, false) // the oracle must not count a send the node may have taken back
+			case d.Refunded || d.Duplicate:
+				out[k/2].setRecorded(k%2, false)
 			}
 		}
+		refunds, refundOf = again, againOf
 	}
 	return nil
+}
+
+// setRecorded sets whether the call's key k (0: ip, 1: user) counts.
+func (o *CallResult) setRecorded(k int, rec bool) {
+	if k == 0 {
+		o.IPRecorded = rec
+	} else {
+		o.UserRecorded = rec
+	}
 }
 
 // decide checks items: up to two (a single call's keys) as concurrent
