@@ -46,9 +46,16 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxDelay := fs.Duration("max-delay", 0, "freqring client: how long single checks wait to share an RPC (0: the client's default, 200µs; negative: send at once)")
 	unary := fs.Bool("unary", false, "freqring client: send coalesced single checks (--batch 1) as unary Check RPCs instead of on a CheckStream per node (for comparison)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
+	workload := fs.String("workload", "messages", "messages (seed 000: recipients and templates) or api (seed 004: app+ip and app+user+interface keys, two checks a call)")
+	algorithm := fs.String("algorithm", "fixed-window", "--workload api: the rules' algorithm, fixed-window (seed 004's Redis design; --target redis runs it) or sliding-counter (seed 003's; --target redis runs its Redis hash); ignored with --rules")
+	apps := fs.Int("apps", 100, "--workload api: apps")
+	ips := fs.Int("ips", 10_000, "--workload api: client IPs")
+	users := fs.Int("users", 100_000, "--workload api: users")
+	interfaces := fs.Int("interfaces", 50, "--workload api: interfaces")
+	refund := fs.Bool("refund", false, "--workload api, freqring: refund a key's admission when the call's other key denies it (so that it counts allowed calls only, as the Redis scripts do)")
 	tf := addTLSFlags(fs, false)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: freqring bench [flags]\n\nRuns the seed's workload against freqring and/or Redis running the seed's design, and prints\ndecisions/s, latency percentiles, memory per recipient and the over-admission count.\nIt starts nothing unless --start-cluster or --start-redis asks.\n\n")
+		fmt.Fprintf(fs.Output(), "Usage: freqring bench [flags]\n\nWith --workload api, runs seed 004's open-platform API workload (each call checks app+ip in domain\napi-ip, 10,000 an hour, and app+user+interface in api-user, 1,000 an hour; --zipf 0 means 1.1 there,\nnegative uniform) against freqring and/or Redis (--target freqring,redis).\nOtherwise, runs the seed's workload against freqring and/or Redis running the seed's design, and prints\ndecisions/s, latency percentiles, memory per recipient and the over-admission count.\nIt starts nothing unless --start-cluster or --start-redis asks.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -64,6 +71,18 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fp = client.FailClosed
 	default:
 		return usagef("--fail %q is not one of open, closed", *policy)
+	}
+	if *workload == "api" {
+		return benchAPI(ctx, apiBenchOptions{
+			targets: *targets, addr: *addr, redisAddr: *redisAddr, startRedis: *startRedis, startCluster: *startCluster,
+			replication: *replication, rulesPath: *rulesPath, algorithm: *algorithm, refund: *refund, policy: fp, tls: tf,
+			workload: bench.APIWorkload{Apps: *apps, IPs: *ips, Users: *users, Interfaces: *interfaces, Zipf: *zipf, Seed: *seed},
+			run:      bench.Config{Concurrency: *concurrency, Batch: *batch, Warmup: *warmup, Duration: *duration, MaxOps: *maxOps, Audit: *audit},
+			rate:     *rate, maxDelay: *maxDelay, unary: *unary, quiet: *quiet, jsonPath: *jsonPath, svgPath: *svgPath,
+		}, stdout, stderr)
+	}
+	if *workload != "messages" {
+		return usagef("--workload %q is not one of messages, api", *workload)
 	}
 	rs := rules.Default()
 	if *rulesPath != "" {

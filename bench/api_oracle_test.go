@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/freqring/freqring/window"
+)
+
+func TestAuditKeysHandMade(t *testing.T) {
+	fixed := window.Rule{Name: "f", Scope: window.ScopeRecipient, Limit: 2, Window: time.Second, Algorithm: window.FixedWindow}
+	counter := window.Rule{Name: "c", Scope: window.ScopeRecipient, Limit: 2, Window: time.Second, Algorithm: window.SlidingCounter, Buckets: 10}
+	at := func(key string, ts ...int64) []KeySend {
+		var out []KeySend
+		for _, t := range ts {
+			out = append(out, KeySend{Key: key, At: t})
+		}
+		return out
+	}
+	join := func(ss ...[]KeySend) []KeySend {
+		var out []KeySend
+		for _, s := range ss {
+			out = append(out, s...)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name        string
+		rule        window.Rule
+		sends       []KeySend
+		over, exact int64
+	}{
+		{"fixed: three in one window", fixed, at("a", 0, 500, 999), 1, 1},
+		{"fixed: two each side of a boundary", fixed, at("a", 998, 999, 1000, 1001), 0, 2},
+		{"fixed: same millisecond", fixed, at("a", 5, 5, 5), 1, 1},
+		{"fixed: keys apart", fixed, join(at("a", 0, 1), at("b", 2, 3), at("c", 4)), 0, 0},
+		{"fixed: order given", fixed, at("a", 999, 0, 500, 1000), 1, 2},
+		{"fixed: negative times align", fixed, at("a", -1, -1000, 0), 0, 0},
+		{"fixed: negative window", fixed, at("a", -1, -1000, -500), 1, 1},
+		{"counter: oldest bucket gone at its end+W", counter, at("a", 0, 1050, 1099), 0, 0},
+		{"counter: oldest bucket still counts", counter, at("a", 0, 1050, 1098), 1, 0},
+		{"counter: whole bucket counts", counter, at("a", 50, 60, 1055), 1, 0},
+		{"counter: within limit", counter, at("a", 0, 99, 1099, 1150), 0, 0},
+		{"counter: exact breach is a breach", counter, at("a", 100, 200, 300), 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := AuditKeys(tc.rule, tc.sends)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.OverAdmissions != tc.over || a.ExactOverAdmissions != tc.exact || a.Sends != int64(len(tc.sends)) {
+				t.Fatalf("%v, want %d over-admitted, %d exact", a, tc.over, tc.exact)
+			}
+		})
+	}
+	if _, err := AuditKeys(window.Rule{Name: "l", Scope: window.ScopeRecipient, Limit: 1, Window: time.Second}, nil); err == nil {
+		t.Fatal("a sliding-log rule accepted")
+	}
+}
+
+// bruteAudit counts over-admissions straight from the definitions, in
+// O(n²): for each send j, the sends i of its key with at_i < at_j, or at_i
+// == at_j and i given before j, that count at at_j.
+func bruteAudit(r window.Rule, sends []KeySend) (over, exact int64) {
+	w := r.WindowMillis()
+	b := w / int64(max(r.Buckets, 1))
+	for j, s := range sends {
+		var n, e int
+		for i, p := range sends {
+			if p.Key != s.Key || p.At > s.At || (p.At == s.At && i > j) {
+				continue
+			}
+			var c bool
+			if r.Algorithm == window.FixedWindow {
+				c = floorDiv(p.At, w) == floorDiv(s.At, w)
+			} else {
+				c = floorDiv(p.At, b)*b+b-1+w > s.At
+			}
+			if c {
+				n++
+			}
+			if p.At > s.At-w {
+				e++
+			}
+		}
+		if n > r.Limit {
+			over++
+		}
+		if e > r.Limit {
+			exact++
+		}
+	}
+	return over, exact
+}
+
+func TestAuditKeysMatchesBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	for round := range 40 {
+		alg := window.FixedWindow
+		r := window.Rule{Name: "r", Scope: window.ScopeRecipient, Limit: 1 + rng.IntN(5), Window: time.Duration(100*(1+rng.IntN(20))) * time.Millisecond, Algorithm: alg}
+		if round%2 == 1 {
+			r.Algorithm, r.Buckets = window.SlidingCounter, []int{1, 2, 4, 5, 10}[rng.IntN(5)]
+		}
+		var sends []KeySend
+		at := int64(1_790_000_000_000)
+		for range 400 {
+			at += int64(rng.IntN(120)) - 20 // some out of order
+			sends = append(sends, KeySend{Key: fmt.Sprint(rng.IntN(3)), At: at})
+		}
+		got, err := AuditKeys(r, sends)
+		if err != nil {
+			t.Fatal(err)
+		}
+		over, exact := bruteAudit(r, sends)
+		if got.OverAdmissions != over || got.ExactOverAdmissions != exact {
+			t.Fatalf("round %d %v %d/%v/%d: %v, brute force %d over, %d exact", round, r.Algorithm, r.Limit, r.Window, r.Buckets, got, over, exact)
+		}
+		if over == 0 {
+			t.Fatalf("round %d: the random sends break no rule: the test tests nothing", round)
+		}
+	}
+}
+
+// TestAuditKeysAgreesWithEngine: what the engine admits under each counting
+// algorithm passes the audit, and any one denied attempt added as if
+// admitted fails it.
+func TestAuditKeysAgreesWithEngine(t *testing.T) {
+	for _, alg := range []window.Algorithm{window.FixedWindow, window.SlidingCounter} {
+		t.Run(alg.String(), func(t *testing.T) {
+			r := window.Rule{Name: "r", Scope: window.ScopeRecipient, Limit: 5, Window: 10 * time.Second, Algorithm: alg}
+			if alg == window.SlidingCounter {
+				r.Buckets = 10
+			}
+			d, err := window.NewDomain("d", []window.Rule{r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(9, uint64(alg)))
+			var s window.Scratch
+			recs := map[string][]byte{}
+			var admitted, denied []KeySend
+			now := int64(1_790_000_000_000)
+			for range 20_000 {
+				now += int64(rng.IntN(1500))
+				key := string(rune('a' + rng.IntN(3)))
+				var dec window.Decision
+				out, err := d.Apply(&s, recs[key], 0, now, window.Item{}, &dec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out != nil {
+					recs[key] = append([]byte(nil), out...)
+				}
+				if dec.Admitted {
+					admitted = append(admitted, KeySend{key, dec.At})
+				} else {
+					denied = append(denied, KeySend{key, dec.At})
+				}
+			}
+			a, err := AuditKeys(r, admitted)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.OverAdmissions != 0 {
+				t.Fatalf("engine-admitted sends fail the audit: %v", a)
+			}
+			if alg == window.SlidingCounter && a.ExactOverAdmissions != 0 {
+				t.Fatalf("a sliding counter admitted beyond the exact window: %v", a)
+			}
+			t.Logf("%d admitted, %d denied: %v", len(admitted), len(denied), a)
+			if len(denied) < 100 {
+				t.Fatalf("only %d denials: the sequence does not test the limits", len(denied))
+			}
+			for _, extra := range denied[:100] {
+				a, _ := AuditKeys(r, append(append([]KeySend(nil), admitted...), extra))
+				if a.OverAdmissions == 0 {
+					t.Fatalf("a denied send %+v passes the audit when added", extra)
+				}
+			}
+		})
+	}
+}
