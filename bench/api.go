@@ -152,7 +152,9 @@ type APIRules struct {
 // DefaultAPIRules returns seed 004's limits, 10,000 calls an hour per (app,
 // ip) and 1,000 per (app, user, interface), with algorithm alg:
 // window.FixedWindow is seed 004's Redis design (a counter per aligned
-// hour), window.SlidingCounter seed 003's (60 sub-windows of a minute).
+// hour), window.SlidingCounter seed 003's (60 sub-windows of a minute); the
+// buckets (token-bucket, leaky-bucket, gcra) hold the limit and drain it
+// over the hour, and have no Redis design in the seeds.
 func DefaultAPIRules(alg window.Algorithm) APIRules {
 	r := APIRules{
 		IP:   window.Rule{Name: "app-ip-hour", Scope: window.ScopeRecipient, Limit: 10_000, Window: time.Hour, Algorithm: alg},
@@ -164,14 +166,17 @@ func DefaultAPIRules(alg window.Algorithm) APIRules {
 	return r
 }
 
+// apiAlgorithms are the algorithms the api workload runs.
+const apiAlgorithms = "fixed-window, sliding-counter, token-bucket, leaky-bucket, gcra"
+
 // Validate checks both rules.
 func (r APIRules) Validate() error {
 	for _, x := range []window.Rule{r.IP, r.User} {
 		if err := x.Validate(); err != nil {
 			return err
 		}
-		if x.Algorithm != window.FixedWindow && x.Algorithm != window.SlidingCounter {
-			return fmt.Errorf("bench: rule %s: algorithm %v; the api workload takes fixed-window or sliding-counter", x.Name, x.Algorithm)
+		if x.Algorithm == window.SlidingLog {
+			return fmt.Errorf("bench: rule %s: algorithm %v; the api workload takes a counting algorithm (%s)", x.Name, x.Algorithm, apiAlgorithms)
 		}
 	}
 	return nil
@@ -183,6 +188,9 @@ func (r APIRules) YAML() []byte {
 		s := fmt.Sprintf("{name: %s, algorithm: %s, limit: %d, window: %s", x.Name, x.Algorithm, x.Limit, x.Window)
 		if x.Buckets != 0 {
 			s += fmt.Sprintf(", buckets: %d", x.Buckets)
+		}
+		if x.Capacity != 0 {
+			s += fmt.Sprintf(", capacity: %d", x.Capacity)
 		}
 		return s + "}"
 	}

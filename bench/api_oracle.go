@@ -22,7 +22,8 @@ type KeyAudit struct {
 	OverAdmissions int64
 	// ExactOverAdmissions are sends that took an exact sliding window,
 	// (t-W, t], above the limit. Information only for a fixed window, which
-	// admits up to twice the limit across a window boundary; none for a
+	// admits up to twice the limit across a window boundary, and a bucket,
+	// which admits its capacity at once and refills meanwhile; none for a
 	// sliding counter, which never counts fewer sends than the exact window.
 	ExactOverAdmissions int64
 }
@@ -41,12 +42,16 @@ func (a KeyAudit) String() string {
 //   - sliding-counter: with sub-windows of B = W/Buckets ms, a send at s
 //     still counts at t while floor(s/B)*B+B-1+W > t; the sends of its key
 //     that count at t, up to and including it, must number at most Limit;
+//   - token-bucket, leaky-bucket, gcra (one meter): the key's debt D, which
+//     rises by 1 at each send and drains at Limit per W, never below 0, must
+//     be at most Capacity-1 just before the send (kept exactly, in units of
+//     1/Limit send-window, as the engine does);
 //   - any algorithm, for ExactOverAdmissions: the sends in (t-W, t].
 //
 // Sends of one key at the same millisecond are replayed in the order given.
-// Other algorithms are an error.
+// A sliding-log rule is an error.
 func AuditKeys(r window.Rule, sends []KeySend) (KeyAudit, error) {
-	counts, err := definition(r)
+	def, err := definition(r)
 	if err != nil {
 		return KeyAudit{}, err
 	}
@@ -55,12 +60,12 @@ func AuditKeys(r window.Rule, sends []KeySend) (KeyAudit, error) {
 	for i, s := range sends {
 		keys[i], ats[i] = s.Key, s.At
 	}
-	return auditKeys(keys, ats, r.WindowMillis(), r.Limit, counts), nil
+	return auditKeys(keys, ats, r.WindowMillis(), r.Limit, def), nil
 }
 
 // auditKeys is AuditKeys over sends i of key keys[i] at ats[i], with the
-// rule's window w, limit and definition counts.
-func auditKeys[K cmp.Ordered](keys []K, ats []int64, w int64, limit int, counts func(s, t int64) bool) KeyAudit {
+// rule's window w, limit and definition def.
+func auditKeys[K cmp.Ordered](keys []K, ats []int64, w int64, limit int, def ruleDefinition) KeyAudit {
 	idx := make([]int32, len(keys))
 	for i := range idx {
 		idx[i] = int32(i)
@@ -70,51 +75,66 @@ func auditKeys[K cmp.Ordered](keys []K, ats []int64, w int64, limit int, counts 
 	})
 	a := KeyAudit{Sends: int64(len(keys))}
 	lo, exactLo := 0, 0
+	var debt, debtAt int64 // a bucket's debt, in units, at debtAt
 	for j, i := range idx {
-		if j > 0 && keys[idx[j-1]] != keys[i] {
-			lo, exactLo = j, j
-		}
 		t := ats[i]
-		for !counts(ats[idx[lo]], t) {
-			lo++
+		if j == 0 || keys[idx[j-1]] != keys[i] {
+			lo, exactLo, debt, debtAt = j, j, 0, t
 		}
 		for ats[idx[exactLo]] <= t-w {
 			exactLo++
 		}
-		if j-lo+1 > limit {
-			a.OverAdmissions++
-		}
 		if j-exactLo+1 > limit {
 			a.ExactOverAdmissions++
+		}
+		if def.capacity > 0 {
+			// Units: a send adds w, and limit drain each ms.
+			debt = max(0, debt-(t-debtAt)*int64(limit))
+			debtAt = t
+			if debt+w > def.capacity*w {
+				a.OverAdmissions++
+			}
+			debt += w
+			continue
+		}
+		for !def.counts(ats[idx[lo]], t) {
+			lo++
+		}
+		if j-lo+1 > limit {
+			a.OverAdmissions++
 		}
 	}
 	return a
 }
 
-// definition returns whether, under rule r, a send at s counts at t >= s.
-func definition(r window.Rule) (func(s, t int64) bool, error) {
-	if r.Algorithm != window.FixedWindow && r.Algorithm != window.SlidingCounter {
-		return nil, fmt.Errorf("bench: AuditKeys: algorithm %v is not fixed-window or sliding-counter", r.Algorithm)
+// ruleDefinition is what a rule's algorithm admits: a bucket of capacity
+// sends (capacity > 0), or a count of the sends that still count.
+type ruleDefinition struct {
+	capacity int64
+	// counts reports whether a send at s counts at t (s <= t); it is
+	// monotone in s, so the sends that count at t are a suffix of the
+	// sends up to t in time order.
+	counts func(s, t int64) bool
+}
+
+// definition returns rule r's definition.
+func definition(r window.Rule) (ruleDefinition, error) {
+	if r.Algorithm == window.SlidingLog {
+		return ruleDefinition{}, fmt.Errorf("bench: AuditKeys: rule %s is a sliding-log: the api workload audits counting algorithms", r.Name)
+	}
+	if c := r.BucketCapacity(); c > 0 {
+		return ruleDefinition{capacity: int64(c)}, nil
 	}
 	w := r.WindowMillis()
-	var b int64
-	if r.Algorithm == window.SlidingCounter {
-		n := r.Buckets
-		if n == 0 {
-			n = window.DefaultBuckets
-		}
-		b = w / int64(n)
+	if r.Algorithm == window.FixedWindow {
+		return ruleDefinition{counts: func(s, t int64) bool { return floorDiv(s, w) == floorDiv(t, w) }}, nil
 	}
-	// counts reports whether a send at s counts at t (s <= t), by the rule's
-	// definition; it is monotone in s, so the sends that count at t are a
-	// suffix of the sends up to t in time order.
-	counts := func(s, t int64) bool {
-		if r.Algorithm == window.FixedWindow {
-			return floorDiv(s, w) == floorDiv(t, w)
-		}
-		return floorDiv(s, b)*b+b-1+w > t
+	n := r.Buckets
+	if n == 0 {
+		n = window.DefaultBuckets
 	}
-	return counts, nil
+	b := w / int64(n)
+	return ruleDefinition{counts: func(s, t int64) bool { return floorDiv(s, b)*b+b-1+w > t }}, nil
 }
 
 func floorDiv(a, b int64) int64 {

@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +14,8 @@ import (
 func TestAuditKeysHandMade(t *testing.T) {
 	fixed := window.Rule{Name: "f", Scope: window.ScopeRecipient, Limit: 2, Window: time.Second, Algorithm: window.FixedWindow}
 	counter := window.Rule{Name: "c", Scope: window.ScopeRecipient, Limit: 2, Window: time.Second, Algorithm: window.SlidingCounter, Buckets: 10}
+	gcra := window.Rule{Name: "g", Scope: window.ScopeRecipient, Limit: 2, Window: time.Second, Algorithm: window.GCRA}
+	burst := window.Rule{Name: "b", Scope: window.ScopeRecipient, Limit: 1, Window: time.Second, Algorithm: window.TokenBucket, Capacity: 3}
 	at := func(key string, ts ...int64) []KeySend {
 		var out []KeySend
 		for _, t := range ts {
@@ -44,6 +48,16 @@ func TestAuditKeysHandMade(t *testing.T) {
 		{"counter: whole bucket counts", counter, at("a", 50, 60, 1055), 1, 0},
 		{"counter: within limit", counter, at("a", 0, 99, 1099, 1150), 0, 0},
 		{"counter: exact breach is a breach", counter, at("a", 100, 200, 300), 1, 1},
+		{"gcra: full at once", gcra, at("a", 0, 0), 0, 0},
+		{"gcra: beyond the capacity", gcra, at("a", 0, 0, 0), 1, 1},
+		{"gcra: half drained at 500 ms", gcra, at("a", 0, 0, 500), 0, 1},
+		{"gcra: a ms early", gcra, at("a", 0, 0, 499), 1, 1},
+		{"gcra: drained at 1000 ms", gcra, at("a", 0, 0, 1000, 1000), 0, 0},
+		{"gcra: keys apart", gcra, join(at("a", 0, 0), at("b", 0, 0)), 0, 0},
+		{"bucket: burst of the capacity", burst, at("a", 7, 7, 7), 0, 2},
+		{"bucket: one refill a window", burst, at("a", 7, 7, 7, 1006), 1, 3},
+		{"bucket: refilled", burst, at("a", 7, 7, 7, 1007, 2007, 3007), 0, 2},
+		{"bucket: an over-admission still counts", burst, at("a", 0, 0, 0, 0, 1000), 2, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, err := AuditKeys(tc.rule, tc.sends)
@@ -95,18 +109,51 @@ func bruteAudit(r window.Rule, sends []KeySend) (over, exact int64) {
 	return over, exact
 }
 
+// bruteBucket counts a bucket rule's over-admissions by GCRA's virtual
+// scheduling, independently of the debt the audit keeps: per key, in time
+// order (the order given within a millisecond), a send at t conforms iff
+// its theoretical arrival time TAT is at most t+(Capacity-1)*W/Limit, and
+// then TAT = max(TAT, t)+W/Limit; a send that does not conform still
+// counts. Times are scaled by Limit to stay in integers.
+func bruteBucket(r window.Rule, sends []KeySend) (over int64) {
+	w, l, c := r.WindowMillis(), int64(r.Limit), int64(r.BucketCapacity())
+	tat := map[string]int64{} // TAT*Limit per key
+	idx := make([]int, len(sends))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(x, y int) int { return cmp.Compare(sends[x].At, sends[y].At) })
+	for _, i := range idx {
+		s := sends[i]
+		t := s.At * l
+		if tat[s.Key] > t+(c-1)*w {
+			over++
+		}
+		tat[s.Key] = max(tat[s.Key], t) + w
+	}
+	return over
+}
+
 func TestAuditKeysMatchesBruteForce(t *testing.T) {
-	rng := rand.New(rand.NewPCG(4, 4))
-	for round := range 40 {
-		alg := window.FixedWindow
+	algs := []window.Algorithm{window.FixedWindow, window.SlidingCounter, window.TokenBucket, window.LeakyBucket, window.GCRA}
+	for round := range 50 {
+		rng := rand.New(rand.NewPCG(4, uint64(round)))
+		alg := algs[round%len(algs)]
 		r := window.Rule{Name: "r", Scope: window.ScopeRecipient, Limit: 1 + rng.IntN(5), Window: time.Duration(100*(1+rng.IntN(20))) * time.Millisecond, Algorithm: alg}
-		if round%2 == 1 {
-			r.Algorithm, r.Buckets = window.SlidingCounter, []int{1, 2, 4, 5, 10}[rng.IntN(5)]
+		switch {
+		case alg == window.SlidingCounter:
+			r.Buckets = []int{1, 2, 4, 5, 10}[rng.IntN(5)]
+		case r.BucketCapacity() > 0 && rng.IntN(2) == 0:
+			r.Capacity = 1 + rng.IntN(8)
 		}
 		var sends []KeySend
 		at := int64(1_790_000_000_000)
+		step := 120
+		if r.BucketCapacity() > 0 {
+			step = 60 // a full bucket admits one send per W/Limit: denser sends
+		}
 		for range 400 {
-			at += int64(rng.IntN(120)) - 20 // some out of order
+			at += int64(rng.IntN(step)) - 20 // some out of order
 			sends = append(sends, KeySend{Key: fmt.Sprint(rng.IntN(3)), At: at})
 		}
 		got, err := AuditKeys(r, sends)
@@ -114,8 +161,11 @@ func TestAuditKeysMatchesBruteForce(t *testing.T) {
 			t.Fatal(err)
 		}
 		over, exact := bruteAudit(r, sends)
+		if r.BucketCapacity() > 0 {
+			over = bruteBucket(r, sends)
+		}
 		if got.OverAdmissions != over || got.ExactOverAdmissions != exact {
-			t.Fatalf("round %d %v %d/%v/%d: %v, brute force %d over, %d exact", round, r.Algorithm, r.Limit, r.Window, r.Buckets, got, over, exact)
+			t.Fatalf("round %d %v %d/%v/%d/%d: %v, brute force %d over, %d exact", round, r.Algorithm, r.Limit, r.Window, r.Buckets, r.Capacity, got, over, exact)
 		}
 		if over == 0 {
 			t.Fatalf("round %d: the random sends break no rule: the test tests nothing", round)
@@ -127,11 +177,16 @@ func TestAuditKeysMatchesBruteForce(t *testing.T) {
 // algorithm passes the audit, and any one denied attempt added as if
 // admitted fails it.
 func TestAuditKeysAgreesWithEngine(t *testing.T) {
-	for _, alg := range []window.Algorithm{window.FixedWindow, window.SlidingCounter} {
+	for _, alg := range []window.Algorithm{window.FixedWindow, window.SlidingCounter, window.TokenBucket, window.LeakyBucket, window.GCRA} {
 		t.Run(alg.String(), func(t *testing.T) {
 			r := window.Rule{Name: "r", Scope: window.ScopeRecipient, Limit: 5, Window: 10 * time.Second, Algorithm: alg}
-			if alg == window.SlidingCounter {
+			switch alg {
+			case window.SlidingCounter:
 				r.Buckets = 10
+			case window.TokenBucket:
+				r.Capacity = 8
+			case window.GCRA:
+				r.Capacity = 2
 			}
 			d, err := window.NewDomain("d", []window.Rule{r})
 			if err != nil {

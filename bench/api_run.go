@@ -257,7 +257,7 @@ loop:
 
 // auditSent is AuditKeys for the workers' compact sends.
 func auditSent(r window.Rule, perWorker [][]apiSent) (KeyAudit, error) {
-	counts, err := definition(r)
+	def, err := definition(r)
 	if err != nil {
 		return KeyAudit{}, err
 	}
@@ -269,7 +269,7 @@ func auditSent(r window.Rule, perWorker [][]apiSent) (KeyAudit, error) {
 			ats = append(ats, s.at)
 		}
 	}
-	return auditKeys(keys, ats, r.WindowMillis(), r.Limit, counts), nil
+	return auditKeys(keys, ats, r.WindowMillis(), r.Limit, def), nil
 }
 
 // WriteAPIJSON writes api reports to path as indented JSON.

@@ -304,6 +304,9 @@ func NewAPIRedisTarget(ctx context.Context, addr string, rules APIRules) (*APIRe
 	if rules.IP.Algorithm != rules.User.Algorithm {
 		return nil, fmt.Errorf("bench: redis api target: the rules' algorithms differ (%v, %v)", rules.IP.Algorithm, rules.User.Algorithm)
 	}
+	if a := rules.IP.Algorithm; a != window.FixedWindow && a != window.SlidingCounter {
+		return nil, fmt.Errorf("bench: redis api target: algorithm %v has no Redis design in the seeds (fixed-window: seed 004's, sliding-counter: seed 003's)", a)
+	}
 	t := &APIRedisTarget{rules: rules}
 	script := apiFixedScript
 	t.prefix = "api4:"

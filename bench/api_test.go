@@ -12,13 +12,17 @@ import (
 
 // testAPIRules are seed 004's two rules scaled down so that a few thousand
 // calls over a small population hit the limits and see windows end: 40 and 8
-// calls per 2 s (sliding counters of 10 sub-windows of 200 ms).
+// calls per 2 s (sliding counters of 10 sub-windows of 200 ms; buckets of
+// 10 and 3).
 func testAPIRules(alg window.Algorithm) APIRules {
 	r := DefaultAPIRules(alg)
 	r.IP.Limit, r.IP.Window = 40, 2*time.Second
 	r.User.Limit, r.User.Window = 8, 2*time.Second
-	if alg == window.SlidingCounter {
+	switch {
+	case alg == window.SlidingCounter:
 		r.IP.Buckets, r.User.Buckets = 10, 10
+	case r.IP.BucketCapacity() > 0:
+		r.IP.Capacity, r.User.Capacity = 10, 3 // bursts below the limits
 	}
 	return r
 }
@@ -48,11 +52,12 @@ func apiRunConfig(batch int) Config {
 }
 
 // TestAPIFreqring runs the seed 004 workload against a local 3-node cluster
-// with each algorithm, in batches and as single calls; the oracle must find
-// no over-admission on either key.
+// with each kind of algorithm (the three buckets are one meter: gcra stands
+// for them), in batches and as single calls; the oracle must find no
+// over-admission on either key.
 func TestAPIFreqring(t *testing.T) {
 	ctx := context.Background()
-	for _, alg := range []window.Algorithm{window.FixedWindow, window.SlidingCounter} {
+	for _, alg := range []window.Algorithm{window.FixedWindow, window.SlidingCounter, window.GCRA} {
 		t.Run(alg.String(), func(t *testing.T) {
 			rules := testAPIRules(alg)
 			rs, err := rules.RuleSet()

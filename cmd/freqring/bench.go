@@ -47,7 +47,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	unary := fs.Bool("unary", false, "freqring client: send coalesced single checks (--batch 1) as unary Check RPCs instead of on a CheckStream per node (for comparison)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	workload := fs.String("workload", "messages", "messages (seed 000: recipients and templates) or api (seed 004: app+ip and app+user+interface keys, two checks a call)")
-	algorithm := fs.String("algorithm", "fixed-window", "--workload api: the rules' algorithm, fixed-window (seed 004's Redis design; --target redis runs it) or sliding-counter (seed 003's; --target redis runs its Redis hash); ignored with --rules")
+	algorithm := fs.String("algorithm", "fixed-window", "--workload api: the rules' algorithm, fixed-window (seed 004's Redis design; --target redis runs it), sliding-counter (seed 003's; --target redis runs its Redis hash), token-bucket, leaky-bucket or gcra (freqring only: no Redis design in the seeds); ignored with --rules")
 	apps := fs.Int("apps", 100, "--workload api: apps")
 	ips := fs.Int("ips", 10_000, "--workload api: client IPs")
 	users := fs.Int("users", 100_000, "--workload api: users")

@@ -43,8 +43,8 @@ type apiBenchOptions struct {
 func (o *apiBenchOptions) apiRules() (bench.APIRules, *rules.Set, error) {
 	if o.rulesPath == "" {
 		alg, err := window.ParseAlgorithm(o.algorithm)
-		if err != nil || (alg != window.FixedWindow && alg != window.SlidingCounter) {
-			return bench.APIRules{}, nil, usagef("--algorithm %q is not one of fixed-window, sliding-counter", o.algorithm)
+		if err != nil || alg == window.SlidingLog {
+			return bench.APIRules{}, nil, usagef("--algorithm %q is not one of fixed-window, sliding-counter, token-bucket, leaky-bucket, gcra", o.algorithm)
 		}
 		r := bench.DefaultAPIRules(alg)
 		rs, err := r.RuleSet()
@@ -130,6 +130,9 @@ func benchAPI(ctx context.Context, o apiBenchOptions, stdout, stderr io.Writer) 
 			ft.Refund = o.refund
 			t = ft
 		case "redis":
+			if a := apiRules.IP.Algorithm; a != window.FixedWindow && a != window.SlidingCounter {
+				return usagef("--target redis runs seed 004's fixed-window or seed 003's sliding-counter; %v has no Redis design in the seeds", a)
+			}
 			raddr := o.redisAddr
 			if o.startRedis {
 				lr, err := bench.StartRedis(ctx)

@@ -12,7 +12,7 @@ import (
 // TestBenchAPIWorkload runs `freqring bench --workload api` against a
 // cluster it starts, for a bounded number of calls, with each algorithm.
 func TestBenchAPIWorkload(t *testing.T) {
-	for _, alg := range []string{"fixed-window", "sliding-counter"} {
+	for _, alg := range []string{"fixed-window", "sliding-counter", "gcra"} {
 		t.Run(alg, func(t *testing.T) {
 			var out, errb strings.Builder
 			err := benchCmd(context.Background(), []string{"--workload", "api", "--algorithm", alg, "--start-cluster", "2",
@@ -36,7 +36,8 @@ func TestBenchAPIUsage(t *testing.T) {
 	os.WriteFile(rules, []byte("domains:\n  - name: default\n    rules:\n      - {name: r, scope: recipient, limit: 1, window: 1s}\n"), 0o644)
 	for _, args := range [][]string{
 		{"--workload", "nope"},
-		{"--workload", "api", "--algorithm", "gcra"},
+		{"--workload", "api", "--algorithm", "sliding-log"},
+		{"--workload", "api", "--algorithm", "gcra", "--target", "redis"},
 		{"--workload", "api", "--target", "redis-per-rule"},
 		{"--workload", "api", "--rate", "100"},
 		{"--workload", "api", "--rules", rules},
