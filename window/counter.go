@@ -31,6 +31,26 @@ import (
 //     unix epoch, [kW, (k+1)W); admits iff the sends admitted in t's window
 //     plus c are at most Limit. Unlike envoyproxy/ratelimit, denied
 //     attempts are not counted.
+//   - FixedWindow with Borrow = D > 0 (seed 004's debt): a window may admit
+//     up to D beyond Limit, repaid by the windows after it. Let W_0, W_1,
+//     ... be consecutive fixed windows (the one after the window starting
+//     at s starts at windowEnd(s)), a_k the cost recorded in W_k and owed_k
+//     the debt carried into W_k: owed_k = min(D, max(0, owed_{k-1} +
+//     a_{k-1} - Limit)), 0 before the first send; so an empty window
+//     repays Limit. An item of cost c at t in W_k is admitted iff owed_k +
+//     a_k + c <= Limit + D. The min(D, ...) only binds for record-only
+//     sends and after a reload lowered D (whose excess debt is forgiven):
+//     for decided sends owed_k + a_k <= Limit + D already. Hence the debt
+//     never exceeds D, any n consecutive windows admit at most n*Limit +
+//     D, and D = 0 is exactly the fixed window above. Used is owed_k + a_k
+//     (the debt shows in it) and Remaining Limit + D - Used, never below 0;
+//     RetryAfter is the start of the first later window W_j with owed_j + c
+//     <= Limit + D: the next one when c <= Limit, several ahead when c must
+//     wait for debt to be repaid (at most ceil((D+c)/Limit)+1 steps). A
+//     state counts until its window ends and the debt it carries out is
+//     repaid: at most Window*(1+ceil(D/Limit)) after its newest send.
+//     Buckets need no borrowing (a larger Capacity is the same thing), and
+//     the sliding algorithms do not offer it.
 //   - TokenBucket, LeakyBucket (seed 001's funnel) and GCRA (redis-cell)
 //     are one meter, under the names each tradition gives it: a bucket of
 //     Capacity sends (default Limit) that drains, or refills, continuously
@@ -56,7 +76,13 @@ import (
 // record's newest send are added to a bucket without draining: the result
 // is at or above what time order gives (denies early, never admits more).
 // Merge takes the larger state of each rule, exact when one copy's sends
-// include the other's. Remove (a refund) takes back from a bucket only the
+// include the other's (a borrowing fixed-window advances the older copy to
+// the newer's window, then takes the larger count and the larger debt).
+// Replayed sends older than a borrowing fixed-window's stored window add
+// their cost to its debt (at most D): never less than time order gives.
+// Remove takes back from a fixed window's newest window only; a borrowing
+// one keeps the debt an earlier window's send left. Remove (a refund)
+// takes back from a bucket only the
 // part of the send that cannot have drained yet, c-(t-s)*Limit/Window at
 // the record's newest time t for a send at s: never more than the send
 // still counts; and nothing once the bucket was full at or after the send
