@@ -425,3 +425,45 @@ func ExampleRule_borrow() {
 	// hour 2 cost 800: admitted true used 1000 remaining 300
 	// hour 2 cost 301: admitted false used 1000 remaining 300
 }
+
+// TestBorrowMergeIsAtOrAboveBoth: the merge of two records of one key, each
+// holding some of its sends, never leaves more room than either, at any
+// later time (and, TestCountersReplayMergeAndBuild, is exact when one
+// holds all the other's sends).
+func TestBorrowMergeIsAtOrAboveBoth(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 7))
+	for i := range 300 {
+		L := 1 + rng.IntN(8)
+		r := edgeRule(Rule{Algorithm: FixedWindow, Limit: L, Borrow: 1 + rng.IntN(4*L), Window: time.Duration(1+rng.IntN(500)) * time.Millisecond})
+		d, _ := borrowRule(t, r)
+		var a, b []costSend
+		at := t0
+		for range 1 + rng.IntN(30) {
+			at += rng.Int64N(r.WindowMillis())
+			snd := costSend{at, 1 + rng.IntN(2*L)}
+			if rng.IntN(2) == 0 {
+				a = append(a, snd)
+			} else {
+				b = append(b, snd)
+			}
+		}
+		ra, rb := insertCosts(t, d, a), insertCosts(t, d, b)
+		m := merge(t, d, ra, rb)
+		var s Scratch
+		var dm, dx Decision
+		for _, dt := range []int64{0, 1, r.WindowMillis() / 2, r.WindowMillis(), 2 * r.WindowMillis(), d.Longest() / 2, d.Longest()} {
+			now := at + dt
+			if _, err := d.Apply(&s, m, 3, now, Item{Mode: Peek}, &dm); err != nil {
+				t.Fatal(err)
+			}
+			for _, rec := range [][]byte{ra, rb} {
+				if _, err := d.Apply(&s, rec, 3, now, Item{Mode: Peek}, &dx); err != nil {
+					t.Fatal(err)
+				}
+				if dm.Rules[0].Remaining > dx.Rules[0].Remaining {
+					t.Fatalf("case %d rule %+v at +%d: merge of %v and %v leaves %d remaining, one of them %d", i, r, dt, a, b, dm.Rules[0].Remaining, dx.Rules[0].Remaining)
+				}
+			}
+		}
+	}
+}
