@@ -90,6 +90,26 @@ func TestBorrowBoundaries(t *testing.T) {
 			{at: 2 * H, cost: 1, mode: Peek, admitted: true, used: 20, remaining: 20},
 			{at: 4 * H, cost: 1, mode: Peek, admitted: true, used: 0, remaining: 40},
 		}},
+		// The largest borrow over 1 ms windows: a debt of millions of
+		// windows is carried and repaid in closed form, not window by
+		// window. h0 is a whole hour, so a multiple of 1 ms.
+		{"a debt of millions of windows", Rule{Algorithm: FixedWindow, Limit: 1, Window: time.Millisecond, Borrow: MaxCounterLimit}, []borrowStep{
+			{at: 0, cost: 1000, admitted: true, used: 1000, remaining: MaxCounterLimit - 999},
+			{at: 0, cost: 1000, mode: RecordOnly, used: 2000, remaining: MaxCounterLimit - 1999},
+			{at: 1, cost: 1, mode: Peek, admitted: true, used: 1999, remaining: MaxCounterLimit - 1998}, // 2000-1 carried
+			{at: 1500, cost: 1, mode: Peek, admitted: true, used: 500, remaining: MaxCounterLimit - 499},
+			{at: 1999, cost: 1, mode: Peek, admitted: true, used: 1, remaining: MaxCounterLimit},
+			{at: 2000, cost: 1, mode: Peek, admitted: true, used: 0, remaining: MaxCounterLimit + 1},
+		}},
+		{"retry after millions of windows", Rule{Algorithm: FixedWindow, Limit: 1, Window: time.Millisecond, Borrow: 2500}, []borrowStep{
+			{at: 0, cost: 1000, admitted: true, used: 1000, remaining: 1501},
+			{at: 0, cost: 1000, admitted: true, used: 2000, remaining: 501},
+			{at: 0, cost: 501, admitted: true, used: 2501, remaining: 0},
+			// The next window owes 2500: cost 1000 fits once owed <= 1501,
+			// 999 windows later.
+			{at: 0, cost: 1000, used: 2501, remaining: 0, retry: 1000},
+			{at: 1000, cost: 1000, admitted: true, used: 2501, remaining: 0},
+		}},
 		// Borrow 0 is today's fixed window.
 		{"borrow 0", Rule{Algorithm: FixedWindow, Limit: 10, Window: time.Hour}, []borrowStep{
 			{at: 0, cost: 10, admitted: true, used: 10, remaining: 0},

@@ -46,7 +46,8 @@ import (
 //     (the debt shows in it) and Remaining Limit + D - Used, never below 0;
 //     RetryAfter is the start of the first later window W_j with owed_j + c
 //     <= Limit + D: the next one when c <= Limit, several ahead when c must
-//     wait for debt to be repaid (at most ceil((D+c)/Limit)+1 steps). A
+//     wait for debt to be repaid (found in closed form, as is the debt
+//     carried over empty windows: no decision steps window by window). A
 //     state counts until its window ends and the debt it carries out is
 //     repaid: at most Window*(1+ceil(D/Limit)) after its newest send.
 //     Buckets need no borrowing (a larger Capacity is the same thing), and
@@ -365,11 +366,18 @@ func (c *counterRule) mostValue() int64 {
 
 // windowStart returns the start of the fixed window holding t (unix ms),
 // and windowEnd the end (exclusive) of the window starting at start. Times
-// are at least 0 (the engine refuses earlier ones). Every fixed-window
-// computation goes through these two.
+// are at least 0 (the engine refuses earlier ones). windowsBetween returns
+// how many windows lie from the window starting at a to the one starting
+// at b (window starts, a <= b), and windowAfter the start of the k-th
+// window after the one starting at start (k >= 0). Every fixed-window
+// computation goes through these four.
 func (c *counterRule) windowStart(t int64) int64 { return t / c.win * c.win }
 
 func (c *counterRule) windowEnd(start int64) int64 { return start + c.win }
+
+func (c *counterRule) windowsBetween(a, b int64) int64 { return (b - a) / c.win }
+
+func (c *counterRule) windowAfter(start, k int64) int64 { return start + k*c.win }
 
 // owed returns the debt a fixed-window state carries into its window, at
 // most borrow: a reload that lowered the borrow forgives the rest.
@@ -383,15 +391,23 @@ func (c *counterRule) owed(vals []int64) int64 {
 // owedAt returns the debt a fixed-window state carries into the window
 // starting at at (a window start at or after vals[0]), repaid at lim sends
 // per window: each window passes on min(borrow, max(0, owed+n-lim)), an
-// empty one thus repaying lim. It steps window by window, at most
-// ceil(borrow/lim)+1 steps, as the debt is then repaid.
+// empty one thus repaying lim. In closed form: the state's window passes
+// on its debt, and each empty window after it repays lim.
 func (c *counterRule) owedAt(vals []int64, at, lim int64) int64 {
-	s, owed, n := vals[0], c.owed(vals), vals[1]
-	for s < at && owed+n > 0 {
-		owed, n = min(c.borrow, max(0, owed+n-lim)), 0
-		s = c.windowEnd(s)
+	if at <= vals[0] {
+		return c.owed(vals)
 	}
-	return owed
+	out := min(c.borrow, max(0, c.owed(vals)+vals[1]-lim))
+	return repaid(out, c.windowsBetween(vals[0], at)-1, lim)
+}
+
+// repaid returns a debt of owed sends after k empty windows that repay lim
+// sends each.
+func repaid(owed, k, lim int64) int64 {
+	if k >= ceilDiv(owed, lim) {
+		return 0
+	}
+	return owed - k*lim
 }
 
 // fixedAt returns the start of t's window (t at or after vals[0]), the debt
@@ -444,17 +460,16 @@ func (c *counterRule) decide(vals []int64, t int64, cost int64, res *RuleResult)
 	case cost > c.limit+c.borrow:
 		res.RetryAfter = -1
 	case c.alg == FixedWindow:
-		// The first later window whose carried debt leaves room for cost:
-		// the next, unless cost exceeds the limit and debt must first be
-		// repaid (at most ceil((borrow+cost)/limit)+1 steps).
+		// The first later window, j windows after t's, whose carried debt
+		// leaves room for cost: the next one (j = 1) carries next, and each
+		// after it repays limit; cost <= limit+borrow, so one comes.
 		s, owed, n := c.fixedAt(vals, t)
-		for {
-			s, owed, n = c.windowEnd(s), min(c.borrow, max(0, owed+n-c.limit)), 0
-			if owed+cost <= c.limit+c.borrow {
-				res.RetryAfter = s - t
-				break
-			}
+		next := min(c.borrow, max(0, owed+n-c.limit))
+		j := int64(1)
+		if over := next + cost - c.limit - c.borrow; over > 0 {
+			j += ceilDiv(over, c.limit)
 		}
+		res.RetryAfter = c.windowAfter(s, j) - t
 	default:
 		// Sub-windows leave oldest first; the first at which the estimate
 		// has room for cost.
