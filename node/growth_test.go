@@ -40,4 +40,13 @@ func TestGrowthNamesCountingRulesThatStartAfresh(t *testing.T) {
 	if g := growth(dom(tb), dom(lower)); len(g) != 1 || !strings.Contains(g[0].why, "capacity lowered from 100 to 10") {
 		t.Fatalf("capacity lowered: %+v", g)
 	}
+	fw := window.Rule{Name: "fw", Scope: window.ScopeRecipient, Algorithm: window.FixedWindow, Limit: 1000, Window: time.Hour, Borrow: 300}
+	less := fw
+	less.Borrow = 100
+	if g := growth(dom(fw), dom(less)); len(g) != 1 || !strings.Contains(g[0].why, "borrow lowered from 300 to 100: a stored debt above 100 is forgiven") {
+		t.Fatalf("borrow lowered: %+v", g)
+	}
+	if g := growth(dom(less), dom(fw)); len(g) != 0 {
+		t.Fatalf("borrow raised: %+v, want nothing", g)
+	}
 }

@@ -151,6 +151,8 @@ func growth(from, to *window.Domain) []ruleGrowth {
 					o.Algorithm, o.Window, o.Buckets, r.Algorithm, r.Window, r.Buckets))
 			case r.BucketCapacity() < o.BucketCapacity():
 				why = append(why, fmt.Sprintf("capacity lowered from %d to %d: a bucket fuller than that reads as full", o.BucketCapacity(), r.BucketCapacity()))
+			case r.Borrow < o.Borrow:
+				why = append(why, fmt.Sprintf("borrow lowered from %d to %d: a stored debt above %d is forgiven down to it", o.Borrow, r.Borrow, r.Borrow))
 			}
 		} else {
 			if w := r.WindowMillis(); w > span[r.Scope] {

@@ -26,6 +26,11 @@
 //	        limit: 100              # a bucket drains, or refills, limit per window
 //	        window: 1m
 //	        capacity: 20            # bucket algorithms only: the burst (default: the limit)
+//	      - name: daily
+//	        algorithm: fixed-window
+//	        limit: 1000
+//	        window: 24h
+//	        borrow: 300             # fixed-window only: may admit 300 ahead, repaid later (default 0)
 //
 // A counting algorithm counts per key (scope recipient, which may be left
 // out); a parameter set for an algorithm that has no such parameter is an

@@ -111,6 +111,7 @@ type ruleSpec struct {
 	Algorithm string `yaml:"algorithm"` // window.ParseAlgorithm; "" is sliding-log
 	Capacity  int    `yaml:"capacity"`  // bucket algorithms (window.Rule.Capacity)
 	Buckets   int    `yaml:"buckets"`   // sliding-counter (window.Rule.Buckets)
+	Borrow    int    `yaml:"borrow"`    // fixed-window (window.Rule.Borrow)
 }
 
 // Parse validates the rules file data read from source. Errors read
@@ -240,7 +241,7 @@ func (rs *Set) parseOverrides(specs []overrideSpec, nodes []*yaml.Node, fail fun
 
 // rule converts the spec, returning the field at fault on error.
 func (s ruleSpec) rule() (window.Rule, string, error) {
-	r := window.Rule{Name: s.Name, Limit: s.Limit, Capacity: s.Capacity, Buckets: s.Buckets}
+	r := window.Rule{Name: s.Name, Limit: s.Limit, Capacity: s.Capacity, Buckets: s.Buckets, Borrow: s.Borrow}
 	if s.Name == "" {
 		return r, "name", errors.New("name is empty")
 	}
@@ -328,8 +329,9 @@ func appendString(b []byte, s string) []byte {
 // digest computes Hash: SHA-256 over a canonical encoding (domains sorted by
 // name; per rule its name, scope (|0x80 for a shadow rule, so that a set
 // without shadows hashes as before shadows existed; |0x40 for a counting
-// algorithm, whose number, capacity and buckets follow the window), limit
-// and window in ms, length-prefixed), cut to its first 8 bytes.
+// algorithm, whose number, capacity and buckets follow the window; then
+// |0x20 for a fixed-window rule that borrows, whose borrow follows them),
+// limit and window in ms, length-prefixed), cut to its first 8 bytes.
 func (rs *Set) digest() uint64 {
 	h := sha256.New()
 	var b []byte
@@ -349,6 +351,9 @@ func (rs *Set) digest() uint64 {
 			if r.Algorithm != window.SlidingLog {
 				sc |= 0x40 // then the algorithm and its parameters: sliding-log rules hash as before algorithms existed
 			}
+			if r.Borrow != 0 {
+				sc |= 0x20 // then the borrow too: rules that do not borrow hash as before borrowing existed
+			}
 			b = append(b, sc)
 			b = binary.AppendUvarint(b, uint64(r.Limit))
 			b = binary.AppendUvarint(b, uint64(r.WindowMillis()))
@@ -356,6 +361,9 @@ func (rs *Set) digest() uint64 {
 				b = append(b, byte(r.Algorithm))
 				b = binary.AppendUvarint(b, uint64(r.Capacity))
 				b = binary.AppendUvarint(b, uint64(r.Buckets))
+			}
+			if r.Borrow != 0 {
+				b = binary.AppendUvarint(b, uint64(r.Borrow))
 			}
 		}
 	}

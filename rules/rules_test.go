@@ -58,6 +58,10 @@ func TestParseRulesErrorsNameFileLineAndField(t *testing.T) {
 		{"buckets do not divide", strings.Replace(strings.Replace(good, "limit: 15", "algorithm: sliding-counter\n        limit: 15\n        buckets: 7", 1), "window: 1m", "window: 59s", 1), `r.yaml:8: domain "sms" rule "r1": buckets 7 does not divide the window 59s into whole milliseconds`},
 		{"default buckets do not divide", strings.Replace(strings.Replace(good, "limit: 15", "algorithm: sliding-counter\n        limit: 15", 1), "window: 1m", "window: 59s", 1), `domain "sms" rule "r1": buckets 60 does not divide the window 59s`},
 		{"capacity negative", strings.Replace(good, "limit: 15", "algorithm: token-bucket\n        limit: 15\n        capacity: -1", 1), `r.yaml:8: domain "sms" rule "r1": capacity -1 out of range [1, 10000000] (0 means the limit)`},
+		{"borrow on a bucket", strings.Replace(good, "limit: 15", "algorithm: gcra\n        limit: 15\n        borrow: 300", 1), `r.yaml:8: domain "sms" rule "r1": borrow 300 is set, but only fixed-window rules borrow (algorithm gcra; a bucket borrows up to its capacity)`},
+		{"borrow on a log", strings.Replace(good, "limit: 15", "limit: 15\n        borrow: 3", 1), `r.yaml:7: domain "sms" rule "r1": borrow 3 is set, but only fixed-window rules borrow (algorithm sliding-log`},
+		{"borrow negative", strings.Replace(good, "limit: 15", "algorithm: fixed-window\n        limit: 15\n        borrow: -1", 1), `r.yaml:8: domain "sms" rule "r1": borrow -1 out of range [0, 10000000]`},
+		{"borrow too large", strings.Replace(good, "limit: 15", "algorithm: fixed-window\n        limit: 15\n        borrow: 10000001", 1), `r.yaml:8: domain "sms" rule "r1": borrow 10000001 out of range [0, 10000000]`},
 		{"counter per content", strings.Replace(strings.Replace(good, "limit: 15", "algorithm: leaky-bucket\n        limit: 15", 1), "scope: recipient", "scope: recipient+content", 1), `r.yaml:5: domain "sms" rule "r1": scope recipient+content: algorithm leaky-bucket counts per recipient (key) only`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -232,6 +236,8 @@ func TestAlgorithmsParse(t *testing.T) {
 		{"        algorithm: gcra\n        capacity: 500\n", window.Rule{Algorithm: window.GCRA, Capacity: 500}},
 		{"        algorithm: fixed-window\n", window.Rule{Algorithm: window.FixedWindow}},
 		{"        algorithm: fixed-window\n        scope: recipient\n", window.Rule{Algorithm: window.FixedWindow}},
+		{"        algorithm: fixed-window\n        borrow: 300\n", window.Rule{Algorithm: window.FixedWindow, Borrow: 300}},
+		{"        algorithm: fixed-window\n        borrow: 301\n", window.Rule{Algorithm: window.FixedWindow, Borrow: 301}},
 	} {
 		rs, err := Parse("a.yaml", []byte(file(tc.extra)))
 		if err != nil {
@@ -255,5 +261,13 @@ func TestAlgorithmsParse(t *testing.T) {
 	explicit, err := Parse("a.yaml", []byte(strings.Replace(file("        scope: recipient\n        algorithm: sliding-log\n"), "10000", "1000", 1)))
 	if err != nil || explicit.Hash() != log.Hash() {
 		t.Fatalf("algorithm: sliding-log spelled out changes the hash (%v)", err)
+	}
+	fixed, err := Parse("a.yaml", []byte(file("        algorithm: fixed-window\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero, err := Parse("a.yaml", []byte(file("        algorithm: fixed-window\n        borrow: 0\n")))
+	if err != nil || zero.Hash() != fixed.Hash() {
+		t.Fatalf("borrow: 0 spelled out changes the hash (%v)", err)
 	}
 }

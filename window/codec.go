@@ -310,7 +310,7 @@ func (s *state) decodeCounters(r *bitReader, size int) error {
 		switch {
 		case alg == SlidingLog || alg > FixedWindow:
 			return fmt.Errorf("%w: counter state %d: algorithm %d", ErrCorruptRecord, j, alg)
-		case m < 2 || m > MaxBuckets+2 || (m > 2 && alg == FixedWindow) || (m > 3 && alg != SlidingCounter):
+		case m < 2 || m > MaxBuckets+2 || (m > 3 && alg != SlidingCounter):
 			return fmt.Errorf("%w: counter state %d: %d values for %v", ErrCorruptRecord, j, m, alg)
 		case w > counterBits:
 			return fmt.Errorf("%w: counter state %d: width %d", ErrCorruptRecord, j, w)

@@ -54,6 +54,9 @@ func addRandomCounters(rng *rand.Rand, s *state) {
 		if alg.isBucket() {
 			m += rng.IntN(2) // the time it was last full
 		}
+		if alg == FixedWindow {
+			m += rng.IntN(2) // the debt carried in (Borrow)
+		}
 		if alg == SlidingCounter {
 			m = 2 + rng.IntN(60)
 			if rng.IntN(20) == 0 {
@@ -222,6 +225,11 @@ func FuzzDecodeRecord(f *testing.F) {
 	}
 	f.Add([]byte{})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	var fw state // a borrowing fixed-window's [start, n, owed]
+	fw.reset(1)
+	fw.newest = t0 + 5
+	fw.setCounter(&counterRule{id: 0xb0220, alg: FixedWindow}, []int64{t0, 1200, 300})
+	f.Add(fw.encode(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var s, again state
 		if err := s.decode(b); err != nil {

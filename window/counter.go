@@ -31,6 +31,27 @@ import (
 //     unix epoch, [kW, (k+1)W); admits iff the sends admitted in t's window
 //     plus c are at most Limit. Unlike envoyproxy/ratelimit, denied
 //     attempts are not counted.
+//   - FixedWindow with Borrow = D > 0 (seed 004's debt): a window may admit
+//     up to D beyond Limit, repaid by the windows after it. Let W_0, W_1,
+//     ... be consecutive fixed windows (the one after the window starting
+//     at s starts at windowEnd(s)), a_k the cost recorded in W_k and owed_k
+//     the debt carried into W_k: owed_k = min(D, max(0, owed_{k-1} +
+//     a_{k-1} - Limit)), 0 before the first send; so an empty window
+//     repays Limit. An item of cost c at t in W_k is admitted iff owed_k +
+//     a_k + c <= Limit + D. The min(D, ...) only binds for record-only
+//     sends and after a reload lowered D (whose excess debt is forgiven):
+//     for decided sends owed_k + a_k <= Limit + D already. Hence the debt
+//     never exceeds D, any n consecutive windows admit at most n*Limit +
+//     D, and D = 0 is exactly the fixed window above. Used is owed_k + a_k
+//     (the debt shows in it) and Remaining Limit + D - Used, never below 0;
+//     RetryAfter is the start of the first later window W_j with owed_j + c
+//     <= Limit + D: the next one when c <= Limit, several ahead when c must
+//     wait for debt to be repaid (found in closed form, as is the debt
+//     carried over empty windows: no decision steps window by window). A
+//     state counts until its window ends and the debt it carries out is
+//     repaid: at most Window*(1+ceil(D/Limit)) after its newest send.
+//     Buckets need no borrowing (a larger Capacity is the same thing), and
+//     the sliding algorithms do not offer it.
 //   - TokenBucket, LeakyBucket (seed 001's funnel) and GCRA (redis-cell)
 //     are one meter, under the names each tradition gives it: a bucket of
 //     Capacity sends (default Limit) that drains, or refills, continuously
@@ -56,7 +77,13 @@ import (
 // record's newest send are added to a bucket without draining: the result
 // is at or above what time order gives (denies early, never admits more).
 // Merge takes the larger state of each rule, exact when one copy's sends
-// include the other's. Remove (a refund) takes back from a bucket only the
+// include the other's (a borrowing fixed-window advances the older copy to
+// the newer's window, then takes the larger count and the larger debt).
+// Replayed sends older than a borrowing fixed-window's stored window add
+// their cost to its debt (at most D): never less than time order gives.
+// Remove takes back from a fixed window's newest window only; a borrowing
+// one keeps the debt an earlier window's send left. Remove (a refund)
+// takes back from a bucket only the
 // part of the send that cannot have drained yet, c-(t-s)*Limit/Window at
 // the record's newest time t for a send at s: never more than the send
 // still counts; and nothing once the bucket was full at or after the send
@@ -123,6 +150,9 @@ type counterRule struct {
 	// sliding-counter rules
 	width int64 // ms per sub-window
 	nb    int64 // sub-windows per window
+	// fixed-window rules
+	borrow int64 // Rule.Borrow: the most debt carried into a window, sends
+	repay  int64 // the slowest limit of the family (Widen): how fast span, merge and normalize let debt go
 }
 
 func newCounterRule(i int, r Rule) counterRule {
@@ -135,14 +165,18 @@ func newCounterRule(i int, r Rule) counterRule {
 	case r.Algorithm == SlidingCounter:
 		c.width = c.win / int64(r.buckets())
 		c.nb = int64(r.buckets())
+	case r.Algorithm == FixedWindow:
+		c.borrow, c.repay = int64(r.Borrow), c.limit
 	}
 	return c
 }
 
 // counterID identifies a rule's state in a record: FNV-1a of the rule's
 // name, algorithm, window and buckets. A reload that keeps them keeps the
-// state, whatever the new limit or capacity (the state's units do not
-// depend on them); a rule whose window or algorithm changes starts afresh.
+// state, whatever the new limit, capacity or borrow (the state's units do
+// not depend on them; a fixed-window debt above a lowered borrow is
+// forgiven down to it); a rule whose window or algorithm changes starts
+// afresh.
 func counterID(r Rule) uint32 {
 	buckets := 0
 	if r.Algorithm == SlidingCounter {
@@ -162,7 +196,9 @@ func (c *counterRule) span() int64 {
 	case c.alg == SlidingCounter:
 		return c.win + c.width - 1
 	}
-	return c.win
+	// The send's window, then the windows that repay the debt it carries
+	// out (at most borrow).
+	return c.win + ceilDiv(c.borrow, c.repay)*c.win
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
@@ -174,7 +210,8 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 //	bucket          [asOf, D] or [asOf, D, full]: the debt D at asOf, in units
 //	                of 1/limit send-window; full is the newest time a send
 //	                found it full and was kept only in part (record-only)
-//	fixed-window    [start, n]: n sends in the window starting at start
+//	fixed-window    [start, n] or [start, n, owed]: n sends admitted in the
+//	                window starting at start, owed (> 0) the debt carried into it
 //	sliding-counter [top, n0, n1, ...]: ni sends in the sub-window starting at top-i*width
 type counterState struct {
 	id  uint32
@@ -233,7 +270,11 @@ func (c *counterRule) check(vals []int64) error {
 	case c.alg.isBucket():
 		bad = len(vals) > 3
 	case c.alg == FixedWindow:
-		bad = len(vals) != 2 || c.windowStart(vals[0]) != vals[0]
+		// A debt is written only when positive, and never above
+		// MaxCounterLimit (the largest borrow); a rule that no longer
+		// borrows reads it as forgiven (owed).
+		bad = len(vals) < 2 || len(vals) > 3 || c.windowStart(vals[0]) != vals[0] ||
+			len(vals) == 3 && (vals[2] < 1 || vals[2] > MaxCounterLimit)
 	default:
 		bad = int64(len(vals)) > c.nb+2 || vals[0]%c.width != 0
 	}
@@ -279,10 +320,8 @@ func (c *counterRule) level(vals []int64, t int64) int64 {
 	case c.alg.isBucket():
 		return drain(c.debt(vals), t-vals[0], c.limit)
 	case c.alg == FixedWindow:
-		if t < c.windowEnd(vals[0]) {
-			return vals[1]
-		}
-		return 0
+		_, owed, n := c.fixedAt(vals, t)
+		return owed + n
 	}
 	var n int64
 	for i, v := range vals[1:] {
@@ -302,15 +341,18 @@ func (c *counterRule) report(vals []int64, t int64, res *RuleResult) int64 {
 		res.Remaining = int(max(0, (c.capacity*c.win-lv)/c.win))
 	} else {
 		res.Used = int(min(lv, 1<<31-1))
-		res.Remaining = int(max(0, c.limit-lv))
+		res.Remaining = int(max(0, c.limit+c.borrow-lv))
 	}
 	return lv
 }
 
 // most names the largest cost the rule can ever admit, and mostValue is it.
 func (c *counterRule) most() string {
-	if c.alg.isBucket() {
+	switch {
+	case c.alg.isBucket():
 		return "capacity"
+	case c.borrow > 0:
+		return "limit+borrow"
 	}
 	return "limit"
 }
@@ -319,16 +361,77 @@ func (c *counterRule) mostValue() int64 {
 	if c.alg.isBucket() {
 		return c.capacity
 	}
-	return c.limit
+	return c.limit + c.borrow
 }
 
 // windowStart returns the start of the fixed window holding t (unix ms),
 // and windowEnd the end (exclusive) of the window starting at start. Times
-// are at least 0 (the engine refuses earlier ones). Every fixed-window
-// computation goes through these two.
+// are at least 0 (the engine refuses earlier ones). windowsBetween returns
+// how many windows lie from the window starting at a to the one starting
+// at b (window starts, a <= b), and windowAfter the start of the k-th
+// window after the one starting at start (k >= 0). Every fixed-window
+// computation goes through these four.
 func (c *counterRule) windowStart(t int64) int64 { return t / c.win * c.win }
 
 func (c *counterRule) windowEnd(start int64) int64 { return start + c.win }
+
+func (c *counterRule) windowsBetween(a, b int64) int64 { return (b - a) / c.win }
+
+func (c *counterRule) windowAfter(start, k int64) int64 { return start + k*c.win }
+
+// owed returns the debt a fixed-window state carries into its window, at
+// most borrow: a reload that lowered the borrow forgives the rest.
+func (c *counterRule) owed(vals []int64) int64 {
+	if len(vals) > 2 {
+		return min(vals[2], c.borrow)
+	}
+	return 0
+}
+
+// owedAt returns the debt a fixed-window state carries into the window
+// starting at at (a window start at or after vals[0]), repaid at lim sends
+// per window: each window passes on min(borrow, max(0, owed+n-lim)), an
+// empty one thus repaying lim. In closed form: the state's window passes
+// on its debt, and each empty window after it repays lim.
+func (c *counterRule) owedAt(vals []int64, at, lim int64) int64 {
+	if at <= vals[0] {
+		return c.owed(vals)
+	}
+	out := min(c.borrow, max(0, c.owed(vals)+vals[1]-lim))
+	return repaid(out, c.windowsBetween(vals[0], at)-1, lim)
+}
+
+// repaid returns a debt of owed sends after k empty windows that repay lim
+// sends each.
+func repaid(owed, k, lim int64) int64 {
+	if k >= ceilDiv(owed, lim) {
+		return 0
+	}
+	return owed - k*lim
+}
+
+// fixedAt returns the start of t's window (t at or after vals[0]), the debt
+// carried into it and the sends admitted in it, under a fixed-window state
+// (nil: none).
+func (c *counterRule) fixedAt(vals []int64, t int64) (start, owed, n int64) {
+	start = c.windowStart(t)
+	switch {
+	case vals == nil:
+		return start, 0, 0
+	case start == vals[0]:
+		return start, c.owed(vals), vals[1]
+	}
+	return start, c.owedAt(vals, start, c.limit), 0
+}
+
+// appendFixed appends a fixed-window state: the debt only when positive,
+// so that a rule that does not borrow writes what it wrote before Borrow.
+func appendFixed(dst []int64, start, n, owed int64) []int64 {
+	if owed > 0 {
+		return append(dst, start, n, owed)
+	}
+	return append(dst, start, n)
+}
 
 // leaves returns when the sub-window starting at start stops counting: its
 // last ms plus the window.
@@ -350,14 +453,23 @@ func (c *counterRule) decide(vals []int64, t int64, cost int64, res *RuleResult)
 		}
 		return false
 	}
-	if lv+cost <= c.limit {
+	if lv+cost <= c.limit+c.borrow {
 		return true
 	}
 	switch {
-	case cost > c.limit:
+	case cost > c.limit+c.borrow:
 		res.RetryAfter = -1
 	case c.alg == FixedWindow:
-		res.RetryAfter = c.windowEnd(c.windowStart(t)) - t
+		// The first later window, j windows after t's, whose carried debt
+		// leaves room for cost: the next one (j = 1) carries next, and each
+		// after it repays limit; cost <= limit+borrow, so one comes.
+		s, owed, n := c.fixedAt(vals, t)
+		next := min(c.borrow, max(0, owed+n-c.limit))
+		j := int64(1)
+		if over := next + cost - c.limit - c.borrow; over > 0 {
+			j += ceilDiv(over, c.limit)
+		}
+		res.RetryAfter = c.windowAfter(s, j) - t
 	default:
 		// Sub-windows leave oldest first; the first at which the estimate
 		// has room for cost.
@@ -379,7 +491,10 @@ func (c *counterRule) decide(vals []int64, t int64, cost int64, res *RuleResult)
 // add returns vals with cost sends at at added, in dst (which must not
 // alias vals). at may be older than the state's times (Insert): a bucket
 // then adds without draining, the counters add to at's window or
-// sub-window if they still keep it. A bucket keeps at most c.keep sends.
+// sub-window if they still keep it; a borrowing fixed-window adds the cost
+// of a send of an earlier window to the debt carried into its window (at
+// most borrow), the most that send can add to it. A bucket keeps at most
+// c.keep sends.
 func (c *counterRule) add(dst, vals []int64, at, cost int64) []int64 {
 	switch {
 	case c.alg.isBucket():
@@ -404,12 +519,14 @@ func (c *counterRule) add(dst, vals []int64, at, cost int64) []int64 {
 	case c.alg == FixedWindow:
 		start := c.windowStart(at)
 		switch {
-		case vals == nil || start > vals[0]:
+		case vals == nil:
 			return append(dst, start, cost)
+		case start > vals[0]:
+			return appendFixed(dst, start, cost, c.owedAt(vals, start, c.limit))
 		case start == vals[0]:
-			return append(dst, start, min(vals[1]+cost, maxCounterValue))
+			return appendFixed(dst, start, min(vals[1]+cost, maxCounterValue), c.owed(vals))
 		}
-		return append(dst, vals...)
+		return appendFixed(dst, vals[0], vals[1], min(c.owed(vals)+cost, c.borrow))
 	}
 	start := at / c.width * c.width
 	switch {
@@ -491,13 +608,16 @@ func (c *counterRule) merge(dst, a, b []int64) []int64 {
 		}
 		return dst
 	case c.alg == FixedWindow:
-		switch {
-		case a[0] > b[0]:
-			return append(dst, a...)
-		case b[0] > a[0]:
-			return append(dst, b...)
+		// The older state advanced to the newer's window (at the family's
+		// slowest repayment), then the larger count and the larger debt:
+		// at or above each at every later time.
+		if b[0] > a[0] {
+			a, b = b, a
 		}
-		return append(dst, a[0], max(a[1], b[1]))
+		if a[0] > b[0] {
+			return appendFixed(dst, a[0], a[1], max(c.owed(a), c.owedAt(b, a[0], c.repay)))
+		}
+		return appendFixed(dst, a[0], max(a[1], b[1]), max(c.owed(a), c.owed(b)))
 	}
 	if b[0] > a[0] {
 		a, b = b, a
@@ -533,10 +653,13 @@ func (c *counterRule) normalize(dst, vals []int64, t int64) []int64 {
 		}
 		return append(dst, t, d)
 	case c.alg == FixedWindow:
-		if c.windowEnd(vals[0]) <= t || vals[1] == 0 {
+		// Dropped once it counts nothing at t: its window ended and the
+		// debt it carries out is repaid (at the family's slowest limit).
+		owed := c.owed(vals)
+		if c.windowEnd(vals[0]) <= t && c.owedAt(vals, c.windowStart(t), c.repay) == 0 || vals[1] == 0 && owed == 0 {
 			return nil
 		}
-		return append(dst, vals...)
+		return appendFixed(dst, vals[0], vals[1], owed)
 	}
 	counts := vals[1:]
 	lo, hi := 0, len(counts) // the kept sub-windows, newest first

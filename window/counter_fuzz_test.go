@@ -14,8 +14,9 @@ import (
 // windows), and decides the result against the reference.
 
 // fuzzCounterDomains are the domains of FuzzCounterRecordOps: all six
-// algorithms mixed, and the counters alone (whose records do not depend on
-// the order of Insert).
+// algorithms mixed, with a borrowing fixed-window, and the counters alone
+// (whose records do not depend on the order of Insert; a borrowing rule's
+// do).
 func fuzzCounterDomains(f *testing.F) (mixed, counters *Domain) {
 	mixed, err := NewDomain("fuzz-mixed", []Rule{
 		{Name: "log", Scope: ScopeRecipient, Limit: 6, Window: 900 * time.Millisecond},
@@ -24,6 +25,7 @@ func fuzzCounterDomains(f *testing.F) (mixed, counters *Domain) {
 		{Name: "funnel", Scope: ScopeRecipient, Algorithm: LeakyBucket, Limit: 3, Window: 700 * time.Millisecond, Capacity: 6},
 		{Name: "gcra", Scope: ScopeRecipient, Algorithm: GCRA, Limit: 11, Window: 1300 * time.Millisecond, Capacity: 8},
 		{Name: "fixed", Scope: ScopeRecipient, Algorithm: FixedWindow, Limit: 8, Window: 1100 * time.Millisecond},
+		{Name: "borrow", Scope: ScopeRecipient, Algorithm: FixedWindow, Limit: 3, Window: 400 * time.Millisecond, Borrow: 7},
 	})
 	if err != nil {
 		f.Fatal(err)
@@ -53,6 +55,7 @@ func fuzzCounterDomains(f *testing.F) (mixed, counters *Domain) {
 func FuzzCounterRecordOps(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 10, 2, 1, 0, 3, 2, 200, 8, 3})
 	f.Add([]byte("record-only sends of every cost, over and over again"))
+	f.Add([]byte{1, 7, 3, 0, 7, 2, 0, 7, 1, 81, 7, 0, 161, 0, 9}) // costs of 8 in a window, then across the borrow's windows
 	mixed, counters := fuzzCounterDomains(f)
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		if len(ops) > 3*200 {

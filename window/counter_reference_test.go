@@ -18,6 +18,44 @@ type refKey struct {
 	sends  []refCost
 	newest int64
 	tat    map[int]*big.Rat // bucket rule index -> TAT, unix ms
+	fw     map[int][]refWin // borrowing fixed-window rule index -> windows with sends, ascending
+}
+
+// refWin is the cost recorded in fixed window k, [kW, (k+1)W).
+type refWin struct{ k, a int64 }
+
+// borrowAt returns, for borrowing fixed-window rule i, the debt carried
+// into window K (at or after every window recorded) and the cost recorded
+// in it, by the definition (Algorithm): the first window with a send
+// starts with no debt, and each window passes min(D, max(0, owed+a-L)) to
+// the next, so an empty one repays L. Windows before the last that started
+// free of debt are dropped.
+func (k *refKey) borrowAt(i int, r Rule, K int64) (owed, a int64) {
+	L, D := int64(r.Limit), int64(r.Borrow)
+	ws := k.fw[i]
+	cur, zero := int64(-1), 0
+	step := func(to int64) {
+		for cur >= 0 && cur < to && owed+a > 0 {
+			owed, a = min(D, max(0, owed+a-L)), 0
+			cur++
+		}
+		if cur < to {
+			owed, a = 0, 0
+		}
+		cur = to
+	}
+	for j, w := range ws {
+		step(w.k)
+		if owed == 0 {
+			zero = j
+		}
+		a = w.a
+	}
+	if len(ws) > 0 {
+		k.fw[i] = ws[zero:]
+	}
+	step(K)
+	return owed, a
 }
 
 type refCost struct{ at, cost int64 }
@@ -98,6 +136,19 @@ func (k *refKey) decide(d *Domain, now int64, it Item) (Decision, bool) {
 			if !ok && cost <= int64(r.capacity()) {
 				retry = ratCeil(new(big.Rat).Sub(after, capT))
 			}
+		} else if r.Borrow > 0 {
+			w, L, D := r.WindowMillis(), lim, int64(r.Borrow)
+			owed, a := k.borrowAt(i, r, t/w)
+			res.Used, res.Remaining = int(owed+a), int(max(0, L+D-owed-a))
+			ok = owed+a+cost <= L+D
+			if !ok && cost <= L+D {
+				for K := t/w + 1; ; K++ { // window by window: the count changes only where one starts
+					if owed, a := k.borrowAt(i, r, K); owed+a+cost <= L+D {
+						retry = K*w - t
+						break
+					}
+				}
+			}
 		} else {
 			n := k.count(r, t)
 			if r.Algorithm == SlidingLog {
@@ -142,6 +193,20 @@ func (k *refKey) decide(d *Domain, now int64, it Item) (Decision, bool) {
 	for i, r := range d.rules {
 		res := &dec.Rules[i]
 		lim := int64(r.Limit)
+		if r.Borrow > 0 {
+			w := r.WindowMillis()
+			if k.fw == nil {
+				k.fw = map[int][]refWin{}
+			}
+			if ws := k.fw[i]; len(ws) > 0 && ws[len(ws)-1].k == t/w {
+				ws[len(ws)-1].a += cost
+			} else {
+				k.fw[i] = append(ws, refWin{t / w, cost})
+			}
+			owed, a := k.borrowAt(i, r, t/w)
+			res.Used, res.Remaining = int(owed+a), int(max(0, lim+int64(r.Borrow)-owed-a))
+			continue
+		}
 		if !r.Algorithm.isBucket() {
 			n := k.count(r, t)
 			if r.Algorithm == SlidingLog {
@@ -190,10 +255,15 @@ func randomCounterDomain(rng *rand.Rand, shadows bool) *Domain {
 		case r.Algorithm == SlidingCounter:
 			r.Buckets = 1 + rng.IntN(12)
 			r.Window = time.Duration(int(r.Window/time.Millisecond)/r.Buckets*r.Buckets+r.Buckets) * time.Millisecond
+		case r.Algorithm == FixedWindow && rng.IntN(2) == 0:
+			r.Borrow = rng.IntN(4*r.Limit + 4) // 0 included: exactly a fixed window
 		}
 		if rng.IntN(6) == 0 && r.Algorithm != SlidingLog {
 			// Large limits: the counters' reason to exist.
 			r.Limit = 1 + rng.IntN(MaxCounterLimit)
+			if r.Borrow > 0 {
+				r.Borrow = 1 + rng.IntN(MaxCounterLimit)
+			}
 		}
 		rules[i] = r
 	}
@@ -278,6 +348,9 @@ func TestEachAlgorithmMatchesReference(t *testing.T) {
 			if alg == SlidingCounter {
 				r.Buckets = 6
 			}
+			if alg == FixedWindow {
+				r.Borrow = 10
+			}
 			d, err := NewDomain("one", []Rule{r})
 			if err != nil {
 				t.Fatal(err)
@@ -287,6 +360,34 @@ func TestEachAlgorithmMatchesReference(t *testing.T) {
 				ops = 4_000
 			}
 			runCounterReference(t, rng, d, ops, 2, 2*1200/7)
+		})
+	}
+}
+
+// TestBorrowMatchesReference runs borrowing fixed-window rules alone and
+// with others: costs above the limit (retry-after several windows ahead),
+// clock jumps across several empty windows, record-only sends beyond what
+// the rule admits.
+func TestBorrowMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 4))
+	cases := 150
+	if raceEnabled {
+		cases = 30
+	}
+	for i := range cases {
+		L := 1 + rng.IntN(5)
+		r := Rule{Name: "b", Scope: ScopeRecipient, Algorithm: FixedWindow, Limit: L, Borrow: rng.IntN(6 * L),
+			Window: time.Duration(1+rng.IntN(1500)) * time.Millisecond}
+		rules := []Rule{r}
+		if i%3 == 0 {
+			rules = append(rules, Rule{Name: "log", Scope: ScopeRecipient, Limit: 1 + rng.IntN(12), Window: time.Duration(1+rng.IntN(3000)) * time.Millisecond})
+		}
+		d, err := NewDomain("borrow", rules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			runCounterReference(t, rng, d, 600, 2, 1+int(r.WindowMillis())*rng.IntN(3)/max(1, L))
 		})
 	}
 }

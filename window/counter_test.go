@@ -159,10 +159,14 @@ func FuzzApplyCounters(f *testing.F) {
 		{Name: "funnel", Scope: ScopeRecipient, Algorithm: LeakyBucket, Limit: 3, Window: 700 * time.Millisecond},
 		{Name: "gcra", Scope: ScopeRecipient, Algorithm: GCRA, Limit: 11, Window: 1300 * time.Millisecond, Capacity: 5, Shadow: true},
 		{Name: "fixed", Scope: ScopeRecipient, Algorithm: FixedWindow, Limit: 8, Window: 1100 * time.Millisecond},
+		{Name: "borrow", Scope: ScopeRecipient, Algorithm: FixedWindow, Limit: 3, Window: 400 * time.Millisecond, Borrow: 7},
 	})
 	if err != nil {
 		f.Fatal(err)
 	}
+	// Costs of 3, 100 ms apart, some record-only: the borrowing rule runs
+	// into debt, then repays it.
+	f.Add([]byte{55, 2, 0, 0, 55, 2, 2, 0, 55, 2, 0, 0, 55, 2, 2, 0, 55, 2, 0, 0, 55, 0, 0, 0, 55, 2, 0, 0, 100, 2, 0, 0})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		var (
 			s   Scratch

@@ -58,9 +58,12 @@ type RuleResult struct {
 	// Used counts the sends of the rule's scope in (At-Window, At] after the
 	// decision. It saturates at the largest limit of the scope (the log keeps
 	// no more), which is never below this rule's limit. A counting rule
-	// reports its own count, or a bucket's level rounded up (Algorithm).
+	// reports its own count, or a bucket's level rounded up (Algorithm);
+	// a borrowing fixed-window the debt carried into the window plus its
+	// count.
 	Used int
-	// Remaining is Limit-Used, never below 0.
+	// Remaining is Limit-Used, never below 0 (Limit+Borrow-Used for a
+	// borrowing fixed-window).
 	Remaining int
 	// RetryAfter is the time in ms until this rule would admit the item, if
 	// no other send is recorded meanwhile; 0 when it admits now. A shadow

@@ -91,6 +91,10 @@ type Rule struct {
 	// DefaultBuckets. Window must be a whole multiple of Buckets ms. Only
 	// sliding-counter rules may set it.
 	Buckets int
+	// Borrow is the most sends a FixedWindow rule may admit ahead of its
+	// later windows' limits (seed 004's debt): 0 means none, at most
+	// MaxCounterLimit. Only fixed-window rules may set it; see Algorithm.
+	Borrow int
 }
 
 // WindowMillis returns the rule's window in milliseconds.
@@ -101,7 +105,7 @@ func (r Rule) WindowMillis() int64 { return int64(r.Window / time.Millisecond) }
 // place in a rules file.
 type FieldError struct {
 	Rule  string // the rule's name
-	Field string // "name", "scope", "limit", "window", "algorithm", "capacity" or "buckets"
+	Field string // "name", "scope", "limit", "window", "algorithm", "capacity", "buckets" or "borrow"
 	Msg   string // what is wrong, with the value and the allowed range
 }
 
@@ -142,6 +146,10 @@ func (r Rule) Validate() error {
 		return bad("buckets", "%d is set, but only sliding-counter rules have buckets", r.Buckets)
 	case r.Buckets < 0 || r.Buckets > MaxBuckets:
 		return bad("buckets", "%d out of range [1, %d] (0 means %d)", r.Buckets, MaxBuckets, DefaultBuckets)
+	case r.Borrow != 0 && r.Algorithm != FixedWindow:
+		return bad("borrow", "%d is set, but only fixed-window rules borrow (algorithm %v; a bucket borrows up to its capacity)", r.Borrow, r.Algorithm)
+	case r.Borrow < 0 || r.Borrow > MaxCounterLimit:
+		return bad("borrow", "%d out of range [0, %d]", r.Borrow, MaxCounterLimit)
 	case r.Algorithm == SlidingCounter && r.WindowMillis()%int64(r.buckets()) != 0:
 		return bad("buckets", "%d does not divide the window %v into whole milliseconds", r.buckets(), r.Window)
 	}
@@ -307,8 +315,11 @@ func (d *Domain) Widen(others ...*Domain) *Domain {
 				c.keep, lim = max(c.keep, o.counters[i].keep), min(lim, o.counters[i].limit)
 			}
 		}
-		if c.alg.isBucket() {
+		switch {
+		case c.alg.isBucket():
 			c.span0 = max(c.span0, ceilDiv(c.keep*c.win, lim))
+		case c.alg == FixedWindow:
+			c.repay = min(c.repay, lim)
 		}
 		w.counterSpan = max(w.counterSpan, c.span())
 	}

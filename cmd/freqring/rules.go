@@ -46,6 +46,8 @@ func rulesCmd(args []string, stdout, stderr io.Writer) error {
 					alg = fmt.Sprintf("  (sliding-counter, %d buckets)", window.DefaultBuckets)
 				case r.Algorithm == window.SlidingCounter:
 					alg = fmt.Sprintf("  (sliding-counter, %d buckets)", r.Buckets)
+				case r.Borrow > 0:
+					alg = fmt.Sprintf("  (%v, borrowing up to %d)", r.Algorithm, r.Borrow)
 				case r.Algorithm != window.SlidingLog && r.Capacity > 0:
 					alg = fmt.Sprintf("  (%v, capacity %d)", r.Algorithm, r.Capacity)
 				case r.Algorithm != window.SlidingLog:
