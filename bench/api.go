@@ -192,6 +192,9 @@ func (r APIRules) YAML() []byte {
 		if x.Capacity != 0 {
 			s += fmt.Sprintf(", capacity: %d", x.Capacity)
 		}
+		if x.Borrow != 0 {
+			s += fmt.Sprintf(", borrow: %d", x.Borrow)
+		}
 		return s + "}"
 	}
 	return fmt.Appendf(nil, "domains:\n  - name: %s\n    rules:\n      - %s\n  - name: %s\n    rules:\n      - %s\n",

@@ -38,7 +38,9 @@ func (a KeyAudit) String() string {
 //
 //   - fixed-window: the sends of its key in t's aligned window
 //     [floor(t/W)*W, floor(t/W)*W+W), up to and including it, must number at
-//     most Limit;
+//     most Limit; with Borrow D, plus the debt carried into the window (each
+//     window carries on min(D, max(0, debt + sends - Limit))), at most
+//     Limit + D;
 //   - sliding-counter: with sub-windows of B = W/Buckets ms, a send at s
 //     still counts at t while floor(s/B)*B+B-1+W > t; the sends of its key
 //     that count at t, up to and including it, must number at most Limit;
@@ -76,6 +78,7 @@ func auditKeys[K cmp.Ordered](keys []K, ats []int64, w int64, limit int, def rul
 	a := KeyAudit{Sends: int64(len(keys))}
 	lo, exactLo := 0, 0
 	var debt, debtAt int64 // a bucket's debt, in units, at debtAt
+	var win, owed, n int64 // a borrowing fixed window: its number, debt carried in, sends
 	for j, i := range idx {
 		t := ats[i]
 		if j == 0 || keys[idx[j-1]] != keys[i] {
@@ -86,6 +89,26 @@ func auditKeys[K cmp.Ordered](keys []K, ats []int64, w int64, limit int, def rul
 		}
 		if j-exactLo+1 > limit {
 			a.ExactOverAdmissions++
+		}
+		if def.borrow > 0 {
+			// Windows k of w ms: owed_k = min(D, max(0, owed_{k-1} +
+			// a_{k-1} - limit)), each empty window repaying limit.
+			k := floorDiv(t, w)
+			if j == lo || k != win {
+				if j == lo {
+					owed, n = 0, 0
+				} else {
+					out := min(def.borrow, max(0, owed+n-int64(limit)))
+					gap := k - win - 1 // empty windows between
+					owed = max(0, out-min(gap, out)*int64(limit))
+				}
+				win, n = k, 0
+			}
+			if owed+n+1 > int64(limit)+def.borrow {
+				a.OverAdmissions++
+			}
+			n++
+			continue
 		}
 		if def.capacity > 0 {
 			// Units: a send adds w, and limit drain each ms.
@@ -111,6 +134,7 @@ func auditKeys[K cmp.Ordered](keys []K, ats []int64, w int64, limit int, def rul
 // sends (capacity > 0), or a count of the sends that still count.
 type ruleDefinition struct {
 	capacity int64
+	borrow   int64 // a fixed window's Borrow
 	// counts reports whether a send at s counts at t (s <= t); it is
 	// monotone in s, so the sends that count at t are a suffix of the
 	// sends up to t in time order.
@@ -127,6 +151,9 @@ func definition(r window.Rule) (ruleDefinition, error) {
 	}
 	w := r.WindowMillis()
 	if r.Algorithm == window.FixedWindow {
+		if r.Borrow > 0 {
+			return ruleDefinition{borrow: int64(r.Borrow)}, nil
+		}
 		return ruleDefinition{counts: func(s, t int64) bool { return floorDiv(s, w) == floorDiv(t, w) }}, nil
 	}
 	n := r.Buckets

@@ -134,13 +134,48 @@ func bruteBucket(r window.Rule, sends []KeySend) (over int64) {
 	return over
 }
 
+// bruteBorrow counts a borrowing fixed window's over-admissions by stepping
+// every window: per key, in time order, each window k carries owed_k =
+// min(D, max(0, owed_{k-1} + a_{k-1} - Limit)) into the next, and a send is
+// over when owed_k + a_k (itself included) exceeds Limit + D.
+func bruteBorrow(r window.Rule, sends []KeySend) (over int64) {
+	w, l, d := r.WindowMillis(), int64(r.Limit), int64(r.Borrow)
+	type st struct{ win, owed, n int64 }
+	m := map[string]*st{}
+	idx := make([]int, len(sends))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(x, y int) int { return cmp.Compare(sends[x].At, sends[y].At) })
+	for _, i := range idx {
+		s := sends[i]
+		k := floorDiv(s.At, w)
+		x := m[s.Key]
+		if x == nil {
+			x = &st{win: k}
+			m[s.Key] = x
+		}
+		for x.win < k {
+			x.owed, x.n, x.win = min(d, max(0, x.owed+x.n-l)), 0, x.win+1
+		}
+		x.n++
+		if x.owed+x.n > l+d {
+			over++
+		}
+	}
+	return over
+}
+
 func TestAuditKeysMatchesBruteForce(t *testing.T) {
 	algs := []window.Algorithm{window.FixedWindow, window.SlidingCounter, window.TokenBucket, window.LeakyBucket, window.GCRA}
-	for round := range 50 {
+	for round := range 60 {
 		rng := rand.New(rand.NewPCG(4, uint64(round)))
 		alg := algs[round%len(algs)]
+		borrow := round%6 == 5 // a fixed window that borrows
 		r := window.Rule{Name: "r", Scope: window.ScopeRecipient, Limit: 1 + rng.IntN(5), Window: time.Duration(100*(1+rng.IntN(20))) * time.Millisecond, Algorithm: alg}
 		switch {
+		case borrow:
+			r.Algorithm, r.Borrow = window.FixedWindow, 1+rng.IntN(6)
 		case alg == window.SlidingCounter:
 			r.Buckets = []int{1, 2, 4, 5, 10}[rng.IntN(5)]
 		case r.BucketCapacity() > 0 && rng.IntN(2) == 0:
@@ -161,11 +196,14 @@ func TestAuditKeysMatchesBruteForce(t *testing.T) {
 			t.Fatal(err)
 		}
 		over, exact := bruteAudit(r, sends)
-		if r.BucketCapacity() > 0 {
+		switch {
+		case r.BucketCapacity() > 0:
 			over = bruteBucket(r, sends)
+		case r.Borrow > 0:
+			over = bruteBorrow(r, sends)
 		}
 		if got.OverAdmissions != over || got.ExactOverAdmissions != exact {
-			t.Fatalf("round %d %v %d/%v/%d/%d: %v, brute force %d over, %d exact", round, r.Algorithm, r.Limit, r.Window, r.Buckets, r.Capacity, got, over, exact)
+			t.Fatalf("round %d %v %d/%v/%d/%d/%d: %v, brute force %d over, %d exact", round, r.Algorithm, r.Limit, r.Window, r.Buckets, r.Capacity, r.Borrow, got, over, exact)
 		}
 		if over == 0 {
 			t.Fatalf("round %d: the random sends break no rule: the test tests nothing", round)
@@ -177,9 +215,13 @@ func TestAuditKeysMatchesBruteForce(t *testing.T) {
 // algorithm passes the audit, and any one denied attempt added as if
 // admitted fails it.
 func TestAuditKeysAgreesWithEngine(t *testing.T) {
-	for _, alg := range []window.Algorithm{window.FixedWindow, window.SlidingCounter, window.TokenBucket, window.LeakyBucket, window.GCRA} {
-		t.Run(alg.String(), func(t *testing.T) {
-			r := window.Rule{Name: "r", Scope: window.ScopeRecipient, Limit: 5, Window: 10 * time.Second, Algorithm: alg}
+	for i, alg := range []window.Algorithm{window.FixedWindow, window.SlidingCounter, window.TokenBucket, window.LeakyBucket, window.GCRA, window.FixedWindow} {
+		r := window.Rule{Name: "r", Scope: window.ScopeRecipient, Limit: 5, Window: 10 * time.Second, Algorithm: alg}
+		name := alg.String()
+		if i == 5 {
+			r.Borrow, name = 3, "fixed-window borrowing"
+		}
+		t.Run(name, func(t *testing.T) {
 			switch alg {
 			case window.SlidingCounter:
 				r.Buckets = 10
@@ -192,7 +234,7 @@ func TestAuditKeysAgreesWithEngine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rng := rand.New(rand.NewPCG(9, uint64(alg)))
+			rng := rand.New(rand.NewPCG(9, uint64(i)))
 			var s window.Scratch
 			recs := map[string][]byte{}
 			var admitted, denied []KeySend

@@ -307,6 +307,9 @@ func NewAPIRedisTarget(ctx context.Context, addr string, rules APIRules) (*APIRe
 	if a := rules.IP.Algorithm; a != window.FixedWindow && a != window.SlidingCounter {
 		return nil, fmt.Errorf("bench: redis api target: algorithm %v has no Redis design in the seeds (fixed-window: seed 004's, sliding-counter: seed 003's)", a)
 	}
+	if rules.IP.Borrow > 0 || rules.User.Borrow > 0 {
+		return nil, fmt.Errorf("bench: redis api target: borrow %d, %d: the seeds' Redis designs do not borrow", rules.IP.Borrow, rules.User.Borrow)
+	}
 	t := &APIRedisTarget{rules: rules}
 	script := apiFixedScript
 	t.prefix = "api4:"

@@ -133,6 +133,9 @@ func benchAPI(ctx context.Context, o apiBenchOptions, stdout, stderr io.Writer) 
 			if a := apiRules.IP.Algorithm; a != window.FixedWindow && a != window.SlidingCounter {
 				return usagef("--target redis runs seed 004's fixed-window or seed 003's sliding-counter; %v has no Redis design in the seeds", a)
 			}
+			if apiRules.IP.Borrow > 0 || apiRules.User.Borrow > 0 {
+				return usagef("--target redis: the rules borrow (borrow %d, %d); the seeds' Redis designs do not", apiRules.IP.Borrow, apiRules.User.Borrow)
+			}
 			raddr := o.redisAddr
 			if o.startRedis {
 				lr, err := bench.StartRedis(ctx)

@@ -34,7 +34,11 @@ func TestBenchAPIWorkload(t *testing.T) {
 func TestBenchAPIUsage(t *testing.T) {
 	rules := filepath.Join(t.TempDir(), "rules.yaml")
 	os.WriteFile(rules, []byte("domains:\n  - name: default\n    rules:\n      - {name: r, scope: recipient, limit: 1, window: 1s}\n"), 0o644)
+	borrowing := filepath.Join(t.TempDir(), "borrow.yaml")
+	os.WriteFile(borrowing, []byte("domains:\n  - name: api-ip\n    rules:\n      - {name: i, algorithm: fixed-window, limit: 10, window: 1h, borrow: 5}\n"+
+		"  - name: api-user\n    rules:\n      - {name: u, algorithm: fixed-window, limit: 5, window: 1h}\n"), 0o644)
 	for _, args := range [][]string{
+		{"--workload", "api", "--rules", borrowing, "--target", "redis"},
 		{"--workload", "nope"},
 		{"--workload", "api", "--algorithm", "sliding-log"},
 		{"--workload", "api", "--algorithm", "gcra", "--target", "redis"},
