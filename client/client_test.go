@@ -35,7 +35,22 @@ func recipient(k int) string { return fmt.Sprintf("+86%011d", k) }
 
 // clientGoroutines returns the stacks of goroutines this package started and
 // that are still running.
+//
+// A goroutine that has returned from its function (its deferred
+// WaitGroup.Done run, so Close has returned) may not have exited yet: the
+// stacks are read again, up to 2 s, until none is left, as goleak does.
 func clientGoroutines() string {
+	var g string
+	for wait := time.Millisecond; ; wait *= 2 {
+		if g = clientStacks(); g == "" || wait > time.Second {
+			return g
+		}
+		time.Sleep(wait)
+	}
+}
+
+// clientStacks returns the stacks of the client's goroutines now.
+func clientStacks() string {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	var out []string
