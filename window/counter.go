@@ -151,8 +151,9 @@ type counterRule struct {
 	width int64 // ms per sub-window
 	nb    int64 // sub-windows per window
 	// fixed-window rules
-	borrow int64 // Rule.Borrow: the most debt carried into a window, sends
-	repay  int64 // the slowest limit of the family (Widen): how fast span, merge and normalize let debt go
+	borrow int64          // Rule.Borrow: the most debt carried into a window, sends
+	repay  int64          // the slowest limit of the family (Widen): how fast span, merge and normalize let debt go
+	clock  *calendarClock // the periods of a calendar rule; nil: windows of win ms aligned to the epoch
 }
 
 func newCounterRule(i int, r Rule) counterRule {
@@ -167,12 +168,17 @@ func newCounterRule(i int, r Rule) counterRule {
 		c.nb = int64(r.buckets())
 	case r.Algorithm == FixedWindow:
 		c.borrow, c.repay = int64(r.Borrow), c.limit
+		if r.Calendar != CalendarNone {
+			loc, _ := LoadZone(r.Zone) // Validate loaded it
+			c.clock = &calendarClock{cal: r.Calendar, loc: loc}
+		}
 	}
 	return c
 }
 
 // counterID identifies a rule's state in a record: FNV-1a of the rule's
-// name, algorithm, window and buckets. A reload that keeps them keeps the
+// name, algorithm, window and buckets, and its calendar and zone when it
+// has one. A reload that keeps them keeps the
 // state, whatever the new limit, capacity or borrow (the state's units do
 // not depend on them; a fixed-window debt above a lowered borrow is
 // forgiven down to it); a rule whose window or algorithm changes starts
@@ -184,6 +190,9 @@ func counterID(r Rule) uint32 {
 	}
 	h := fnv.New32a()
 	fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d", r.Name, r.Algorithm, r.WindowMillis(), buckets)
+	if r.Calendar != CalendarNone {
+		fmt.Fprintf(h, "\x00%v\x00%s", r.Calendar, r.Zone)
+	}
 	return h.Sum32()
 }
 
@@ -371,13 +380,54 @@ func (c *counterRule) mostValue() int64 {
 // at b (window starts, a <= b), and windowAfter the start of the k-th
 // window after the one starting at start (k >= 0). Every fixed-window
 // computation goes through these four.
-func (c *counterRule) windowStart(t int64) int64 { return t / c.win * c.win }
+//
+// A calendar rule's windows are its periods. windowsBetween and windowAfter
+// step through the first calendarSteps periods one by one; beyond them they
+// count every period as lasting its longest (c.win): windowsBetween then
+// returns at most the true count and windowAfter a window start at or after
+// the true one. Both err only towards more debt and later retries (denying
+// early, never admitting more), and only for a debt that takes more than
+// calendarSteps periods to repay.
+func (c *counterRule) windowStart(t int64) int64 {
+	if c.clock != nil {
+		return c.clock.start(t)
+	}
+	return t / c.win * c.win
+}
 
-func (c *counterRule) windowEnd(start int64) int64 { return start + c.win }
+func (c *counterRule) windowEnd(start int64) int64 {
+	if c.clock != nil {
+		return c.clock.end(start)
+	}
+	return start + c.win
+}
 
-func (c *counterRule) windowsBetween(a, b int64) int64 { return (b - a) / c.win }
+func (c *counterRule) windowsBetween(a, b int64) int64 {
+	if c.clock == nil {
+		return (b - a) / c.win
+	}
+	var n int64
+	for ; a < b; n++ {
+		if n == calendarSteps {
+			return n + (b-a)/c.win
+		}
+		a = c.clock.end(a)
+	}
+	return n
+}
 
-func (c *counterRule) windowAfter(start, k int64) int64 { return start + k*c.win }
+func (c *counterRule) windowAfter(start, k int64) int64 {
+	if c.clock == nil {
+		return start + k*c.win
+	}
+	for i := int64(0); i < k; i++ {
+		if i == calendarSteps {
+			return c.clock.start(start + (k-i)*c.win)
+		}
+		start = c.clock.end(start)
+	}
+	return start
+}
 
 // owed returns the debt a fixed-window state carries into its window, at
 // most borrow: a reload that lowered the borrow forgives the rest.

@@ -95,17 +95,54 @@ type Rule struct {
 	// later windows' limits (seed 004's debt): 0 means none, at most
 	// MaxCounterLimit. Only fixed-window rules may set it; see Algorithm.
 	Borrow int
+	// Calendar makes a FixedWindow rule's windows the calendar periods of
+	// Zone (see Calendar) instead of windows of Window aligned to the unix
+	// epoch; Window must then be 0. Only fixed-window rules may set it.
+	Calendar Calendar
+	// Zone is the tz database name of the zone whose calendar a Calendar
+	// rule follows, such as "Asia/Shanghai"; "" is UTC. Only calendar rules
+	// may set it.
+	Zone string
 }
 
-// WindowMillis returns the rule's window in milliseconds.
-func (r Rule) WindowMillis() int64 { return int64(r.Window / time.Millisecond) }
+// WindowMillis returns the rule's window in milliseconds: Window, or for a
+// calendar rule the longest its period can last (its nominal length plus 4
+// hours for clocks set back), which is how long records keep its sends.
+func (r Rule) WindowMillis() int64 {
+	if r.Calendar != CalendarNone {
+		return r.Calendar.span()
+	}
+	return int64(r.Window / time.Millisecond)
+}
+
+// Nominal returns the rule's window as clients are told it: Window, or a
+// calendar rule's nominal period (Calendar.Nominal).
+func (r Rule) Nominal() time.Duration {
+	if r.Calendar != CalendarNone {
+		return r.Calendar.Nominal()
+	}
+	return r.Window
+}
+
+// Per returns what the rule's limit is per, for people: the window ("1m0s")
+// or the calendar period and zone ("calendar day in Asia/Shanghai").
+func (r Rule) Per() string {
+	if r.Calendar == CalendarNone {
+		return r.Window.String()
+	}
+	zone := r.Zone
+	if zone == "" {
+		zone = "UTC"
+	}
+	return fmt.Sprintf("calendar %v in %s", r.Calendar, zone)
+}
 
 // FieldError reports a rule field out of range. Its message names the
 // rule, the field and the value; Field lets a caller point at the field's
 // place in a rules file.
 type FieldError struct {
 	Rule  string // the rule's name
-	Field string // "name", "scope", "limit", "window", "algorithm", "capacity", "buckets" or "borrow"
+	Field string // "name", "scope", "limit", "window", "algorithm", "capacity", "buckets", "borrow", "calendar" or "zone"
 	Msg   string // what is wrong, with the value and the allowed range
 }
 
@@ -134,7 +171,15 @@ func (r Rule) Validate() error {
 		return bad("limit", "%d out of range [1, %d] (a sliding-log keeps every send of its window; a counting algorithm takes up to %d)", r.Limit, MaxLimit, MaxCounterLimit)
 	case r.Limit < 1 || r.Limit > MaxCounterLimit:
 		return bad("limit", "%d out of range [1, %d]", r.Limit, MaxCounterLimit)
-	case r.Window < time.Millisecond || r.Window > MaxWindow:
+	case r.Calendar > CalendarMonth:
+		return bad("calendar", "%v is not one of hour, day, week, month", r.Calendar)
+	case r.Calendar != CalendarNone && r.Algorithm != FixedWindow:
+		return bad("calendar", "%v is set, but only fixed-window rules have calendar windows (algorithm %v)", r.Calendar, r.Algorithm)
+	case r.Calendar != CalendarNone && r.Window != 0:
+		return bad("window", "%v is set, but a calendar rule's window is its calendar period (calendar %v); leave it out", r.Window, r.Calendar)
+	case r.Calendar == CalendarNone && r.Zone != "":
+		return bad("zone", "%q is set, but only calendar rules have a zone", r.Zone)
+	case r.Calendar == CalendarNone && (r.Window < time.Millisecond || r.Window > MaxWindow):
 		return bad("window", "%v out of range [1ms, %v]", r.Window, MaxWindow)
 	case r.Window%time.Millisecond != 0:
 		return bad("window", "%v is not a whole number of milliseconds", r.Window)
@@ -152,6 +197,11 @@ func (r Rule) Validate() error {
 		return bad("borrow", "%d out of range [0, %d]", r.Borrow, MaxCounterLimit)
 	case r.Algorithm == SlidingCounter && r.WindowMillis()%int64(r.buckets()) != 0:
 		return bad("buckets", "%d does not divide the window %v into whole milliseconds", r.buckets(), r.Window)
+	}
+	if r.Calendar != CalendarNone {
+		if _, err := LoadZone(r.Zone); err != nil {
+			return bad("zone", "%v", err)
+		}
 	}
 	return nil
 }
