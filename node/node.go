@@ -434,7 +434,7 @@ func domainProto(d *window.Domain) *pb.Domain {
 	for _, r := range d.Rules() {
 		p.Rules = append(p.Rules, &pb.Rule{
 			Name: r.Name, Scope: r.Scope.String(), Limit: uint32(r.Limit),
-			WindowMs: r.WindowMillis(), Window: r.Window.String(), Shadow: r.Shadow,
+			WindowMs: r.Nominal().Milliseconds(), Window: r.Nominal().String(), Shadow: r.Shadow,
 		})
 	}
 	return p

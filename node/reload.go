@@ -146,9 +146,9 @@ func growth(from, to *window.Domain) []ruleGrowth {
 			switch {
 			case !ok:
 				why = append(why, fmt.Sprintf("a new %v rule: its state counts sends from the reload on", r.Algorithm))
-			case o.Algorithm != r.Algorithm || o.Window != r.Window || o.Buckets != r.Buckets:
-				why = append(why, fmt.Sprintf("algorithm, window or buckets changed (%v %v/%d to %v %v/%d): its state counts sends from the reload on",
-					o.Algorithm, o.Window, o.Buckets, r.Algorithm, r.Window, r.Buckets))
+			case o.Algorithm != r.Algorithm || o.Per() != r.Per() || o.Buckets != r.Buckets:
+				why = append(why, fmt.Sprintf("algorithm, window or buckets changed (%v %s/%d to %v %s/%d): its state counts sends from the reload on",
+					o.Algorithm, o.Per(), o.Buckets, r.Algorithm, r.Per(), r.Buckets))
 			case r.BucketCapacity() < o.BucketCapacity():
 				why = append(why, fmt.Sprintf("capacity lowered from %d to %d: a bucket fuller than that reads as full", o.BucketCapacity(), r.BucketCapacity()))
 			case r.Borrow < o.Borrow:

@@ -31,6 +31,11 @@
 //	        limit: 1000
 //	        window: 24h
 //	        borrow: 300             # fixed-window only: may admit 300 ahead, repaid later (default 0)
+//	      - name: per-local-day
+//	        algorithm: fixed-window
+//	        limit: 3
+//	        calendar: day           # fixed-window only: hour | day | week | month, in place of window
+//	        zone: America/New_York  # calendar rules only: a tz database name (default UTC)
 //
 // A counting algorithm counts per key (scope recipient, which may be left
 // out); a parameter set for an algorithm that has no such parameter is an

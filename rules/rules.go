@@ -112,6 +112,8 @@ type ruleSpec struct {
 	Capacity  int    `yaml:"capacity"`  // bucket algorithms (window.Rule.Capacity)
 	Buckets   int    `yaml:"buckets"`   // sliding-counter (window.Rule.Buckets)
 	Borrow    int    `yaml:"borrow"`    // fixed-window (window.Rule.Borrow)
+	Calendar  string `yaml:"calendar"`  // fixed-window: hour | day | week | month (window.Rule.Calendar)
+	Zone      string `yaml:"zone"`      // calendar rules: a tz database name; "" is UTC (window.Rule.Zone)
 }
 
 // Parse validates the rules file data read from source. Errors read
@@ -241,7 +243,7 @@ func (rs *Set) parseOverrides(specs []overrideSpec, nodes []*yaml.Node, fail fun
 
 // rule converts the spec, returning the field at fault on error.
 func (s ruleSpec) rule() (window.Rule, string, error) {
-	r := window.Rule{Name: s.Name, Limit: s.Limit, Capacity: s.Capacity, Buckets: s.Buckets, Borrow: s.Borrow}
+	r := window.Rule{Name: s.Name, Limit: s.Limit, Capacity: s.Capacity, Buckets: s.Buckets, Borrow: s.Borrow, Zone: s.Zone}
 	if s.Name == "" {
 		return r, "name", errors.New("name is empty")
 	}
@@ -258,6 +260,14 @@ func (s ruleSpec) rule() (window.Rule, string, error) {
 		return r, "scope", fmt.Errorf("scope %q is not one of recipient, recipient+content", s.Scope)
 	}
 	r.Scope = sc
+	cal, err := window.ParseCalendar(s.Calendar)
+	if err != nil {
+		return r, "calendar", errors.New(strings.TrimPrefix(err.Error(), "window: "))
+	}
+	r.Calendar = cal
+	if cal != window.CalendarNone && s.Window == "" {
+		return r, "", nil // the calendar period is the window
+	}
 	if s.Window == "" {
 		return r, "window", errors.New("window is missing; want a Go duration such as 59s, 59m, 24h")
 	}
@@ -330,7 +340,8 @@ func appendString(b []byte, s string) []byte {
 // name; per rule its name, scope (|0x80 for a shadow rule, so that a set
 // without shadows hashes as before shadows existed; |0x40 for a counting
 // algorithm, whose number, capacity and buckets follow the window; then
-// |0x20 for a fixed-window rule that borrows, whose borrow follows them),
+// |0x20 for a fixed-window rule that borrows, whose borrow follows them;
+// |0x10 for a calendar rule, whose calendar and zone follow last),
 // limit and window in ms, length-prefixed), cut to its first 8 bytes.
 func (rs *Set) digest() uint64 {
 	h := sha256.New()
@@ -354,6 +365,9 @@ func (rs *Set) digest() uint64 {
 			if r.Borrow != 0 {
 				sc |= 0x20 // then the borrow too: rules that do not borrow hash as before borrowing existed
 			}
+			if r.Calendar != window.CalendarNone {
+				sc |= 0x10 // then the calendar and zone: other rules hash as before calendars existed
+			}
 			b = append(b, sc)
 			b = binary.AppendUvarint(b, uint64(r.Limit))
 			b = binary.AppendUvarint(b, uint64(r.WindowMillis()))
@@ -364,6 +378,10 @@ func (rs *Set) digest() uint64 {
 			}
 			if r.Borrow != 0 {
 				b = binary.AppendUvarint(b, uint64(r.Borrow))
+			}
+			if r.Calendar != window.CalendarNone {
+				b = append(b, byte(r.Calendar))
+				b = appendString(b, r.Zone)
 			}
 		}
 	}

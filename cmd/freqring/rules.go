@@ -48,12 +48,14 @@ func rulesCmd(args []string, stdout, stderr io.Writer) error {
 					alg = fmt.Sprintf("  (sliding-counter, %d buckets)", r.Buckets)
 				case r.Borrow > 0:
 					alg = fmt.Sprintf("  (%v, borrowing up to %d)", r.Algorithm, r.Borrow)
+				case r.Calendar != window.CalendarNone:
+					alg = fmt.Sprintf("  (%v)", r.Algorithm)
 				case r.Algorithm != window.SlidingLog && r.Capacity > 0:
 					alg = fmt.Sprintf("  (%v, capacity %d)", r.Algorithm, r.Capacity)
 				case r.Algorithm != window.SlidingLog:
 					alg = fmt.Sprintf("  (%v)", r.Algorithm)
 				}
-				fmt.Fprintf(stdout, "    %-20s %-18s at most %d per %v%s%s\n", r.Name, r.Scope, r.Limit, r.Window, alg, shadow)
+				fmt.Fprintf(stdout, "    %-20s %-18s at most %d per %s%s%s\n", r.Name, r.Scope, r.Limit, r.Per(), alg, shadow)
 			}
 		}
 		for _, o := range rs.Overrides() {
