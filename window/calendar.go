@@ -61,9 +61,8 @@ const (
 	// length a period can last. The tz database's largest since 1970 is
 	// 3 hours (Antarctica/Casey); zones beyond it are refused.
 	maxZoneShift = 4 * msPerHour
-	// calendarSteps is how many periods windowsBetween and windowAfter
-	// step one by one; beyond it they count every period at its longest
-	// (see counterRule.windowsBetween).
+	// calendarSteps is how many steps calendarClock.between and after
+	// take before they count every remaining period at its longest.
 	calendarSteps = 64
 )
 
@@ -103,13 +102,27 @@ func (k Calendar) trunc(w int64) int64 {
 	return time.Date(tm.Year(), tm.Month(), 1, 0, 0, 0, 0, time.UTC).UnixMilli()
 }
 
-// next returns the start of the unit after the one starting at the wall
-// time ws.
-func (k Calendar) next(ws int64) int64 {
+// units returns how many units start after the unit starting at the wall
+// time ws and at or before the wall time w.
+func (k Calendar) units(ws, w int64) int64 {
 	if k == CalendarMonth {
-		return time.UnixMilli(ws).UTC().AddDate(0, 1, 0).UnixMilli()
+		month := func(w int64) int64 {
+			tm := time.UnixMilli(w).UTC()
+			return int64(tm.Year())*12 + int64(tm.Month())
+		}
+		return month(w) - month(ws)
 	}
-	return ws + int64(k.Nominal()/time.Millisecond)
+	return floorDiv(w-ws, int64(k.Nominal()/time.Millisecond))
+}
+
+// add returns the start of the n-th unit after the unit starting at the
+// wall time ws.
+func (k Calendar) add(ws, n int64) int64 {
+	if k == CalendarMonth {
+		tm := time.UnixMilli(ws).UTC()
+		return time.Date(tm.Year(), tm.Month()+time.Month(n), 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	}
+	return ws + n*int64(k.Nominal()/time.Millisecond)
 }
 
 // floorDiv returns a/b rounded down (b > 0).
@@ -205,7 +218,7 @@ func (k *calendarClock) end(t int64) int64 {
 		off, _, ze := k.zoneAt(t)
 		w := t + off
 		ws := k.cal.trunc(w)
-		e0 := t + (k.cal.next(ws) - w) // where the unit ends if the offset holds
+		e0 := t + (k.cal.add(ws, 1) - w) // where the unit ends if the offset holds
 		if ze > e0 {
 			return e0
 		}
@@ -214,6 +227,67 @@ func (k *calendarClock) end(t int64) int64 {
 		}
 		t = ze
 	}
+}
+
+// between returns the number of periods from the one starting at a to the
+// one starting at b (period starts, a <= b): counted by arithmetic across
+// each span of constant offset, and stepped across each offset change.
+// After calendarSteps steps (some 30 years of twice-yearly changes) it
+// counts each remaining period as lasting span ms, its longest, and so
+// returns at most the true number.
+func (k *calendarClock) between(a, b, span int64) int64 {
+	var n int64
+	for steps := 0; a < b; steps++ {
+		if steps == calendarSteps {
+			return n + (b-a)/span
+		}
+		if m, to := k.skip(a, b, math.MaxInt64); m > 0 {
+			n, a = n+m, to
+			continue
+		}
+		a = k.end(a)
+		n++
+	}
+	return n
+}
+
+// after returns the start of the period n periods after the one starting
+// at start (n >= 0), as between counts them: beyond calendarSteps steps at
+// or after the true one.
+func (k *calendarClock) after(start, n, span int64) int64 {
+	for steps := 0; n > 0; steps++ {
+		if steps == calendarSteps {
+			return k.start(start + n*span)
+		}
+		if m, to := k.skip(start, math.MaxInt64, n); m > 0 {
+			n, start = n-m, to
+			continue
+		}
+		start = k.end(start)
+		n--
+	}
+	return start
+}
+
+// skip counts the periods that start after the period start a, at or
+// before b, before the zone's offset next changes, and no more than most
+// of them: it returns how many and where the last starts. Within a span of
+// constant offset a period starts wherever the clock reads the start of a
+// unit, so they are counted by arithmetic on the clock's readings.
+func (k *calendarClock) skip(a, b, most int64) (n, last int64) {
+	off, _, ze := k.zoneAt(a)
+	if ze != math.MaxInt64 {
+		b = min(b, ze-1)
+	}
+	ws := k.cal.trunc(a + off)
+	n = most
+	if b != math.MaxInt64 { // else no bound but most; b+off would overflow
+		n = min(most, k.cal.units(ws, b+off))
+	}
+	if n <= 0 {
+		return 0, a
+	}
+	return n, k.cal.add(ws, n) - off
 }
 
 type zoneEntry struct {

@@ -381,13 +381,9 @@ func (c *counterRule) mostValue() int64 {
 // window after the one starting at start (k >= 0). Every fixed-window
 // computation goes through these four.
 //
-// A calendar rule's windows are its periods. windowsBetween and windowAfter
-// step through the first calendarSteps periods one by one; beyond them they
-// count every period as lasting its longest (c.win): windowsBetween then
-// returns at most the true count and windowAfter a window start at or after
-// the true one. Both err only towards more debt and later retries (denying
-// early, never admitting more), and only for a debt that takes more than
-// calendarSteps periods to repay.
+// A calendar rule's windows are its periods (calendarClock.between and
+// after: exact for hours, days and weeks; for months beyond 64 of them,
+// erring only towards more debt and later retries).
 func (c *counterRule) windowStart(t int64) int64 {
 	if c.clock != nil {
 		return c.clock.start(t)
@@ -406,27 +402,14 @@ func (c *counterRule) windowsBetween(a, b int64) int64 {
 	if c.clock == nil {
 		return (b - a) / c.win
 	}
-	var n int64
-	for ; a < b; n++ {
-		if n == calendarSteps {
-			return n + (b-a)/c.win
-		}
-		a = c.clock.end(a)
-	}
-	return n
+	return c.clock.between(a, b, c.win)
 }
 
 func (c *counterRule) windowAfter(start, k int64) int64 {
 	if c.clock == nil {
 		return start + k*c.win
 	}
-	for i := int64(0); i < k; i++ {
-		if i == calendarSteps {
-			return c.clock.start(start + (k-i)*c.win)
-		}
-		start = c.clock.end(start)
-	}
-	return start
+	return c.clock.after(start, k, c.win)
 }
 
 // owed returns the debt a fixed-window state carries into its window, at

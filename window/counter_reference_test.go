@@ -19,9 +19,29 @@ type refKey struct {
 	newest int64
 	tat    map[int]*big.Rat // bucket rule index -> TAT, unix ms
 	fw     map[int][]refWin // borrowing fixed-window rule index -> windows with sends, ascending
+	cal    map[int]*refCalendar
 }
 
-// refWin is the cost recorded in fixed window k, [kW, (k+1)W).
+// windows returns how rule i's fixed windows are numbered: the index of
+// the window holding t, and where window K starts.
+func (k *refKey) windows(i int, r Rule) (index func(t int64) int64, start func(K int64) int64) {
+	if r.Calendar == CalendarNone {
+		w := r.WindowMillis()
+		return func(t int64) int64 { return t / w }, func(K int64) int64 { return K * w }
+	}
+	if k.cal == nil {
+		k.cal = map[int]*refCalendar{}
+	}
+	c := k.cal[i]
+	if c == nil {
+		c = newRefCalendar(r)
+		k.cal[i] = c
+	}
+	return c.index, c.start
+}
+
+// refWin is the cost recorded in fixed window k (numbered as refKey.windows
+// says).
 type refWin struct{ k, a int64 }
 
 // borrowAt returns, for borrowing fixed-window rule i, the debt carried
@@ -136,15 +156,16 @@ func (k *refKey) decide(d *Domain, now int64, it Item) (Decision, bool) {
 			if !ok && cost <= int64(r.capacity()) {
 				retry = ratCeil(new(big.Rat).Sub(after, capT))
 			}
-		} else if r.Borrow > 0 {
-			w, L, D := r.WindowMillis(), lim, int64(r.Borrow)
-			owed, a := k.borrowAt(i, r, t/w)
+		} else if r.Borrow > 0 || r.Calendar != CalendarNone {
+			index, start := k.windows(i, r)
+			L, D := lim, int64(r.Borrow)
+			owed, a := k.borrowAt(i, r, index(t))
 			res.Used, res.Remaining = int(owed+a), int(max(0, L+D-owed-a))
 			ok = owed+a+cost <= L+D
 			if !ok && cost <= L+D {
-				for K := t/w + 1; ; K++ { // window by window: the count changes only where one starts
+				for K := index(t) + 1; ; K++ { // window by window: the count changes only where one starts
 					if owed, a := k.borrowAt(i, r, K); owed+a+cost <= L+D {
-						retry = K*w - t
+						retry = start(K) - t
 						break
 					}
 				}
@@ -193,17 +214,17 @@ func (k *refKey) decide(d *Domain, now int64, it Item) (Decision, bool) {
 	for i, r := range d.rules {
 		res := &dec.Rules[i]
 		lim := int64(r.Limit)
-		if r.Borrow > 0 {
-			w := r.WindowMillis()
+		if r.Borrow > 0 || r.Calendar != CalendarNone {
+			index, _ := k.windows(i, r)
 			if k.fw == nil {
 				k.fw = map[int][]refWin{}
 			}
-			if ws := k.fw[i]; len(ws) > 0 && ws[len(ws)-1].k == t/w {
+			if ws := k.fw[i]; len(ws) > 0 && ws[len(ws)-1].k == index(t) {
 				ws[len(ws)-1].a += cost
 			} else {
-				k.fw[i] = append(ws, refWin{t / w, cost})
+				k.fw[i] = append(ws, refWin{index(t), cost})
 			}
-			owed, a := k.borrowAt(i, r, t/w)
+			owed, a := k.borrowAt(i, r, index(t))
 			res.Used, res.Remaining = int(owed+a), int(max(0, lim+int64(r.Borrow)-owed-a))
 			continue
 		}
@@ -279,10 +300,17 @@ func randomCounterDomain(rng *rand.Rand, shadows bool) *Domain {
 // compares every decision.
 func runCounterReference(t *testing.T, rng *rand.Rand, d *Domain, ops, keys, maxStep int) {
 	t.Helper()
+	runCounterReferenceFrom(t, rng, d, t0, ops, keys, maxStep)
+}
+
+// runCounterReferenceFrom is runCounterReference from the clock reading
+// start, unix ms.
+func runCounterReferenceFrom(t *testing.T, rng *rand.Rand, d *Domain, start int64, ops, keys, maxStep int) {
+	t.Helper()
 	recs := make([][]byte, keys)
 	refs := make([]refKey, keys)
 	var s Scratch
-	now := t0
+	now := start
 	for op := range ops {
 		switch x := rng.IntN(100); {
 		case x < 3:
@@ -316,7 +344,7 @@ func runCounterReference(t *testing.T, rng *rand.Rand, d *Domain, ops, keys, max
 			t.Fatalf("op %d: Apply: %v", op, err)
 		}
 		if got != want {
-			t.Fatalf("op %d key %d now t0%+d item %+v rules %+v:\n got %+v\nwant %+v\nsends %v", op, k, now-t0, it, d.rules, got, want, refs[k].sends)
+			t.Fatalf("op %d key %d now %s item %+v rules %+v:\n got %+v\nwant %+v\nsends %v", op, k, time.UnixMilli(now).UTC().Format(time.RFC3339Nano), it, d.rules, got, want, refs[k].sends)
 		}
 		if out != nil {
 			recs[k] = append(recs[k][:0], out...)
