@@ -20,18 +20,24 @@ var benchAlgorithms = []struct {
 	{"sliding-counter-10000", Rule{Algorithm: SlidingCounter, Limit: 10_000}},
 	{"sliding-counter-1000000", Rule{Algorithm: SlidingCounter, Limit: 1_000_000}},
 	{"fixed-window-10000", Rule{Algorithm: FixedWindow, Limit: 10_000}},
+	{"calendar-hour-UTC-10000", Rule{Algorithm: FixedWindow, Limit: 10_000, Calendar: CalendarHour}},
+	{"calendar-hour-New_York-10000", Rule{Algorithm: FixedWindow, Limit: 10_000, Calendar: CalendarHour, Zone: "America/New_York"}},
 	{"token-bucket-10000", Rule{Algorithm: TokenBucket, Limit: 10_000}},
 	{"leaky-bucket-10000", Rule{Algorithm: LeakyBucket, Limit: 10_000}},
 	{"gcra-10000", Rule{Algorithm: GCRA, Limit: 10_000}},
 }
 
-// warmDomain returns the domain of r as a one-hour rule and the record of a
+// warmDomain returns the domain of r as a one-hour rule (a calendar rule
+// keeps its calendar) and the record of a
 // key with 60% of its limit used: at most 1,000 record-only sends (costs
 // carry the rest, up to MaxCost each) in time order over the past hour, the
 // newest at now.
 func warmDomain(tb testing.TB, r Rule, now int64) (*Domain, []byte) {
 	tb.Helper()
-	r.Name, r.Scope, r.Window = "hour", ScopeRecipient, time.Hour
+	r.Name, r.Scope = "hour", ScopeRecipient
+	if r.Calendar == CalendarNone {
+		r.Window = time.Hour
+	}
 	d, err := NewDomain("bench", []Rule{r})
 	if err != nil {
 		tb.Fatal(err)

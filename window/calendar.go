@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 	_ "time/tzdata" // zones resolve the same on every node, with or without /usr/share/zoneinfo
 )
@@ -135,10 +136,27 @@ func floorDiv(a, b int64) int64 {
 }
 
 // calendarClock cuts unix ms into the periods of a calendar in a zone. It
-// is immutable and safe for concurrent use.
+// is safe for concurrent use.
 type calendarClock struct {
 	cal Calendar
 	loc *time.Location
+	// recent is the period last asked for: nearly every check falls in
+	// the current period, which then costs two comparisons.
+	recent atomic.Pointer[period]
+}
+
+// period is a calendar period, unix ms [start, end).
+type period struct{ start, end int64 }
+
+// periodOf returns the period holding t.
+func (k *calendarClock) periodOf(t int64) period {
+	if p := k.recent.Load(); p != nil && p.start <= t && t < p.end {
+		return *p
+	}
+	s := k.start(t)
+	p := period{s, k.end(s)}
+	k.recent.Store(&p)
+	return p
 }
 
 // zoneAt returns the zone's offset at t, ms, and the bounds of the span of

@@ -386,14 +386,14 @@ func (c *counterRule) mostValue() int64 {
 // erring only towards more debt and later retries).
 func (c *counterRule) windowStart(t int64) int64 {
 	if c.clock != nil {
-		return c.clock.start(t)
+		return c.clock.periodOf(t).start
 	}
 	return t / c.win * c.win
 }
 
 func (c *counterRule) windowEnd(start int64) int64 {
 	if c.clock != nil {
-		return c.clock.end(start)
+		return c.clock.periodOf(start).end
 	}
 	return start + c.win
 }
