@@ -271,3 +271,60 @@ func TestAlgorithmsParse(t *testing.T) {
 		t.Fatalf("borrow: 0 spelled out changes the hash (%v)", err)
 	}
 }
+
+// TestCalendarRules: calendar: and zone: make a fixed-window rule count per
+// calendar period in a zone; mistakes name the file, line and field; each
+// calendar and zone hashes differently, and other rules hash as before.
+func TestCalendarRules(t *testing.T) {
+	file := func(extra string) string {
+		return "domains:\n  - name: mkt\n    rules:\n      - name: daily\n        algorithm: fixed-window\n        limit: 3\n" + extra
+	}
+	rs, err := Parse("c.yaml", []byte(file("        calendar: day\n        zone: America/New_York\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := window.Rule{Name: "daily", Scope: window.ScopeRecipient, Algorithm: window.FixedWindow, Limit: 3, Calendar: window.CalendarDay, Zone: "America/New_York"}
+	if got := rs.Domain("mkt").Rule(0); got != want {
+		t.Fatalf("rule %+v, want %+v", got, want)
+	}
+	for _, tc := range []struct{ extra, want string }{
+		{"        calendar: fortnight\n", `c.yaml:7: domain "mkt" rule "daily": calendar "fortnight" is not one of hour, day, week, month`},
+		{"        calendar: day\n        zone: Mars/Olympus_Mons\n", `c.yaml:8: domain "mkt" rule "daily": zone "Mars/Olympus_Mons" is not a time zone of the tz database`},
+		{"        calendar: day\n        zone: Local\n", `c.yaml:8: domain "mkt" rule "daily": zone "Local" is each node's own zone`},
+		{"        window: 24h\n        zone: Asia/Shanghai\n", `c.yaml:8: domain "mkt" rule "daily": zone "Asia/Shanghai" is set, but only calendar rules have a zone`},
+		{"        calendar: day\n        window: 24h\n", `c.yaml:8: domain "mkt" rule "daily": window 24h0m0s is set, but a calendar rule's window is its calendar period (calendar day)`},
+		{"        window: 24h\n", ""},
+	} {
+		_, err := Parse("c.yaml", []byte(file(tc.extra)))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v", tc.extra, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: error %v\nwant it to contain %q", tc.extra, err, tc.want)
+		}
+	}
+	_, err = Parse("c.yaml", []byte(strings.Replace(file("        calendar: day\n"), "algorithm: fixed-window", "algorithm: gcra", 1)))
+	if err == nil || !strings.Contains(err.Error(), `c.yaml:7: domain "mkt" rule "daily": calendar day is set, but only fixed-window rules have calendar windows (algorithm gcra)`) {
+		t.Errorf("calendar on gcra: %v", err)
+	}
+	seen := map[uint64]string{}
+	for _, extra := range []string{
+		"        window: 1h\n",
+		"        window: 24h\n",
+		"        calendar: hour\n",
+		"        calendar: day\n",
+		"        calendar: week\n",
+		"        calendar: month\n",
+		"        calendar: day\n        zone: America/New_York\n",
+		"        calendar: day\n        zone: Europe/London\n",
+	} {
+		rs, err := Parse("c.yaml", []byte(file(extra)))
+		if err != nil {
+			t.Fatalf("%q: %v", extra, err)
+		}
+		if prev, ok := seen[rs.Hash()]; ok {
+			t.Fatalf("%q hashes as %q", extra, prev)
+		}
+		seen[rs.Hash()] = extra
+	}
+}

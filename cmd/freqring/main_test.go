@@ -40,6 +40,13 @@ func TestRulesCommands(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, bad+`:4: domain "x" rule "r": limit 0 out of range`) {
 		t.Fatalf("validate bad: exit %d, %s", code, errOut)
 	}
+	calendar := filepath.Join(dir, "calendar.yaml")
+	os.WriteFile(calendar, []byte("domains:\n  - name: mkt\n    rules:\n      - {name: daily, algorithm: fixed-window, limit: 3, calendar: day, zone: Asia/Shanghai}\n      - {name: monthly, algorithm: fixed-window, limit: 20, borrow: 5, calendar: month}\n"), 0o644)
+	code, out, _ := runCmd(context.Background(), "rules", "validate", calendar)
+	if code != 0 || !strings.Contains(out, "at most 3 per calendar day in Asia/Shanghai  (fixed-window)") ||
+		!strings.Contains(out, "at most 20 per calendar month in UTC  (fixed-window, borrowing up to 5)") {
+		t.Fatalf("validate calendar rules: exit %d, %s", code, out)
+	}
 	if code, out, _ := runCmd(context.Background(), "rules", "default"); code != 0 || !bytes.Equal([]byte(out), rules.DefaultYAML()) {
 		t.Fatalf("default: exit %d", code)
 	}
