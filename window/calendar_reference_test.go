@@ -1,6 +1,7 @@
 package window
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -258,4 +259,84 @@ func TestCalendarLongDebt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// calendarZones are the distinct zones of calendarMoments, in order.
+func calendarZones() []string {
+	var zones []string
+	for _, m := range calendarMoments {
+		if !slices.Contains(zones, m.zone) {
+			zones = append(zones, m.zone)
+		}
+	}
+	return zones
+}
+
+// FuzzCalendar drives a domain of calendar hours, days, ISO weeks and
+// months (three of them borrowing) from fuzz bytes against the reference.
+// The first byte picks a moment of calendarMoments, which the clock starts
+// two hours before; then each 3 bytes are an op: a clock step (a signed
+// byte times a second, a minute, 10 minutes or an hour, so the clock also
+// jumps back across a DST change), a cost of 1 to 6 and a mode.
+func FuzzCalendar(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 0, 60, 1, 0x40, 60, 2, 0x41, 1, 5, 0xc0, 255, 1, 0xc2, 3, 0, 0xc0})
+	f.Add([]byte{1, 10, 3, 0xc0, 1, 3, 0xc0, 1, 3, 0xc1, 246, 0, 0x80, 50, 5, 0xc0, 50, 5, 0xc0, 127, 1, 0xc0})
+	f.Add([]byte{9, 5, 2, 0xc0, 10, 2, 0xc0, 10, 2, 0xc0, 10, 2, 0xc0, 20, 4, 0xc2})                 // Apia's skipped day
+	f.Add([]byte{6, 100, 5, 0x80, 30, 5, 0x80, 30, 5, 0x80, 30, 5, 0x80, 30, 5, 0xc0, 200, 5, 0xc0}) // São Paulo's missing midnight
+	f.Add([]byte("calendar days that last 23 or 25 hours, and weeks and months that follow them"))
+	domains := map[string]*Domain{}
+	for _, zone := range calendarZones() {
+		d, err := NewDomain("fuzz-calendar", []Rule{
+			{Name: "hour", Scope: ScopeRecipient, Algorithm: FixedWindow, Limit: 3, Borrow: 4, Calendar: CalendarHour, Zone: zone},
+			{Name: "day", Scope: ScopeRecipient, Algorithm: FixedWindow, Limit: 8, Borrow: 10, Calendar: CalendarDay, Zone: zone},
+			{Name: "week", Scope: ScopeRecipient, Algorithm: FixedWindow, Limit: 30, Calendar: CalendarWeek, Zone: zone},
+			{Name: "month", Scope: ScopeRecipient, Algorithm: FixedWindow, Limit: 60, Borrow: 20, Calendar: CalendarMonth, Zone: zone},
+		})
+		if err != nil {
+			f.Fatal(err)
+		}
+		domains[zone] = d
+	}
+	units := [4]int64{1000, 60 * 1000, 10 * 60 * 1000, 60 * 60 * 1000}
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) == 0 {
+			return
+		}
+		if len(ops) > 1+3*300 {
+			ops = ops[:1+3*300] // the reference is quadratic
+		}
+		m := calendarMoments[int(ops[0])%len(calendarMoments)]
+		at, err := time.Parse(time.RFC3339, m.at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := domains[m.zone]
+		var (
+			s   Scratch
+			rec []byte
+			ref refKey
+			now = at.UnixMilli() - 2*units[3]
+		)
+		for i := 1; i+3 <= len(ops); i += 3 {
+			op := ops[i : i+3]
+			now = max(0, now+int64(int8(op[0]))*units[op[2]>>6])
+			it := Item{Cost: 1 + int(op[1]%6), Mode: Mode(op[2] % 3)}
+			want, valid := ref.decide(d, now, it)
+			var got Decision
+			out, err := d.Apply(&s, rec, 0, now, it, &got)
+			if !valid {
+				if !errors.Is(err, ErrInvalid) {
+					t.Fatalf("op %d: Apply = %v, want ErrInvalid", i/3, err)
+				}
+				continue
+			}
+			if err != nil || got != want {
+				t.Fatalf("%s, op %d at %s, item %+v: %v\n got %+v\nwant %+v", m.zone, i/3,
+					time.UnixMilli(now).UTC().Format(time.RFC3339), it, err, got, want)
+			}
+			if out != nil {
+				rec = append(rec[:0], out...)
+			}
+		}
+	})
 }
