@@ -11,6 +11,7 @@
 #   WORK=DIR        where the binary, data directory and logs go (default: a new
 #                   directory under /tmp); the data directory must not exist
 #   PORT=17170      the node's gRPC port on 127.0.0.1
+#   ADMIN_PORT=17171 the node's admin HTTP port (/metrics) on 127.0.0.1
 #   BENCH=15s       bench duration (0: no bench, no snapshot while serving)
 #   SNAP_EVERY=5s   the node's --snapshot-interval during the run
 #   SEED=1          synth seed
@@ -26,6 +27,7 @@ n="${1:?usage: restart.sh N (recipients)}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${WORK:-$(mktemp -d /tmp/freqring-scale.XXXXXX)}"
 port="${PORT:-17170}"
+admin_port="${ADMIN_PORT:-17171}"
 bench_for="${BENCH:-15s}"
 snap_every="${SNAP_EVERY:-5s}"
 seed="${SEED:-1}"
@@ -41,7 +43,7 @@ echo "== synth of $n recipients into $data"
 
 echo "== restart: freqring serve --data-dir $data (log: $log)"
 start=$(date +%s.%N)
-"$bin" serve --data-dir "$data" --listen "$addr" --snapshot-interval "$snap_every" >"$log" 2>&1 &
+"$bin" serve --data-dir "$data" --listen "$addr" --admin-listen "127.0.0.1:$admin_port" --snapshot-interval "$snap_every" >"$log" 2>&1 &
 pid=$!
 stop_node() {
 	if kill -0 "$pid" 2>/dev/null; then
@@ -64,9 +66,31 @@ wait "$waiter"
 serving=$(date +%s.%N)
 grep -m1 'msg="recovery done"' "$log"
 
+# gc_cpu prints the node's GC cycles and its runtime's CPU estimates, in
+# seconds, as of its last GC: GC, idle and available (GOMAXPROCS x wall).
+# Plain bash (/dev/tcp), so that the script needs no curl.
+gc_cpu() {
+	exec 3<>"/dev/tcp/127.0.0.1/$admin_port"
+	printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+	awk '/^go_gc_duration_seconds_count /{c=$2} /^go_cpu_classes_gc_total_cpu_seconds_total /{g=$2}
+		/^go_cpu_classes_idle_cpu_seconds_total /{i=$2} /^go_cpu_classes_total_cpu_seconds_total /{t=$2}
+		END {print c+0, g+0, i+0, t+0}' <&3
+	exec 3<&-
+}
+
+gc_share=""
 if [ "$bench_for" != "0" ]; then
 	echo "== bench for $bench_for against the synthesized recipients (snapshots every $snap_every meanwhile)"
+	read -r c0 g0 i0 t0 < <(gc_cpu)
 	"$bin" bench --addr "$addr" --recipients "$n" --seed "$seed" --duration "$bench_for" --quiet
+	read -r c1 g1 i1 t1 < <(gc_cpu)
+	# The runtime updates its CPU estimates at each GC: the share is over
+	# the GC cycles that ended during the bench (none: no figure).
+	gc_share=$(awk -v c0="$c0" -v c1="$c1" -v g0="$g0" -v g1="$g1" -v i0="$i0" -v i1="$i1" -v t0="$t0" -v t1="$t1" 'BEGIN {
+		g = g1 - g0; i = i1 - i0; t = t1 - t0 # awk also reads values such as 1.5e+06
+		if (c1 == c0 || t - i <= 0) { printf "gc_cycles_during_bench=%d (no GC cycle ended during the bench: no GC CPU share to report)", c1 - c0; exit }
+		printf "gc_cycles_during_bench=%d gc_cpu_share_of_used=%.1f%% gc_cpu_share_of_available=%.1f%%", c1 - c0, 100 * g / (t - i), 100 * g / t
+	}')
 fi
 stop_node
 trap - EXIT
@@ -86,6 +110,9 @@ awk -v n="$n" -v synth="$synth_s" -v snap="$snap_bytes" -v rec="$(field seconds)
 	printf "synth_s=%s snapshot_B/recipient=%.1f restart_recovery_s=%.2f start_to_serving_s=%.2f\n", synth, snap/n, rec, wall
 	printf "rss_GiB=%.2f rss_B/recipient=%.1f store_B/recipient=%.1f go_heap_B/recipient=%.1f\n", rss/2^30, rss/n, store/n, heap/n
 }'
+if [ -n "$gc_share" ]; then
+	echo "$gc_share"
+fi
 if [ -n "$serving_snap" ]; then
 	echo "snapshot_while_serving (the last one): $(sed -n 's/.*\(records=[0-9]* bytes=[0-9]*\).*\(took=[^ ]*\).*/\1 \2/p' <<<"$serving_snap")"
 fi
