@@ -122,6 +122,7 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 
 	log, err := wal.Open(wal.Options{
 		Dir: filepath.Join(dir, "wal"), SegmentBytes: n.cfg.SegmentBytes, Sync: n.cfg.Sync, GroupWait: n.cfg.GroupWait,
+		PlainFsync:   n.cfg.PlainFsync,
 		SyncInterval: n.cfg.SyncInterval, SkipCorrupt: n.cfg.SkipCorrupt, Now: n.cfg.Clock.Now,
 		Logger: n.log.With("component", "wal"), OnFsync: n.onFsync(),
 	})

@@ -35,7 +35,8 @@ import (
 func BenchmarkGRPCCheck(b *testing.B) { benchGRPC(b, node.Config{}) }
 
 // BenchmarkGRPCCheckWAL is BenchmarkGRPCCheck without and with the
-// write-ahead log under each sync policy, in one run. Beside decisions/s it
+// write-ahead log under each sync policy, in one run, and under batch with
+// fsync(2) in place of io_uring (batch-plain-fsync). Beside decisions/s it
 // reports the appends per group commit, fsyncs/s, their mean wall time
 // (fsync-µs) and the share of the run the machine's CPUs were idle
 // (cpu-idle-%, from /proc/stat): where the closed loop waits on fsyncs.
@@ -43,12 +44,19 @@ func BenchmarkGRPCCheck(b *testing.B) { benchGRPC(b, node.Config{}) }
 //	go test -run '^$' -bench 'GRPCCheckWAL' -benchtime 100000x ./node
 func BenchmarkGRPCCheckWAL(b *testing.B) {
 	for _, tc := range []struct {
-		name string
-		wal  bool
-		sync wal.SyncPolicy
-	}{{"off", false, 0}, {"batch", true, wal.SyncBatch}, {"interval", true, wal.SyncInterval}, {"none", true, wal.SyncNone}} {
+		name  string
+		wal   bool
+		sync  wal.SyncPolicy
+		plain bool
+	}{
+		{"off", false, 0, false},
+		{"batch", true, wal.SyncBatch, false},
+		{"batch-plain-fsync", true, wal.SyncBatch, true},
+		{"interval", true, wal.SyncInterval, false},
+		{"none", true, wal.SyncNone, false},
+	} {
 		b.Run("wal="+tc.name, func(b *testing.B) {
-			cfg := node.Config{Sync: tc.sync}
+			cfg := node.Config{Sync: tc.sync, PlainFsync: tc.plain}
 			if tc.wal {
 				cfg.DataDir = b.TempDir()
 			}

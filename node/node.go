@@ -66,6 +66,10 @@ type Config struct {
 	// Checks are in flight (wal.Options.GroupWait); 0 means 1ms, negative
 	// never waits. A lone Check never waits.
 	GroupWait time.Duration
+	// PlainFsync makes the WAL fsync with fsync(2) on the calling goroutine
+	// instead of through an io_uring where the kernel allows one
+	// (wal.Options.PlainFsync).
+	PlainFsync bool
 	// SegmentBytes is the WAL segment size; 0 means 64 MiB.
 	SegmentBytes int64
 	// SnapshotInterval is the longest time between snapshots; 0 means 1

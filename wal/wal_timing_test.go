@@ -93,3 +93,33 @@ func BenchmarkAppendParallel(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkFsyncPath is one caller appending under SyncBatch, an fsync per
+// Append, through the io_uring (where the kernel allows one) and with
+// fsync(2): what a lone Check waits for on an idle node.
+//
+//	go test -run '^$' -bench FsyncPath -benchtime 2000x -count 3 ./wal
+func BenchmarkFsyncPath(b *testing.B) {
+	payload := bytes.Repeat([]byte("recipient!"), 10)
+	for _, plain := range []bool{false, true} {
+		name := "io_uring"
+		if plain {
+			name = "fsync(2)"
+		}
+		b.Run(name, func(b *testing.B) {
+			l, err := Open(Options{Dir: b.TempDir(), PlainFsync: plain})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			if !plain && l.ur == nil {
+				b.Skip("no io_uring here")
+			}
+			for b.Loop() {
+				if _, err := l.Append(context.Background(), payload); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -83,9 +83,34 @@ func (l *Log) fail(err error) {
 
 func (l *Log) fsync(f *os.File) error {
 	start := time.Now()
-	err := f.Sync()
+	ok, err := l.fsyncRing(f)
+	if !ok {
+		err = f.Sync()
+	}
 	l.countFsync(time.Since(start))
 	return err
+}
+
+// fsyncRing fsyncs f through the io_uring, if the log has one; !ok means
+// it did not, and f still needs fsync(2). A closed f is !ok, so that
+// f.Sync reports it as os.ErrClosed. When the ring breaks, fsyncRing logs
+// why, once, and the log goes on with fsync(2).
+func (l *Log) fsyncRing(f *os.File) (ok bool, err error) {
+	if l.ur == nil {
+		return false, nil
+	}
+	rc, cerr := f.SyscallConn()
+	if cerr != nil {
+		return false, nil
+	}
+	if cerr := rc.Control(func(fd uintptr) { ok, err = l.ur.fsync(int(fd)) }); cerr != nil {
+		return false, nil
+	}
+	if !ok {
+		l.urOnce.Do(func() { l.logger.Warn("wal: io_uring failed; fsync(2) from now on", "err", err) })
+		return false, nil
+	}
+	return true, err
 }
 
 func (l *Log) syncDir() error {

@@ -44,6 +44,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	dataDir := fs.String("data-dir", "", "directory of the write-ahead log and snapshots (default: memory only, a restart forgets every send)")
 	syncPolicy := fs.String("sync", "batch", "WAL fsync policy: batch (fsync before each reply), interval (every --sync-interval), none (leave it to the OS)")
 	syncInterval := fs.Duration("sync-interval", 10*time.Millisecond, "fsync period with --sync interval")
+	plainFsync := fs.Bool("plain-fsync", false, "fsync the WAL with fsync(2) instead of through an io_uring (used where the kernel allows one; it keeps the waiting goroutine off a CPU)")
 	snapInterval := fs.Duration("snapshot-interval", time.Minute, "longest time between snapshots (negative: only on shutdown and by size)")
 	snapBytes := fs.Int64("snapshot-wal-bytes", 64<<20, "take a snapshot once the WAL has grown this many bytes (negative disables)")
 	skipCorrupt := fs.Bool("skip-corrupt", false, "start past damaged WAL records (skipping only the damaged bytes, keeping the intact records after them) or, when no snapshot is intact, from the WAL alone, logging what is skipped, instead of refusing")
@@ -141,7 +142,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Limits: lim, ShutdownGrace: *grace,
 		Replication: repl, AsyncBound: *asyncBound,
 		Rules: rs, SweepInterval: *sweep, Logger: logger,
-		DataDir: *dataDir, Sync: policy, SyncInterval: *syncInterval,
+		DataDir: *dataDir, Sync: policy, SyncInterval: *syncInterval, PlainFsync: *plainFsync,
 		SnapshotInterval: *snapInterval, SnapshotWALBytes: *snapBytes, SkipCorrupt: *skipCorrupt,
 		Name: *name, AdvertiseAddr: *advertise, MaxMemory: budget,
 	}
