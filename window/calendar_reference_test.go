@@ -1,7 +1,6 @@
 package window
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -321,22 +320,9 @@ func FuzzCalendar(f *testing.F) {
 			op := ops[i : i+3]
 			now = max(0, now+int64(int8(op[0]))*units[op[2]>>6])
 			it := Item{Cost: 1 + int(op[1]%6), Mode: Mode(op[2] % 3)}
-			want, valid := ref.decide(d, now, it)
-			var got Decision
-			out, err := d.Apply(&s, rec, 0, now, it, &got)
-			if !valid {
-				if !errors.Is(err, ErrInvalid) {
-					t.Fatalf("op %d: Apply = %v, want ErrInvalid", i/3, err)
-				}
-				continue
-			}
-			if err != nil || got != want {
-				t.Fatalf("%s, op %d at %s, item %+v: %v\n got %+v\nwant %+v", m.zone, i/3,
-					time.UnixMilli(now).UTC().Format(time.RFC3339), it, err, got, want)
-			}
-			if out != nil {
-				rec = append(rec[:0], out...)
-			}
+			stepReference(t, d, &s, &rec, 0, &ref, now, it, func() string {
+				return fmt.Sprintf("%s, op %d at %s", m.zone, i/3, time.UnixMilli(now).UTC().Format(time.RFC3339))
+			})
 		}
 	})
 }

@@ -331,24 +331,33 @@ func runCounterReferenceFrom(t *testing.T, rng *rand.Rand, d *Domain, start int6
 		case x < 3:
 			it.Mode = Peek
 		}
-		want, valid := refs[k].decide(d, now, it)
-		var got Decision
-		out, err := d.Apply(&s, recs[k], uint16(k), now, it, &got)
-		if !valid {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("op %d: Apply = %v, want ErrInvalid (cost %d beyond a rule)", op, err, it.Cost)
-			}
-			continue
+		stepReference(t, d, &s, &recs[k], uint16(k), &refs[k], now, it, func() string {
+			return fmt.Sprintf("op %d key %d now %s rules %+v sends %v", op, k, time.UnixMilli(now).UTC().Format(time.RFC3339Nano), d.rules, refs[k].sends)
+		})
+	}
+}
+
+// stepReference decides it at now both in d, on the record *rec of the key
+// tagged tag, and in ref, and fails the test unless they agree: the same
+// Decision, or ErrInvalid where the reference finds the cost beyond a rule.
+// It then keeps Apply's new record in *rec. what describes the step for a
+// failure.
+func stepReference(t *testing.T, d *Domain, s *Scratch, rec *[]byte, tag uint16, ref *refKey, now int64, it Item, what func() string) {
+	t.Helper()
+	want, valid := ref.decide(d, now, it)
+	var got Decision
+	out, err := d.Apply(s, *rec, tag, now, it, &got)
+	if !valid {
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%s: Apply = %v, want ErrInvalid (cost %d beyond a rule)", what(), err, it.Cost)
 		}
-		if err != nil {
-			t.Fatalf("op %d: Apply: %v", op, err)
-		}
-		if got != want {
-			t.Fatalf("op %d key %d now %s item %+v rules %+v:\n got %+v\nwant %+v\nsends %v", op, k, time.UnixMilli(now).UTC().Format(time.RFC3339Nano), it, d.rules, got, want, refs[k].sends)
-		}
-		if out != nil {
-			recs[k] = append(recs[k][:0], out...)
-		}
+		return
+	}
+	if err != nil || got != want {
+		t.Fatalf("%s, item %+v: %v\n got %+v\nwant %+v", what(), it, err, got, want)
+	}
+	if out != nil {
+		*rec = append((*rec)[:0], out...)
 	}
 }
 

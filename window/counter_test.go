@@ -2,6 +2,7 @@ package window
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -178,21 +179,7 @@ func FuzzApplyCounters(f *testing.F) {
 			op := ops[i : i+4]
 			now = max(0, now+int64(op[0])*20-1000+int64(op[3]>>4)*100) // back up to 1 s, forward up to 5.6 s
 			it := Item{Cost: 1 + int(op[1]%5), Mode: Mode(op[2] % 3)}
-			want, valid := ref.decide(d, now, it)
-			var got Decision
-			out, err := d.Apply(&s, rec, 0, now, it, &got)
-			if !valid {
-				if !errors.Is(err, ErrInvalid) {
-					t.Fatalf("op %d: Apply = %v, want ErrInvalid", i/4, err)
-				}
-				continue
-			}
-			if err != nil || got != want {
-				t.Fatalf("op %d item %+v: %v\n got %+v\nwant %+v", i/4, it, err, got, want)
-			}
-			if out != nil {
-				rec = append(rec[:0], out...)
-			}
+			stepReference(t, d, &s, &rec, 0, &ref, now, it, func() string { return fmt.Sprintf("op %d", i/4) })
 		}
 	})
 }
