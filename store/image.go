@@ -414,6 +414,10 @@ func (s *Store) Drop(p int) int64 {
 		if sp != nil {
 			n += sp.records
 			pt.mem.held.Add(-sp.heldBytes())
+			for c := range sp.slabs {
+				sp.slabs[c].held = nil // counted above
+				sp.slabs[c].drop()
+			}
 		}
 	}
 	pt.spaces = nil

@@ -92,15 +92,19 @@ type slab struct {
 	free   []uint32 // released slots, reused first
 	// held is the store's heap account (nil: none), to which the slab adds
 	// the bytes of the chunks and free-list capacity it allocates (see
-	// reserved) and from which trim takes them back.
+	// reserved) and from which trim takes them back. It points into the
+	// store's memory, which keeps that alive, and with it the mapping of
+	// every block the slab holds (see blocks).
 	held *atomic.Int64
+	// blocks gives the full-size chunks (nil: the Go heap gives them).
+	blocks *blocks
 }
 
-func newSlab(size int, held *atomic.Int64) slab {
+func newSlab(size int, held *atomic.Int64, blk *blocks) slab {
 	first := uint(bits.Len(uint(max(minChunkBytes/size, 1)))) - 1
 	grow := uint(bits.Len(uint(max(maxChunkBytes/(size<<first), 1)))) - 1
 	per := uint32(max(maxChunkBytes/size, 1))
-	return slab{size: size, first: first, grow: grow, held: held,
+	return slab{size: size, first: first, grow: grow, held: held, blocks: blk,
 		base: uint32(1<<first) * (1<<grow - 1), per: per, magic: ^uint64(0)/uint64(per) + 1}
 }
 
@@ -152,8 +156,14 @@ func (s *slab) alloc() (uint32, error) {
 		if uint(c) < s.grow {
 			per = 1 << (s.first + uint(c))
 		}
-		s.chunks = append(s.chunks, make([]byte, per*uint(s.size)))
-		addHeld(s.held, int64(per*uint(s.size)))
+		var chunk []byte
+		if n := int(per) * s.size; uint(c) >= s.grow && s.blocks != nil && n <= blockBytes {
+			chunk = s.blocks.get()[:n]
+		} else {
+			chunk = make([]byte, n)
+		}
+		s.chunks = append(s.chunks, chunk)
+		addHeld(s.held, int64(cap(chunk)))
 	}
 	s.next++
 	return i, nil
@@ -183,9 +193,20 @@ func (s *slab) hasRoom() bool {
 // trims them, not release, so that a class in steady use keeps its chunk.
 func (s *slab) trim() {
 	if len(s.free) == int(s.next) {
-		addHeld(s.held, -s.reserved())
-		s.chunks, s.free, s.next = nil, nil, 0
+		s.drop()
 	}
+}
+
+// drop gives all the slab's memory back, records and all: its blocks to
+// the store's blocks, the bytes to its heap account.
+func (s *slab) drop() {
+	addHeld(s.held, -s.reserved())
+	if s.blocks != nil {
+		for _, c := range s.chunks {
+			s.blocks.put(c)
+		}
+	}
+	s.chunks, s.free, s.next = nil, nil, 0
 }
 
 // reserved returns the bytes the slab holds from the heap: what it has

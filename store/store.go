@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,11 @@ type Config struct {
 	// create records with ErrMemoryLimit. 0 means no limit. See Memory
 	// limit in the package doc.
 	MaxBytes int64
+	// HeapSlabs keeps every slab chunk on the Go heap. By default the
+	// full-size chunks, which hold nearly all records, come from memory
+	// the store maps itself, advised for transparent huge pages (see
+	// Memory outside the Go heap in the package doc).
+	HeapSlabs bool
 }
 
 // MaxPartitions is the largest Config.Partitions.
@@ -100,6 +106,7 @@ type memory struct {
 	refused    atomic.Int64 // new records Apply refused at the limit
 	overshoots atomic.Int64 // new records that grew the heap past the limit by paths that never refuse
 	limit      int64        // Config.MaxBytes; 0 means none
+	blocks     *blocks      // full-size slab chunks, mapped outside the Go heap
 	_          [64]byte
 }
 
@@ -125,7 +132,7 @@ func newSpace(mem *memory) *space {
 	sp.index.held = &mem.held
 	sp.ids.held = &mem.held
 	for c, size := range classSizes {
-		sp.slabs[c] = newSlab(size, &mem.held)
+		sp.slabs[c] = newSlab(size, &mem.held, mem.blocks)
 	}
 	mem.held.Add(spaceBytes)
 	return sp
@@ -157,9 +164,12 @@ func New(cfg Config) (*Store, error) {
 		parts:     make([]partition, cfg.Partitions),
 		idHorizon: cfg.IDHorizon.Milliseconds(),
 		idCap:     max(2, cfg.IDCapacity/cfg.Partitions),
-		mem:       &memory{limit: cfg.MaxBytes},
+		mem:       &memory{limit: cfg.MaxBytes, blocks: &blocks{heap: cfg.HeapSlabs}},
 		byName:    map[string]int{},
 	}
+	// Every slab points into mem (its held account), so once mem is
+	// unreachable no block is in use, and the mapped memory can go.
+	runtime.AddCleanup(s.mem, (*blocks).release, s.mem.blocks)
 	for p := range s.parts {
 		s.parts[p].mem = s.mem
 	}
@@ -615,13 +625,18 @@ func (a Stats) plus(b Stats) Stats {
 	return a
 }
 
-// MemoryStats are a store's heap account at one moment.
+// MemoryStats are a store's memory account at one moment.
 type MemoryStats struct {
-	// HeldBytes is the heap the store holds, all domains: index tables, slab
-	// chunks and free lists (exact, counted as they are allocated and
+	// HeldBytes is the memory the store holds, all domains: index tables,
+	// slab chunks and free lists (exact, counted as they are allocated and
 	// freed) and request ids (estimated, idBytes each).
 	HeldBytes int64
-	MaxBytes  int64 // Config.MaxBytes; 0 means no limit
+	// MappedBytes is the part of the process's memory the store mapped
+	// outside the Go heap for full-size slab chunks: those in HeldBytes,
+	// and those freed for reuse (kept until the store is unreachable).
+	// Pages never touched are counted here but take no memory.
+	MappedBytes int64
+	MaxBytes    int64 // Config.MaxBytes; 0 means no limit
 	// Refused counts the items Apply refused with ErrMemoryLimit.
 	Refused int64
 	// Overshoots counts the records that replay (Insert), backups (Record)
@@ -632,6 +647,6 @@ type MemoryStats struct {
 
 // Memory returns the store's heap account. It takes no lock.
 func (s *Store) Memory() MemoryStats {
-	return MemoryStats{HeldBytes: s.mem.held.Load(), MaxBytes: s.mem.limit,
+	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: s.mem.blocks.mapped.Load(), MaxBytes: s.mem.limit,
 		Refused: s.mem.refused.Load(), Overshoots: s.mem.overshoots.Load()}
 }

@@ -108,7 +108,8 @@ func BenchmarkStoreCheck(b *testing.B) {
 
 // BenchmarkSteadyStateMemory builds n recipients at the seed's steady state,
 // each record from its own 30 sends through the store, and reports heap bytes
-// per recipient (runtime.MemStats, after a full GC), the wall time of a forced
+// per recipient (runtime.MemStats, after a full GC, plus what the store
+// mapped outside the heap for its slabs; mem-B is the sum), the wall time of a forced
 // full GC cycle (mark and sweep) with all of them live, and its stop-the-world
 // pause.
 //
@@ -158,7 +159,10 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 				pause := final.PauseNs[(final.NumGC+255)%256]
 				s := st.Stats(ref)
 				heap := float64(after.HeapAlloc - before.HeapAlloc)
+				mapped := float64(st.Memory().MappedBytes)
 				b.ReportMetric(heap/float64(tc.n), "heap-B/recipient")
+				b.ReportMetric(mapped/float64(tc.n), "mapped-B/recipient")
+				b.ReportMetric((heap+mapped)/float64(tc.n), "mem-B/recipient")
 				b.ReportMetric(float64(s.IndexBytes)/float64(tc.n), "index-B/recipient")
 				b.ReportMetric(float64(s.LiveBytes)/float64(tc.n), "slot-B/recipient")
 				b.ReportMetric(float64(s.SlabBytes)/float64(tc.n), "slab-B/recipient")
@@ -180,7 +184,8 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 // the same store, so that both see the same machine. apply-ns/decision and
 // batch-ns/decision are the medians over batches of the store calls' time
 // (a median, so that batches a busy machine preempted count for little), and
-// speedup is their ratio.
+// speedup is their ratio. slabs=mapped is the default store; slabs=heap
+// keeps its slabs on the Go heap (Config.HeapSlabs).
 //
 //	go test -run '^$' -bench StoreBatch -benchtime 2s ./store
 func BenchmarkStoreBatch(b *testing.B) {
@@ -189,46 +194,52 @@ func BenchmarkStoreBatch(b *testing.B) {
 	templates := steadyTemplates(b, d, 1000, now)
 	const size = 100
 	for _, n := range withHundredMillion(10_000, 1_000_000, 10_000_000) {
-		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
-			st, ref := newTestStore(b, d, 0)
-			fillSteady(b, st, ref, n, templates)
-			rng := rand.New(rand.NewPCG(3, 3))
-			step := float64(86_400_000) / float64(30*n) // as in BenchmarkStoreCheck
-			items := make([]BatchItem, size)
-			var took [2][]time.Duration // per batch: apply, ApplyBatch
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				at := now + int64(float64(i*size)*step)
-				for j := range items {
-					key, tag := benchKey(rng.IntN(n))
-					items[j] = BatchItem{Part: st.PartitionOf(key), Ref: ref, Key: key, Tag: tag,
-						Item: window.Item{Content: uint64((i+j)&7) + 1, Mode: benchMode}}
+		for _, slabs := range []string{"mapped", "heap"} {
+			b.Run(fmt.Sprintf("recipients=%d/slabs=%s", n, slabs), func(b *testing.B) {
+				st, err := New(Config{HeapSlabs: slabs == "heap"})
+				if err != nil {
+					b.Fatal(err)
 				}
-				start := time.Now()
-				if i%2 == 0 {
+				ref := st.Bind(d)
+				fillSteady(b, st, ref, n, templates)
+				rng := rand.New(rand.NewPCG(3, 3))
+				step := float64(86_400_000) / float64(30*n) // as in BenchmarkStoreCheck
+				items := make([]BatchItem, size)
+				var took [2][]time.Duration // per batch: apply, ApplyBatch
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; b.Loop(); i++ {
+					at := now + int64(float64(i*size)*step)
 					for j := range items {
-						x := &items[j]
-						x.Seq, x.Dup, x.Err = st.Apply(x.Part, x.Ref, x.Key, x.Tag, at, x.Item, x.ID, &x.Dec)
+						key, tag := benchKey(rng.IntN(n))
+						items[j] = BatchItem{Part: st.PartitionOf(key), Ref: ref, Key: key, Tag: tag,
+							Item: window.Item{Content: uint64((i+j)&7) + 1, Mode: benchMode}}
 					}
-				} else {
-					st.ApplyBatch(at, items)
-				}
-				took[i%2] = append(took[i%2], time.Since(start))
-				for j := range items {
-					if items[j].Err != nil {
-						b.Fatal(items[j].Err)
+					start := time.Now()
+					if i%2 == 0 {
+						for j := range items {
+							x := &items[j]
+							x.Seq, x.Dup, x.Err = st.Apply(x.Part, x.Ref, x.Key, x.Tag, at, x.Item, x.ID, &x.Dec)
+						}
+					} else {
+						st.ApplyBatch(at, items)
+					}
+					took[i%2] = append(took[i%2], time.Since(start))
+					for j := range items {
+						if items[j].Err != nil {
+							b.Fatal(items[j].Err)
+						}
 					}
 				}
-			}
-			if b.N < 2 {
-				return
-			}
-			apply, batch := median(took[0]), median(took[1])
-			b.ReportMetric(float64(apply.Nanoseconds())/size, "apply-ns/decision")
-			b.ReportMetric(float64(batch.Nanoseconds())/size, "batch-ns/decision")
-			b.ReportMetric(float64(apply)/float64(batch), "speedup")
-		})
+				if b.N < 2 {
+					return
+				}
+				apply, batch := median(took[0]), median(took[1])
+				b.ReportMetric(float64(apply.Nanoseconds())/size, "apply-ns/decision")
+				b.ReportMetric(float64(batch.Nanoseconds())/size, "batch-ns/decision")
+				b.ReportMetric(float64(apply)/float64(batch), "speedup")
+			})
+		}
 	}
 }
 

@@ -85,7 +85,7 @@ func checkTable(t *testing.T, tb *table, want map[ref]uint64) {
 func TestSlabLocateDivides(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
 	for _, size := range classSizes {
-		s := newSlab(size, nil)
+		s := newSlab(size, nil, nil)
 		for range 2000 {
 			i := s.base + rng.Uint32N(maxSlots-s.base)
 			if rng.IntN(4) == 0 {
@@ -102,7 +102,7 @@ func TestSlabLocateDivides(t *testing.T) {
 
 func TestSlabSlotsAreDisjoint(t *testing.T) {
 	for _, size := range []int{4, 8, 116, 136, 252, 256, 4112, classSizes[len(classSizes)-1]} {
-		s := newSlab(size, nil)
+		s := newSlab(size, nil, nil)
 		size := s.size
 		seen := map[[2]int]bool{}
 		n := 3 * maxChunkBytes / size * 3 // well past the doubling chunks

@@ -1,0 +1,198 @@
+package store
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/freqring/freqring/window"
+)
+
+// TestBlocksReuse checks that a returned block is handed out again, zeroed,
+// before anything new is mapped, and that chunks blocks did not give out
+// are left alone.
+func TestBlocksReuse(t *testing.T) {
+	b := &blocks{}
+	defer b.release()
+	c := b.get()
+	if len(c) != blockBytes || cap(c) != blockBytes {
+		t.Fatalf("block of len %d cap %d, want %d", len(c), cap(c), blockBytes)
+	}
+	mapped := b.mapped.Load()
+	if mapped == 0 {
+		t.Skip("this kernel refused to map a region: blocks come from the Go heap")
+	}
+	c[0], c[blockBytes-1] = 1, 2
+	b.put(c[:100]) // a slab's chunk: len per*size, cap blockBytes
+	b.put(make([]byte, blockBytes))
+	if len(b.free) != 1 {
+		t.Fatalf("%d blocks free, want 1 (a heap slice is not a block)", len(b.free))
+	}
+	d := b.get()
+	if &d[0] != &c[0] {
+		t.Fatal("a freed block was not reused")
+	}
+	if d[0] != 0 || d[blockBytes-1] != 0 {
+		t.Fatal("a reused block was not zeroed")
+	}
+	for range regionBytes / blockBytes {
+		b.get()
+	}
+	if got := b.mapped.Load(); got != 2*regionBytes {
+		t.Fatalf("mapped %d bytes after %d blocks, want %d", got, regionBytes/blockBytes+1, 2*regionBytes)
+	}
+}
+
+// TestBlocksOnHeap checks Config.HeapSlabs' path: blocks from the Go heap,
+// nothing mapped, nothing kept.
+func TestBlocksOnHeap(t *testing.T) {
+	b := &blocks{heap: true}
+	c := b.get()
+	if len(c) != blockBytes || b.mapped.Load() != 0 || len(b.regions) != 0 {
+		t.Fatalf("heap block: len %d, mapped %d, regions %d", len(c), b.mapped.Load(), len(b.regions))
+	}
+	b.put(c)
+	if len(b.free) != 0 {
+		t.Fatal("a heap block went to the free list")
+	}
+}
+
+// fillSpread records one send for each of recipients [from, from+n) at now.
+func fillSpread(t *testing.T, st *Store, ref Ref, from, n int, now int64) []window.Decision {
+	t.Helper()
+	decs := make([]window.Decision, n)
+	for i := range n {
+		key, tag := keyOf(fmt.Sprintf("+86%011d", from+i))
+		if _, _, err := apply(st, ref, key, tag, now, window.Item{Content: uint64(i%5 + 1)}, 0, &decs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return decs
+}
+
+// TestMappedSlabsMatchHeapSlabs runs the same checks, sweeps and drops on a
+// store with mapped slabs and one with heap slabs, and compares every
+// decision, every image and the memory accounts: slab memory's origin
+// changes nothing a caller sees. It then checks that swept and dropped
+// blocks are reused instead of mapping more.
+func TestMappedSlabsMatchHeapSlabs(t *testing.T) {
+	d, err := window.NewDomain("default", window.DefaultRules())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sts [2]*Store
+	var refs [2]Ref
+	for i, heap := range []bool{false, true} {
+		if sts[i], err = New(Config{Partitions: 2, HeapSlabs: heap}); err != nil {
+			t.Fatal(err)
+		}
+		refs[i] = sts[i].Bind(d)
+	}
+	const n = 30_000 // per partition, several full-size chunks of the one-send class
+	now := t0
+	step := func(what string, f func(st *Store, ref Ref) any) {
+		t.Helper()
+		a, b := f(sts[0], refs[0]), f(sts[1], refs[1])
+		if fmt.Sprint(a) != fmt.Sprint(b) {
+			t.Fatalf("%s: mapped slabs and heap slabs differ", what)
+		}
+	}
+	// records lists every record by partition and key (the index's order
+	// depends on a random seed per table), each its whole slot.
+	records := func(st *Store, _ Ref) any {
+		var out []string
+		for p := range st.Partitions() {
+			st.ForEach(p, func(domain string, key uint64, rec []byte) bool {
+				out = append(out, fmt.Sprintf("%d %s %016x %x", p, domain, key, rec))
+				return true
+			})
+		}
+		slices.Sort(out)
+		return out
+	}
+	held := func(st *Store, _ Ref) any { return st.Memory().HeldBytes }
+	step("first fill", func(st *Store, ref Ref) any { return fillSpread(t, st, ref, 0, 2*n, now) })
+	step("records", records)
+	step("held", held)
+	mapped := sts[0].Memory().MappedBytes
+	if mapped == 0 {
+		t.Skip("this kernel refused to map a region")
+	}
+	if m := sts[1].Memory().MappedBytes; m != 0 {
+		t.Fatalf("HeapSlabs store mapped %d bytes", m)
+	}
+
+	// A second send for a random half, out of order: records change class.
+	rng := rand.New(rand.NewPCG(5, 5))
+	order := rng.Perm(2 * n)[:n]
+	step("second sends", func(st *Store, ref Ref) any {
+		var out []window.Decision
+		for _, i := range order {
+			key, tag := keyOf(fmt.Sprintf("+86%011d", i))
+			var dec window.Decision
+			if _, _, err := apply(st, ref, key, tag, now+1000, window.Item{Content: 1}, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, dec)
+		}
+		return out
+	})
+	step("records after second sends", records)
+
+	// Everything expires: sweeps empty the slabs, which give their blocks back.
+	later := now + 2*86_400_000
+	step("sweep", func(st *Store, ref Ref) any { return sweepAll(t, st, ref, later) })
+	step("held after sweep", held)
+	before := sts[0].Memory().MappedBytes
+	step("refill", func(st *Store, ref Ref) any { return fillSpread(t, st, ref, 2*n, 2*n, later) })
+	step("records after refill", records)
+	if m := sts[0].Memory().MappedBytes; m != before {
+		t.Fatalf("refill after the sweep mapped %d more bytes: swept blocks were not reused", m-before)
+	}
+
+	// Drop partition 0 and fill again.
+	step("drop", func(st *Store, _ Ref) any { return st.Drop(0) })
+	step("held after drop", held)
+	step("refill after drop", func(st *Store, ref Ref) any { return fillSpread(t, st, ref, 4*n, n, later) })
+	step("records after drop", records)
+	if m := sts[0].Memory().MappedBytes; m != before {
+		t.Fatalf("refill after Drop mapped %d more bytes: dropped blocks were not reused", m-before)
+	}
+}
+
+// TestMappedSlabsUnmappedWhenUnreachable checks that a store's mapped memory
+// goes once nothing can reach the store.
+func TestMappedSlabsUnmappedWhenUnreachable(t *testing.T) {
+	d, err := window.NewDomain("default", window.DefaultRules())
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk := func() *blocks {
+		st, err := New(Config{Partitions: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fillSpread(t, st, st.Bind(d), 0, 20_000, t0)
+		if st.Memory().MappedBytes == 0 {
+			t.Skip("this kernel refused to map a region")
+		}
+		return st.mem.blocks
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		runtime.GC() // the cleanup runs on its own goroutine after a cycle
+		blk.mu.Lock()
+		gone := len(blk.regions) == 0
+		blk.mu.Unlock()
+		if gone && blk.mapped.Load() == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still mapped 10 s after the store became unreachable", blk.mapped.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
