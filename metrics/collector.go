@@ -65,6 +65,8 @@ var (
 		"Records created beside another recipient's with the same 64-bit key hash, by domain.", "domain")
 	descStoreHeld = desc("freqring_store_held_bytes",
 		"Heap the store holds, all domains (index, slabs, request ids), bytes.")
+	descStoreMapped = desc("freqring_store_mapped_bytes",
+		"Memory the store mapped outside the Go heap for its records (huge-page slabs), in use or kept for reuse; pages never touched take none, bytes.")
 	descStoreLimit = desc("freqring_store_limit_bytes",
 		"The store's memory limit (StoreBudget of --max-memory), bytes; 0 means no limit.")
 	descStoreRefused = desc("freqring_store_refused_items_total",
@@ -98,7 +100,7 @@ var (
 var allDescs = []*prometheus.Desc{
 	descServing, descChecked, descDecisions, descRuleDenied, descRuleShadowDenied, descFailed, descDuplicates,
 	descForwarded, descRingEpoch, descRingMembers, descPartitions, descOwnedRecords, descDomainRecords,
-	descDomainHeap, descDomainExpired, descDomainCollisions, descStoreHeld, descStoreLimit, descStoreRefused,
+	descDomainHeap, descDomainExpired, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreLimit, descStoreRefused,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descReplicated, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
 }
@@ -158,6 +160,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descPartitions, float64(s.Ring.Moving), "moving")
 	gauge(descOwnedRecords, float64(s.Ring.OwnedRecords))
 	gauge(descStoreHeld, float64(s.Memory.HeldBytes))
+	gauge(descStoreMapped, float64(s.Memory.MappedBytes))
 	gauge(descStoreLimit, float64(s.Memory.MaxBytes))
 	counter(descStoreRefused, s.Memory.Refused)
 	counter(descWALAppends, s.WAL.Appends)

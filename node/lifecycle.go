@@ -39,7 +39,7 @@ func (n *Node) Open(ctx context.Context) error {
 			"expired", rs.Expired, "dropped_domain_records", rs.UnknownRecords, "dropped_domain_sends", rs.UnknownDomain, "records", rs.Records, "took", rs.Total)
 		rss, heap := processMemory()
 		n.log.Info("recovery done", "records", rs.Records, "seconds", rs.Total.Seconds(),
-			"store_bytes", rs.StoreBytes, "go_heap_bytes", heap, "rss_bytes", rss)
+			"store_bytes", rs.StoreBytes, "store_mapped_bytes", n.store.Memory().MappedBytes, "go_heap_bytes", heap, "rss_bytes", rss)
 	}
 	if err := n.startCluster(ctx); err != nil {
 		if n.dur != nil {

@@ -70,6 +70,10 @@ type Config struct {
 	// instead of through an io_uring where the kernel allows one
 	// (wal.Options.PlainFsync).
 	PlainFsync bool
+	// HeapSlabs keeps the store's records on the Go heap instead of memory
+	// it maps outside it for transparent huge pages
+	// (store.Config.HeapSlabs).
+	HeapSlabs bool
 	// SegmentBytes is the WAL segment size; 0 means 64 MiB.
 	SegmentBytes int64
 	// SnapshotInterval is the longest time between snapshots; 0 means 1
@@ -373,7 +377,8 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	st, err := store.New(store.Config{Partitions: cfg.Placement.PartitionCount,
-		IDHorizon: cfg.IdempotencyWindow, IDCapacity: cfg.IdempotencyCapacity, MaxBytes: cmp.Or(cfg.storeMaxBytes, StoreBudget(cfg.MaxMemory))})
+		IDHorizon: cfg.IdempotencyWindow, IDCapacity: cfg.IdempotencyCapacity, MaxBytes: cmp.Or(cfg.storeMaxBytes, StoreBudget(cfg.MaxMemory)),
+		HeapSlabs: cfg.HeapSlabs})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -535,6 +540,10 @@ type DomainStats struct {
 	// Rules are the counters of the domain's rules, in rule order.
 	Rules []RuleStats
 }
+
+// StoreMemory returns the store's memory account (store.Store.Memory). It
+// takes no lock. Safe for concurrent use.
+func (n *Node) StoreMemory() store.MemoryStats { return n.store.Memory() }
 
 // Stats returns the node's counters. It takes each partition lock briefly.
 // Safe for concurrent use.

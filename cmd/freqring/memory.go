@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"math"
 	"path"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/freqring/freqring/node"
 )
@@ -77,9 +80,38 @@ func memTotal(root fs.FS) (int64, error) {
 	return 0, nil
 }
 
+// goMemoryLimit returns the Go runtime's memory limit in a process whose
+// memory is budgeted at budget bytes, of which the store mapped mapped bytes
+// outside the Go heap: what is left of the budget, and never less than a
+// quarter of it (the store's limit leaves the heap that quarter).
+func goMemoryLimit(budget, mapped int64) int64 {
+	return max(budget-mapped, budget/4)
+}
+
+// followMappedMemory keeps the Go runtime's memory limit at
+// goMemoryLimit(budget, mapped) as the store maps memory outside the heap,
+// reading mapped every period, until ctx is done.
+func followMappedMemory(ctx context.Context, budget int64, mapped func() int64, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	last := budget
+	for {
+		if limit := goMemoryLimit(budget, mapped()); limit != last {
+			debug.SetMemoryLimit(limit)
+			last = limit
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // hugePageMode returns the kernel's transparent huge page mode (always,
 // madvise or never) from sys/kernel/mm/transparent_hugepage/enabled under
-// root, "" if it cannot tell. The Go heap gets huge pages only with always.
+// root, "" if it cannot tell. The Go heap gets huge pages only with always;
+// the store's mapped slabs with madvise too.
 func hugePageMode(root fs.FS) string {
 	b, err := fs.ReadFile(root, "sys/kernel/mm/transparent_hugepage/enabled")
 	if err != nil {

@@ -3,9 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/fstest"
+	"testing/synctest"
+	"time"
 )
 
 func TestParseSize(t *testing.T) {
@@ -166,4 +170,49 @@ func TestHugePageMode(t *testing.T) {
 	if got := hugePageMode(fstest.MapFS{}); got != "" {
 		t.Errorf("no file: %q", got)
 	}
+}
+
+func TestGoMemoryLimit(t *testing.T) {
+	for _, c := range []struct{ budget, mapped, want int64 }{
+		{12 << 30, 0, 12 << 30},
+		{12 << 30, 8 << 30, 4 << 30},
+		{12 << 30, 10 << 30, 3 << 30}, // never below a quarter
+	} {
+		if got := goMemoryLimit(c.budget, c.mapped); got != c.want {
+			t.Errorf("goMemoryLimit(%d, %d) = %d, want %d", c.budget, c.mapped, got, c.want)
+		}
+	}
+}
+
+// TestFollowMappedMemory checks that the Go runtime's memory limit follows
+// the store's mapped memory within a period, and stops following when the
+// context ends.
+func TestFollowMappedMemory(t *testing.T) {
+	prev := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prev)
+	const budget = int64(1) << 50 // far above anything this test holds
+	synctest.Test(t, func(t *testing.T) {
+		var mapped atomic.Int64
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			followMappedMemory(ctx, budget, mapped.Load, time.Second)
+			close(done)
+		}()
+		synctest.Wait()
+		mapped.Store(1 << 40)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := debug.SetMemoryLimit(-1); got != budget-1<<40 {
+			t.Fatalf("limit %d after the store mapped 1 TiB, want %d", got, budget-1<<40)
+		}
+		cancel()
+		<-done
+		mapped.Store(2 << 40)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if got := debug.SetMemoryLimit(-1); got != budget-1<<40 {
+			t.Fatalf("limit changed to %d after the follower stopped", got)
+		}
+	})
 }

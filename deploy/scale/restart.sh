@@ -16,6 +16,9 @@
 #   SNAP_EVERY=5s   the node's --snapshot-interval during the run
 #   SEED=1          synth seed
 #   KEEP=1          keep the data directory afterwards (default: remove it)
+#   REUSE=1         restart from the data directory a KEEP=1 run left in WORK
+#                   instead of synthesizing it again
+#   SERVE_FLAGS=... more flags for freqring serve, e.g. --heap-slabs
 #
 # It needs Go and about (N x 170 bytes) of memory for the node plus
 # N x 130 bytes of disk (twice that while a second snapshot is written). It
@@ -38,12 +41,17 @@ bin="$work/freqring"
 mkdir -p "$work"
 
 (cd "$root" && go build -o "$bin" ./cmd/freqring)
-echo "== synth of $n recipients into $data"
-"$bin" synth --data-dir "$data" --recipients "$n" --seed "$seed" | tee "$work/synth.out"
+if [ "${REUSE:-}" = "1" ] && [ -d "$data" ] && [ -f "$work/synth.out" ]; then
+	echo "== reusing $data (REUSE=1); its synth:"
+	cat "$work/synth.out"
+else
+	echo "== synth of $n recipients into $data"
+	"$bin" synth --data-dir "$data" --recipients "$n" --seed "$seed" | tee "$work/synth.out"
+fi
 
 echo "== restart: freqring serve --data-dir $data (log: $log)"
 start=$(date +%s.%N)
-"$bin" serve --data-dir "$data" --listen "$addr" --admin-listen "127.0.0.1:$admin_port" --snapshot-interval "$snap_every" >"$log" 2>&1 &
+"$bin" serve --data-dir "$data" --listen "$addr" --admin-listen "127.0.0.1:$admin_port" --snapshot-interval "$snap_every" ${SERVE_FLAGS:-} >"$log" 2>&1 &
 pid=$!
 stop_node() {
 	if kill -0 "$pid" 2>/dev/null; then
@@ -106,9 +114,9 @@ serving_snap=$(grep 'msg="snapshot written"' "$log" | head -n -1 | tail -n 1)
 echo "== summary, N=$n"
 awk -v n="$n" -v synth="$synth_s" -v snap="$snap_bytes" -v rec="$(field seconds)" \
 	-v wall="$(echo "$serving - $start" | bc)" -v rss="$(field rss_bytes)" -v store="$(field store_bytes)" \
-	-v heap="$(field go_heap_bytes)" 'BEGIN {
+	-v heap="$(field go_heap_bytes)" -v mapped="$(field store_mapped_bytes)" 'BEGIN {
 	printf "synth_s=%s snapshot_B/recipient=%.1f restart_recovery_s=%.2f start_to_serving_s=%.2f\n", synth, snap/n, rec, wall
-	printf "rss_GiB=%.2f rss_B/recipient=%.1f store_B/recipient=%.1f go_heap_B/recipient=%.1f\n", rss/2^30, rss/n, store/n, heap/n
+	printf "rss_GiB=%.2f rss_B/recipient=%.1f store_B/recipient=%.1f go_heap_B/recipient=%.1f store_mapped_B/recipient=%.1f\n", rss/2^30, rss/n, store/n, heap/n, mapped/n
 }'
 if [ -n "$gc_share" ]; then
 	echo "$gc_share"
