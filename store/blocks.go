@@ -32,7 +32,10 @@ type blocks struct {
 	used    int      // bytes of the last region handed out
 	free    [][]byte // returned blocks, cap blockBytes
 	heap    bool     // allocate on the Go heap: mapping is off or failed
-	mapped  atomic.Int64
+	// carved counts the bytes of blocks handed out of regions, in use or
+	// free: the mapped memory that has been touched. The rest of a region
+	// takes no memory until a block of it is handed out.
+	carved atomic.Int64
 }
 
 // get returns a zeroed block of len and cap blockBytes.
@@ -53,7 +56,6 @@ func (b *blocks) get() []byte {
 		} else {
 			b.regions = append(b.regions, r)
 			b.used = 0
-			b.mapped.Add(regionBytes)
 		}
 	}
 	if b.heap {
@@ -62,6 +64,7 @@ func (b *blocks) get() []byte {
 	r := b.regions[len(b.regions)-1]
 	c := r[b.used : b.used+blockBytes : b.used+blockBytes]
 	b.used += blockBytes
+	b.carved.Add(blockBytes)
 	return c
 }
 
@@ -99,6 +102,6 @@ func (b *blocks) release() {
 	for _, r := range b.regions {
 		unmapRegion(r)
 	}
-	b.mapped.Add(-int64(len(b.regions)) * regionBytes)
+	b.carved.Store(0)
 	b.regions, b.free, b.used = nil, nil, 0
 }

@@ -21,9 +21,11 @@ func TestBlocksReuse(t *testing.T) {
 	if len(c) != blockBytes || cap(c) != blockBytes {
 		t.Fatalf("block of len %d cap %d, want %d", len(c), cap(c), blockBytes)
 	}
-	mapped := b.mapped.Load()
-	if mapped == 0 {
+	if len(b.regions) == 0 {
 		t.Skip("this kernel refused to map a region: blocks come from the Go heap")
+	}
+	if got := b.carved.Load(); got != blockBytes {
+		t.Fatalf("carved %d bytes after one block, want %d", got, blockBytes)
 	}
 	c[0], c[blockBytes-1] = 1, 2
 	b.put(c[:100]) // a slab's chunk: len per*size, cap blockBytes
@@ -38,11 +40,14 @@ func TestBlocksReuse(t *testing.T) {
 	if d[0] != 0 || d[blockBytes-1] != 0 {
 		t.Fatal("a reused block was not zeroed")
 	}
+	if got := b.carved.Load(); got != blockBytes {
+		t.Fatalf("carved %d bytes after a block was reused, want %d", got, blockBytes)
+	}
 	for range regionBytes / blockBytes {
 		b.get()
 	}
-	if got := b.mapped.Load(); got != 2*regionBytes {
-		t.Fatalf("mapped %d bytes after %d blocks, want %d", got, regionBytes/blockBytes+1, 2*regionBytes)
+	if len(b.regions) != 2 || b.carved.Load() != regionBytes+blockBytes {
+		t.Fatalf("%d regions, %d bytes carved after %d blocks; want 2, %d", len(b.regions), b.carved.Load(), regionBytes/blockBytes+1, regionBytes+blockBytes)
 	}
 }
 
@@ -51,8 +56,8 @@ func TestBlocksReuse(t *testing.T) {
 func TestBlocksOnHeap(t *testing.T) {
 	b := &blocks{heap: true}
 	c := b.get()
-	if len(c) != blockBytes || b.mapped.Load() != 0 || len(b.regions) != 0 {
-		t.Fatalf("heap block: len %d, mapped %d, regions %d", len(c), b.mapped.Load(), len(b.regions))
+	if len(c) != blockBytes || b.carved.Load() != 0 || len(b.regions) != 0 {
+		t.Fatalf("heap block: len %d, carved %d, regions %d", len(c), b.carved.Load(), len(b.regions))
 	}
 	b.put(c)
 	if len(b.free) != 0 {
@@ -187,11 +192,11 @@ func TestMappedSlabsUnmappedWhenUnreachable(t *testing.T) {
 		blk.mu.Lock()
 		gone := len(blk.regions) == 0
 		blk.mu.Unlock()
-		if gone && blk.mapped.Load() == 0 {
+		if gone && blk.carved.Load() == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes still mapped 10 s after the store became unreachable", blk.mapped.Load())
+			t.Fatalf("%d bytes still mapped 10 s after the store became unreachable", blk.carved.Load())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -631,10 +631,9 @@ type MemoryStats struct {
 	// slab chunks and free lists (exact, counted as they are allocated and
 	// freed) and request ids (estimated, idBytes each).
 	HeldBytes int64
-	// MappedBytes is the part of the process's memory the store mapped
-	// outside the Go heap for full-size slab chunks: those in HeldBytes,
-	// and those freed for reuse (kept until the store is unreachable).
-	// Pages never touched are counted here but take no memory.
+	// MappedBytes is the memory the store took outside the Go heap for
+	// full-size slab chunks: those in HeldBytes, and those freed for reuse
+	// (kept until the store is unreachable).
 	MappedBytes int64
 	MaxBytes    int64 // Config.MaxBytes; 0 means no limit
 	// Refused counts the items Apply refused with ErrMemoryLimit.
@@ -647,6 +646,6 @@ type MemoryStats struct {
 
 // Memory returns the store's heap account. It takes no lock.
 func (s *Store) Memory() MemoryStats {
-	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: s.mem.blocks.mapped.Load(), MaxBytes: s.mem.limit,
+	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: s.mem.blocks.carved.Load(), MaxBytes: s.mem.limit,
 		Refused: s.mem.refused.Load(), Overshoots: s.mem.overshoots.Load()}
 }
