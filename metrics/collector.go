@@ -64,7 +64,7 @@ var (
 	descDomainCollisions = desc("freqring_domain_collisions_total",
 		"Records created beside another recipient's with the same 64-bit key hash, by domain.", "domain")
 	descStoreHeld = desc("freqring_store_held_bytes",
-		"Heap the store holds, all domains (index, slabs, request ids), bytes.")
+		"Memory the store holds, all domains (index, slabs, request ids), on the Go heap or mapped outside it, bytes.")
 	descStoreMapped = desc("freqring_store_mapped_bytes",
 		"Memory the store mapped outside the Go heap for its records (huge-page slabs), in use or kept for reuse; pages never touched take none, bytes.")
 	descStoreLimit = desc("freqring_store_limit_bytes",

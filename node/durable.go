@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
 )
@@ -223,8 +222,7 @@ func (n *Node) onFsync() func(time.Duration) {
 // resetStore empties the store, after a partial snapshot load. Open calls
 // it before the node serves.
 func (n *Node) resetStore() error {
-	st, err := store.New(store.Config{Partitions: n.cfg.Placement.PartitionCount,
-		IDHorizon: n.cfg.IdempotencyWindow, IDCapacity: n.cfg.IdempotencyCapacity})
+	st, err := newStore(&n.cfg)
 	if err != nil {
 		return err
 	}

@@ -370,15 +370,21 @@ func (dv *domainView) forKey(rcp string) *domainView {
 	return dv
 }
 
+// newStore returns an empty store configured by cfg: New's, and the one
+// resetStore starts over with.
+func newStore(cfg *Config) (*store.Store, error) {
+	return store.New(store.Config{Partitions: cfg.Placement.PartitionCount,
+		IDHorizon: cfg.IdempotencyWindow, IDCapacity: cfg.IdempotencyCapacity,
+		MaxBytes: cmp.Or(cfg.storeMaxBytes, StoreBudget(cfg.MaxMemory)), HeapSlabs: cfg.HeapSlabs})
+}
+
 // New returns a node serving cfg.Rules.
 func New(cfg Config) (*Node, error) {
 	cfg.fill()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	st, err := store.New(store.Config{Partitions: cfg.Placement.PartitionCount,
-		IDHorizon: cfg.IdempotencyWindow, IDCapacity: cfg.IdempotencyCapacity, MaxBytes: cmp.Or(cfg.storeMaxBytes, StoreBudget(cfg.MaxMemory)),
-		HeapSlabs: cfg.HeapSlabs})
+	st, err := newStore(&cfg)
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -542,7 +548,8 @@ type DomainStats struct {
 }
 
 // StoreMemory returns the store's memory account (store.Store.Memory). It
-// takes no lock. Safe for concurrent use.
+// takes no lock. Safe for concurrent use once Serving has reported true:
+// Open may replace the store before (see resetStore).
 func (n *Node) StoreMemory() store.MemoryStats { return n.store.Memory() }
 
 // Stats returns the node's counters. It takes each partition lock briefly.

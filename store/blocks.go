@@ -9,9 +9,18 @@ import (
 // where nearly every record of a store with millions of recipients lives.
 const blockBytes = maxChunkBytes
 
+// minBlockUse is the smallest chunk that takes a block: classes whose
+// chunks fill less of 64 KiB (records of several KiB, rare) stay on the
+// heap rather than waste the rest of a block.
+const minBlockUse = blockBytes / 8 * 7
+
 // regionBytes is the address space blocks maps at a time: 1,024 blocks, 32
 // huge pages.
 const regionBytes = 64 << 20
+
+// hugePageBytes is the transparent huge page size on amd64 and arm64 with
+// 4 KiB base pages; regions start on one.
+const hugePageBytes = 2 << 20
 
 // blocks hands out a store's full-size slab chunks (blockBytes each) from
 // memory it maps itself, outside the Go heap, advised for transparent huge
@@ -23,45 +32,62 @@ const regionBytes = 64 << 20
 //
 // A returned block is zeroed and reused before anything new is mapped.
 // Mapped memory is unmapped only when the store becomes unreachable (a
-// cleanup on its heap account), so a slice of a block never outlives its
-// mapping. Where mapping fails, or with Config.HeapSlabs, blocks come
-// from the Go heap. Safe for concurrent use.
+// cleanup on its memory account), so a slice of a block never outlives its
+// mapping. Where mapping fails, or with Config.HeapSlabs, chunks come from
+// the Go heap. Safe for concurrent use.
 type blocks struct {
+	heap atomic.Bool // allocate on the Go heap: mapping is off or failed
+
 	mu      sync.Mutex
-	regions [][]byte // mapped, regionBytes each
-	used    int      // bytes of the last region handed out
-	free    [][]byte // returned blocks, cap blockBytes
-	heap    bool     // allocate on the Go heap: mapping is off or failed
+	regions []mapping // regionBytes each
+	used    int       // bytes of the last region handed out
+	free    [][]byte  // returned blocks, cap blockBytes
 	// carved counts the bytes of blocks handed out of regions, in use or
 	// free: the mapped memory that has been touched. The rest of a region
 	// takes no memory until a block of it is handed out.
 	carved atomic.Int64
+	// freeBytes counts the bytes of the blocks in free: memory the store
+	// holds for reuse that no slab accounts for.
+	freeBytes atomic.Int64
 }
 
-// get returns a zeroed block of len and cap blockBytes.
-func (b *blocks) get() []byte {
+// get returns a zeroed chunk of n bytes, n <= blockBytes: a block of cap
+// blockBytes when n >= minBlockUse and mapping works, else memory from
+// the Go heap of cap n.
+func (b *blocks) get(n int) []byte {
+	if n < minBlockUse || b.heap.Load() {
+		return make([]byte, n)
+	}
+	c := b.take()
+	if c == nil {
+		return make([]byte, n)
+	}
+	return c[:n]
+}
+
+// take returns a zeroed block, nil if mapping fails.
+func (b *blocks) take() []byte {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if n := len(b.free); n > 0 {
-		c := b.free[n-1]
-		b.free[n-1] = nil
-		b.free = b.free[:n-1]
-		clear(c)
+	if k := len(b.free); k > 0 {
+		c := b.free[k-1]
+		b.free[k-1] = nil
+		b.free = b.free[:k-1]
+		b.freeBytes.Add(-blockBytes)
+		b.mu.Unlock()
+		clear(c) // nothing else holds c: zero it outside the lock
 		return c
 	}
-	if !b.heap && (len(b.regions) == 0 || b.used == regionBytes) {
-		r, err := mapRegion(regionBytes)
+	defer b.mu.Unlock()
+	if len(b.regions) == 0 || b.used == regionBytes {
+		m, err := mapAligned(regionBytes, hugePageBytes)
 		if err != nil {
-			b.heap = true // and stay there: the kernel refuses
-		} else {
-			b.regions = append(b.regions, r)
-			b.used = 0
+			b.heap.Store(true) // and stay there: the kernel refuses
+			return nil
 		}
+		b.regions = append(b.regions, m)
+		b.used = 0
 	}
-	if b.heap {
-		return make([]byte, blockBytes)
-	}
-	r := b.regions[len(b.regions)-1]
+	r := b.regions[len(b.regions)-1].aligned
 	c := r[b.used : b.used+blockBytes : b.used+blockBytes]
 	b.used += blockBytes
 	b.carved.Add(blockBytes)
@@ -80,14 +106,15 @@ func (b *blocks) put(c []byte) {
 	defer b.mu.Unlock()
 	if b.owns(c) {
 		b.free = append(b.free, c)
+		b.freeBytes.Add(blockBytes)
 	}
 }
 
 // owns reports whether c lies in a mapped region. b.mu is held.
 func (b *blocks) owns(c []byte) bool {
 	p := &c[0]
-	for _, r := range b.regions {
-		if inside(p, r) {
+	for _, m := range b.regions {
+		if inside(p, m.aligned) {
 			return true
 		}
 	}
@@ -99,9 +126,10 @@ func (b *blocks) owns(c []byte) bool {
 func (b *blocks) release() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, r := range b.regions {
-		unmapRegion(r)
+	for _, m := range b.regions {
+		unmapRegion(m.whole)
 	}
 	b.carved.Store(0)
+	b.freeBytes.Store(0)
 	b.regions, b.free, b.used = nil, nil, 0
 }

@@ -4,8 +4,10 @@ package store
 
 import "errors"
 
-// mapRegion refuses: blocks come from the Go heap on this platform.
-func mapRegion(n int) ([]byte, error) { return nil, errors.ErrUnsupported }
+type mapping struct{ whole, aligned []byte }
+
+// mapAligned refuses: chunks come from the Go heap on this platform.
+func mapAligned(size, align int) (mapping, error) { return mapping{}, errors.ErrUnsupported }
 
 func unmapRegion(r []byte) {}
 

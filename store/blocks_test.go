@@ -7,17 +7,18 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/freqring/freqring/window"
 )
 
 // TestBlocksReuse checks that a returned block is handed out again, zeroed,
-// before anything new is mapped, and that chunks blocks did not give out
-// are left alone.
+// before anything new is mapped, that chunks blocks did not give out are
+// left alone, and the accounts of carved and free bytes.
 func TestBlocksReuse(t *testing.T) {
 	b := &blocks{}
 	defer b.release()
-	c := b.get()
+	c := b.get(blockBytes)
 	if len(c) != blockBytes || cap(c) != blockBytes {
 		t.Fatalf("block of len %d cap %d, want %d", len(c), cap(c), blockBytes)
 	}
@@ -27,41 +28,49 @@ func TestBlocksReuse(t *testing.T) {
 	if got := b.carved.Load(); got != blockBytes {
 		t.Fatalf("carved %d bytes after one block, want %d", got, blockBytes)
 	}
+	if start := uintptr(unsafe.Pointer(&b.regions[0].aligned[0])); start%hugePageBytes != 0 {
+		t.Fatalf("region at %#x, not on a huge page", start)
+	}
 	c[0], c[blockBytes-1] = 1, 2
 	b.put(c[:100]) // a slab's chunk: len per*size, cap blockBytes
 	b.put(make([]byte, blockBytes))
-	if len(b.free) != 1 {
-		t.Fatalf("%d blocks free, want 1 (a heap slice is not a block)", len(b.free))
+	if len(b.free) != 1 || b.freeBytes.Load() != blockBytes {
+		t.Fatalf("%d blocks free, %d free bytes; want 1, %d (a heap slice is not a block)", len(b.free), b.freeBytes.Load(), blockBytes)
 	}
-	d := b.get()
-	if &d[0] != &c[0] {
+	d := b.get(blockBytes - 100)
+	if &d[0] != &c[0] || len(d) != blockBytes-100 {
 		t.Fatal("a freed block was not reused")
 	}
+	d = d[:blockBytes]
 	if d[0] != 0 || d[blockBytes-1] != 0 {
 		t.Fatal("a reused block was not zeroed")
 	}
-	if got := b.carved.Load(); got != blockBytes {
-		t.Fatalf("carved %d bytes after a block was reused, want %d", got, blockBytes)
+	if b.carved.Load() != blockBytes || b.freeBytes.Load() != 0 {
+		t.Fatalf("after reuse: carved %d, free %d; want %d, 0", b.carved.Load(), b.freeBytes.Load(), blockBytes)
+	}
+	if small := b.get(minBlockUse - 1); cap(small) != minBlockUse-1 {
+		t.Fatalf("a chunk of %d bytes took a block (cap %d)", minBlockUse-1, cap(small))
 	}
 	for range regionBytes / blockBytes {
-		b.get()
+		b.get(blockBytes)
 	}
 	if len(b.regions) != 2 || b.carved.Load() != regionBytes+blockBytes {
 		t.Fatalf("%d regions, %d bytes carved after %d blocks; want 2, %d", len(b.regions), b.carved.Load(), regionBytes/blockBytes+1, regionBytes+blockBytes)
 	}
 }
 
-// TestBlocksOnHeap checks Config.HeapSlabs' path: blocks from the Go heap,
-// nothing mapped, nothing kept.
+// TestBlocksOnHeap checks Config.HeapSlabs' path: chunks of the size asked
+// for from the Go heap, nothing mapped, nothing kept.
 func TestBlocksOnHeap(t *testing.T) {
-	b := &blocks{heap: true}
-	c := b.get()
-	if len(c) != blockBytes || b.carved.Load() != 0 || len(b.regions) != 0 {
-		t.Fatalf("heap block: len %d, carved %d, regions %d", len(c), b.carved.Load(), len(b.regions))
+	b := &blocks{}
+	b.heap.Store(true)
+	c := b.get(blockBytes - 100)
+	if len(c) != blockBytes-100 || cap(c) != blockBytes-100 || b.carved.Load() != 0 || len(b.regions) != 0 {
+		t.Fatalf("heap chunk: len %d, cap %d, carved %d, regions %d", len(c), cap(c), b.carved.Load(), len(b.regions))
 	}
 	b.put(c)
 	if len(b.free) != 0 {
-		t.Fatal("a heap block went to the free list")
+		t.Fatal("a heap chunk went to the free list")
 	}
 }
 
@@ -118,7 +127,17 @@ func TestMappedSlabsMatchHeapSlabs(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	held := func(st *Store, _ Ref) any { return st.Memory().HeldBytes }
+	// held compares the held accounts, and checks each against a recount,
+	// and the mapped store's carved bytes against its blocks in use and free.
+	held := func(st *Store, _ Ref) any {
+		if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+			t.Fatalf("HeldBytes %d, recount %d", got, want)
+		}
+		if m := st.Memory().MappedBytes; m != blocksInUse(st)*blockBytes+st.mem.blocks.freeBytes.Load() {
+			t.Fatalf("MappedBytes %d: %d blocks in use, %d free bytes", m, blocksInUse(st), st.mem.blocks.freeBytes.Load())
+		}
+		return st.Memory().HeldBytes
+	}
 	step("first fill", func(st *Store, ref Ref) any { return fillSpread(t, st, ref, 0, 2*n, now) })
 	step("records", records)
 	step("held", held)
@@ -166,6 +185,59 @@ func TestMappedSlabsMatchHeapSlabs(t *testing.T) {
 	if m := sts[0].Memory().MappedBytes; m != before {
 		t.Fatalf("refill after Drop mapped %d more bytes: dropped blocks were not reused", m-before)
 	}
+}
+
+// blocksInUse counts the chunks of st's slabs that are mapped blocks.
+func blocksInUse(st *Store) int64 {
+	var n int64
+	for p := range st.parts {
+		pt := &st.parts[p]
+		pt.mu.Lock()
+		for _, sp := range pt.spaces {
+			if sp == nil {
+				continue
+			}
+			for c := range sp.slabs {
+				for _, ch := range sp.slabs[c].chunks {
+					st.mem.blocks.mu.Lock()
+					if cap(ch) == blockBytes && st.mem.blocks.owns(ch[:1]) {
+						n++
+					}
+					st.mem.blocks.mu.Unlock()
+				}
+			}
+		}
+		pt.mu.Unlock()
+	}
+	return n
+}
+
+// TestMappedSlabsSurviveCollections checks that garbage collections while
+// a store is in use unmap nothing it holds: every record reads back after
+// several.
+func TestMappedSlabsSurviveCollections(t *testing.T) {
+	d, err := window.NewDomain("default", window.DefaultRules())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := New(Config{Partitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	fillSpread(t, st, ref, 0, 20_000, t0)
+	if st.Memory().MappedBytes == 0 {
+		t.Skip("this kernel refused to map a region")
+	}
+	before, _ := st.AppendImage(nil, 0)
+	for range 5 {
+		runtime.GC()
+	}
+	after, _ := st.AppendImage(nil, 0)
+	if string(before) != string(after) {
+		t.Fatal("the store's records changed across garbage collections")
+	}
+	runtime.KeepAlive(st)
 }
 
 // TestMappedSlabsUnmappedWhenUnreachable checks that a store's mapped memory

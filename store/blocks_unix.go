@@ -8,18 +8,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mapRegion maps n bytes of private anonymous memory, reserved lazily
-// (MAP_NORESERVE: untouched pages cost nothing), and advises transparent
-// huge pages for all of it before any page is touched.
-func mapRegion(n int) ([]byte, error) {
-	r, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+// mapping is memory mapAligned mapped: whole, to unmap, and its aligned
+// part, to use.
+type mapping struct{ whole, aligned []byte }
+
+// mapAligned maps size bytes of private anonymous memory aligned to align
+// (a power of two), reserved lazily (MAP_NORESERVE: untouched pages cost
+// nothing), and advises transparent huge pages for all of it before any
+// page is touched. The slack around the aligned part is never touched.
+func mapAligned(size, align int) (mapping, error) {
+	whole, err := unix.Mmap(-1, 0, size+align, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
-		return nil, err
+		return mapping{}, err
 	}
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(whole)))
+	off := int((uintptr(align) - base%uintptr(align)) % uintptr(align))
+	m := mapping{whole: whole, aligned: whole[off : off+size : off+size]}
 	// EINVAL means a kernel without transparent huge pages: small pages,
 	// the same memory.
-	_ = unix.Madvise(r, unix.MADV_HUGEPAGE)
-	return r, nil
+	_ = unix.Madvise(m.aligned, unix.MADV_HUGEPAGE)
+	return m, nil
 }
 
 func unmapRegion(r []byte) { _ = unix.Munmap(r) }

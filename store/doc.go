@@ -82,7 +82,9 @@
 // the regions are unmapped once the store is unreachable (a cleanup on its
 // memory account, which every slab points into, so no block can still be in
 // use). Config.HeapSlabs keeps every chunk on the Go heap, as does a
-// platform or sandbox that refuses the mapping.
+// platform or sandbox that refuses the mapping. The race detector does not
+// watch memory outside the Go heap: races on records in blocks go unseen
+// under -race (small stores, as in most tests, keep theirs on the heap).
 //
 // # Memory limit
 //
@@ -92,7 +94,8 @@
 // memory does (a chunk, a resize, 64 ids), so checks do not contend on it.
 // With Config.MaxBytes, Apply refuses, with ErrMemoryLimit and changing
 // nothing, an item that would create a record (its recipient has none in
-// the domain) once the store holds MaxBytes or more, unless the record fits
+// the domain) once the store holds MaxBytes or more (counting the free
+// blocks it keeps for reuse), unless the record fits
 // room already held: a free slot of its size class (left by a reclaimed
 // record) and room in the index. Known recipients are decided as always and
 // their records may grow: the limit bounds new recipients, not history.

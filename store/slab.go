@@ -158,7 +158,7 @@ func (s *slab) alloc() (uint32, error) {
 		}
 		var chunk []byte
 		if n := int(per) * s.size; uint(c) >= s.grow && s.blocks != nil && n <= blockBytes {
-			chunk = s.blocks.get()[:n]
+			chunk = s.blocks.get(n)
 		} else {
 			chunk = make([]byte, n)
 		}
@@ -209,8 +209,8 @@ func (s *slab) drop() {
 	s.chunks, s.free, s.next = nil, nil, 0
 }
 
-// reserved returns the bytes the slab holds from the heap: what it has
-// added to its heap account.
+// reserved returns the bytes the slab holds, from the heap or in blocks:
+// what it has added to its memory account.
 func (s *slab) reserved() int64 {
 	var n int64
 	for _, c := range s.chunks {

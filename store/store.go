@@ -110,8 +110,11 @@ type memory struct {
 	_          [64]byte
 }
 
-// over reports whether the store holds its limit or more.
-func (m *memory) over() bool { return m.limit > 0 && m.held.Load() >= m.limit }
+// over reports whether the store holds its limit or more, counting the
+// free blocks it keeps for reuse.
+func (m *memory) over() bool {
+	return m.limit > 0 && m.held.Load()+m.blocks.freeBytes.Load() >= m.limit
+}
 
 // space holds one domain's records in one partition.
 type space struct {
@@ -164,11 +167,12 @@ func New(cfg Config) (*Store, error) {
 		parts:     make([]partition, cfg.Partitions),
 		idHorizon: cfg.IDHorizon.Milliseconds(),
 		idCap:     max(2, cfg.IDCapacity/cfg.Partitions),
-		mem:       &memory{limit: cfg.MaxBytes, blocks: &blocks{heap: cfg.HeapSlabs}},
+		mem:       &memory{limit: cfg.MaxBytes, blocks: &blocks{}},
 		byName:    map[string]int{},
 	}
 	// Every slab points into mem (its held account), so once mem is
 	// unreachable no block is in use, and the mapped memory can go.
+	s.mem.blocks.heap.Store(cfg.HeapSlabs)
 	runtime.AddCleanup(s.mem, (*blocks).release, s.mem.blocks)
 	for p := range s.parts {
 		s.parts[p].mem = s.mem
@@ -644,7 +648,7 @@ type MemoryStats struct {
 	Overshoots int64
 }
 
-// Memory returns the store's heap account. It takes no lock.
+// Memory returns the store's memory account. It takes no lock.
 func (s *Store) Memory() MemoryStats {
 	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: s.mem.blocks.carved.Load(), MaxBytes: s.mem.limit,
 		Refused: s.mem.refused.Load(), Overshoots: s.mem.overshoots.Load()}

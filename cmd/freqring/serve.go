@@ -116,7 +116,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	followLimit := false
 	if budget > 0 {
 		if env := os.Getenv("GOMEMLIMIT"); env != "" {
-			logger.Info("GOMEMLIMIT is set: the Go runtime's memory limit is left to it", "GOMEMLIMIT", env)
+			logger.Info("GOMEMLIMIT is set: the Go runtime's memory limit is left to it; it must leave room for the store's records, which are outside the Go heap (freqring_store_mapped_bytes) unless --heap-slabs", "GOMEMLIMIT", env)
 		} else {
 			debug.SetMemoryLimit(budget)
 			followLimit = true
@@ -218,9 +218,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if followLimit {
 		var follower sync.WaitGroup
 		fctx, cancel := context.WithCancel(ctx)
-		follower.Go(func() {
-			followMappedMemory(fctx, budget, func() int64 { return n.StoreMemory().MappedBytes }, time.Second)
-		})
+		served := false // read only by the follower
+		mapped := func() int64 {
+			// Open may replace the store until the node serves.
+			if !served && !n.Serving() {
+				return 0
+			}
+			served = true
+			return n.StoreMemory().MappedBytes
+		}
+		follower.Go(func() { followMappedMemory(fctx, budget, mapped, time.Second) })
 		defer follower.Wait()
 		defer cancel()
 	}
