@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -146,6 +147,19 @@ func (u *uring) fsync(fd int) (ok bool, err error) {
 		}
 		break
 	}
+	return u.wait(time.Now().Add(ringWait))
+}
+
+// ringWait bounds the wait for an fsync's completion. Past it the ring is
+// given up (an fsync(2) follows, so a slow disk costs a second fsync, never
+// durability): a CI run once saw three rings in one process wait minutes
+// for completions that never came, each holding its segment's descriptor
+// (and so Close and Rotate) meanwhile.
+var ringWait = 2 * time.Second
+
+// wait returns the result of the one operation in flight, waiting for it
+// until deadline.
+func (u *uring) wait(deadline time.Time) (ok bool, err error) {
 	for {
 		head := atomic.LoadUint32(u.cqHead)
 		if head != atomic.LoadUint32(u.cqTail) {
@@ -158,7 +172,13 @@ func (u *uring) fsync(fd int) (ok bool, err error) {
 			return true, nil
 		}
 		// Wait for the completion's eventfd signal, parked in the netpoller.
+		if err := u.ev.SetReadDeadline(deadline); err != nil {
+			return false, fmt.Errorf("io_uring eventfd: %w", err)
+		}
 		if _, err := u.ev.Read(u.buf[:]); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return false, fmt.Errorf("io_uring: no completion within %v of an fsync", ringWait)
+			}
 			return false, fmt.Errorf("io_uring eventfd: %w", err)
 		}
 	}

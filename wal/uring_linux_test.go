@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -71,6 +72,21 @@ func TestURingFsync(t *testing.T) {
 		if !ok || !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 			t.Fatalf("fsync %d (fd %d) = %v, %v; want true, %v", i, tc.fd, ok, err, tc.want)
 		}
+	}
+}
+
+// TestURingGivesUpWithoutCompletion: a wait whose completion never comes
+// (here: nothing was submitted) ends at its deadline with !ok, so the
+// caller fsyncs another way instead of holding the segment for good.
+func TestURingGivesUpWithoutCompletion(t *testing.T) {
+	u := newURingT(t)
+	start := time.Now()
+	ok, err := u.wait(start.Add(50 * time.Millisecond))
+	if ok || err == nil || !strings.Contains(err.Error(), "no completion") {
+		t.Fatalf("wait with nothing in flight = %v, %v; want false, no completion", ok, err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("wait took %v past a 50ms deadline", took)
 	}
 }
 
