@@ -273,3 +273,17 @@ func TestMappedSlabsUnmappedWhenUnreachable(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestFreeBlocksCountTowardTheLimit: blocks kept for reuse are memory the
+// store holds, so the limit counts them beside what its slabs hold.
+func TestFreeBlocksCountTowardTheLimit(t *testing.T) {
+	m := &memory{limit: 100 * blockBytes, blocks: &blocks{}}
+	m.held.Store(60 * blockBytes)
+	if m.over() {
+		t.Fatal("over at 60% of the limit")
+	}
+	m.blocks.freeBytes.Store(40 * blockBytes)
+	if !m.over() {
+		t.Fatal("not over with 60% held and 40% in free blocks")
+	}
+}
