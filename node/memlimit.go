@@ -40,6 +40,15 @@ func StoreBudget(maxMemory int64) int64 {
 	return max(1, min(maxMemory/4*3, maxMemory-memoryReserve))
 }
 
+// GoMemoryLimit returns the Go runtime's memory limit in a process whose
+// memory is budgeted at maxMemory bytes, of which the store mapped mapped
+// bytes outside the Go heap (store.MemoryStats.MappedBytes): what is left
+// of the budget, and never less than a quarter of it, the part StoreBudget
+// leaves beside the store.
+func GoMemoryLimit(maxMemory, mapped int64) int64 {
+	return max(maxMemory-mapped, maxMemory/4)
+}
+
 // memoryLog logs refusals at the memory limit, at most one line a second
 // with the number left out since the last one. Safe for concurrent use.
 type memoryLog struct {

@@ -142,6 +142,18 @@ func repeat(rcp string, n int) []string {
 	return out
 }
 
+func TestGoMemoryLimit(t *testing.T) {
+	for _, c := range []struct{ budget, mapped, want int64 }{
+		{12 << 30, 0, 12 << 30},
+		{12 << 30, 8 << 30, 4 << 30},
+		{12 << 30, 10 << 30, 3 << 30}, // never below a quarter
+	} {
+		if got := GoMemoryLimit(c.budget, c.mapped); got != c.want {
+			t.Errorf("GoMemoryLimit(%d, %d) = %d, want %d", c.budget, c.mapped, got, c.want)
+		}
+	}
+}
+
 func TestStoreBudget(t *testing.T) {
 	const mib = 1 << 20
 	for _, tc := range []struct{ max, want int64 }{

@@ -117,7 +117,7 @@ func BenchmarkFillToLimit(b *testing.B) {
 			}
 			admitted += int64(len(req.Recipients) - len(resp.Errors))
 			mapped := a.StoreMemory().MappedBytes
-			debug.SetMemoryLimit(max(budget-mapped, budget/4))
+			debug.SetMemoryLimit(GoMemoryLimit(budget, mapped))
 			if total := goMemory() + mapped; total > peak {
 				peak, peakMapped = total, mapped
 			}

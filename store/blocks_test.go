@@ -190,25 +190,18 @@ func TestMappedSlabsMatchHeapSlabs(t *testing.T) {
 // blocksInUse counts the chunks of st's slabs that are mapped blocks.
 func blocksInUse(st *Store) int64 {
 	var n int64
-	for p := range st.parts {
-		pt := &st.parts[p]
-		pt.mu.Lock()
-		for _, sp := range pt.spaces {
-			if sp == nil {
-				continue
-			}
-			for c := range sp.slabs {
-				for _, ch := range sp.slabs[c].chunks {
-					st.mem.blocks.mu.Lock()
-					if cap(ch) == blockBytes && st.mem.blocks.owns(ch[:1]) {
-						n++
-					}
-					st.mem.blocks.mu.Unlock()
+	b := st.mem.blocks
+	forEachSpace(st, func(sp *space) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for c := range sp.slabs {
+			for _, ch := range sp.slabs[c].chunks {
+				if cap(ch) == blockBytes && b.owns(ch[:1]) {
+					n++
 				}
 			}
 		}
-		pt.mu.Unlock()
-	}
+	})
 	return n
 }
 

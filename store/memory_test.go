@@ -16,17 +16,22 @@ import (
 // what its running count must equal.
 func heldNow(st *Store) int64 {
 	var n int64
+	forEachSpace(st, func(sp *space) { n += sp.heldBytes() })
+	return n
+}
+
+// forEachSpace calls fn with every space of st, under its partition's lock.
+func forEachSpace(st *Store, fn func(sp *space)) {
 	for p := range st.parts {
 		pt := &st.parts[p]
 		pt.mu.Lock()
 		for _, sp := range pt.spaces {
 			if sp != nil {
-				n += sp.heldBytes()
+				fn(sp)
 			}
 		}
 		pt.mu.Unlock()
 	}
-	return n
 }
 
 // images returns every partition's image, for comparing a store's whole

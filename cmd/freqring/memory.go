@@ -80,23 +80,15 @@ func memTotal(root fs.FS) (int64, error) {
 	return 0, nil
 }
 
-// goMemoryLimit returns the Go runtime's memory limit in a process whose
-// memory is budgeted at budget bytes, of which the store mapped mapped bytes
-// outside the Go heap: what is left of the budget, and never less than a
-// quarter of it (the store's limit leaves the heap that quarter).
-func goMemoryLimit(budget, mapped int64) int64 {
-	return max(budget-mapped, budget/4)
-}
-
 // followMappedMemory keeps the Go runtime's memory limit at
-// goMemoryLimit(budget, mapped) as the store maps memory outside the heap,
+// node.GoMemoryLimit(budget, mapped) as the store maps memory outside the heap,
 // reading mapped every period, until ctx is done.
 func followMappedMemory(ctx context.Context, budget int64, mapped func() int64, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	last := budget
 	for {
-		if limit := goMemoryLimit(budget, mapped()); limit != last {
+		if limit := node.GoMemoryLimit(budget, mapped()); limit != last {
 			debug.SetMemoryLimit(limit)
 			last = limit
 		}

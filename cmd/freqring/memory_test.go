@@ -172,18 +172,6 @@ func TestHugePageMode(t *testing.T) {
 	}
 }
 
-func TestGoMemoryLimit(t *testing.T) {
-	for _, c := range []struct{ budget, mapped, want int64 }{
-		{12 << 30, 0, 12 << 30},
-		{12 << 30, 8 << 30, 4 << 30},
-		{12 << 30, 10 << 30, 3 << 30}, // never below a quarter
-	} {
-		if got := goMemoryLimit(c.budget, c.mapped); got != c.want {
-			t.Errorf("goMemoryLimit(%d, %d) = %d, want %d", c.budget, c.mapped, got, c.want)
-		}
-	}
-}
-
 // TestFollowMappedMemory checks that the Go runtime's memory limit follows
 // the store's mapped memory within a period, and stops following when the
 // context ends.
