@@ -591,6 +591,40 @@ func (s *Store) Stats(r Ref) Stats {
 	return st
 }
 
+// ClassStats is one size class of a domain's record slots.
+type ClassStats struct {
+	Size     int   // bytes per slot; a record takes a slot of the smallest class that holds it
+	Records  int64 // slots in use
+	Reserved int64 // bytes held for the class's slots: in use, free, and not yet handed out
+}
+
+// SizeClasses returns domain r's size classes that hold a record or
+// reserve memory, smallest first, summed over every partition: the
+// histogram of its record sizes. It takes each partition's lock briefly.
+func (s *Store) SizeClasses(r Ref) []ClassStats {
+	sum := make([]ClassStats, len(classSizes))
+	for p := range s.parts {
+		pt := &s.parts[p]
+		pt.mu.Lock()
+		if sp := pt.space(r.id, false); sp != nil {
+			for c := range sp.slabs {
+				sl := &sp.slabs[c]
+				sum[c].Records += int64(int(sl.next) - len(sl.free))
+				sum[c].Reserved += sl.reserved()
+			}
+		}
+		pt.mu.Unlock()
+	}
+	var out []ClassStats
+	for c, cs := range sum {
+		if cs.Records > 0 || cs.Reserved > 0 {
+			cs.Size = classSizes[c]
+			out = append(out, cs)
+		}
+	}
+	return out
+}
+
 // PartitionLen returns the number of records in partition p, all domains.
 func (s *Store) PartitionLen(p int) int64 {
 	pt := &s.parts[p]

@@ -198,3 +198,59 @@ func TestDuplicateOfACostlyRecordOnlySend(t *testing.T) {
 		t.Fatalf("retry: dup %v, err %v, %+v; want the first decision, used 1 (saturated at the limit)", dup, err, dec)
 	}
 }
+
+// TestSizeClasses checks the size-class histogram against the records the
+// store was given: one class per record size, counts summing to Records,
+// reserved bytes summing to SlabBytes, and nothing for another domain.
+func TestSizeClasses(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	other, _ := window.NewDomain("other", window.DefaultRules())
+	st, ref := newTestStore(t, d, 4)
+	otherRef := st.Bind(other)
+	now := t0 + 86_400_000
+	want := map[int]int64{} // slot size -> records
+	var dec window.Decision
+	var ws window.Scratch
+	for i := range 300 {
+		key, tag := keyOf(fmt.Sprintf("+86%011d", i))
+		sends := 1 + i%3 // 1, 2 or 3 sends a minute apart: three record sizes
+		var plain []byte // the record, kept by the engine alone
+		for k := range sends {
+			at, it := now+int64(k)*60_000, window.Item{Content: uint64(i*7+k) + 1}
+			if _, _, err := apply(st, ref, key, tag, at, it, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+			out, err := d.Apply(&ws, plain, tag, at, it, &dec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plain = append(plain[:0], out...)
+		}
+		want[classSizes[sizeClass(len(plain))]]++
+	}
+	got := st.SizeClasses(ref)
+	var records, reserved int64
+	for i, c := range got {
+		if i > 0 && c.Size <= got[i-1].Size {
+			t.Fatalf("classes out of order: %+v", got)
+		}
+		if c.Records != want[c.Size] {
+			t.Errorf("class %d: %d records, want %d", c.Size, c.Records, want[c.Size])
+		}
+		if c.Reserved < c.Records*int64(c.Size) {
+			t.Errorf("class %d: %d bytes reserved for %d records", c.Size, c.Reserved, c.Records)
+		}
+		records += c.Records
+		reserved += c.Reserved
+	}
+	if len(want) < 2 {
+		t.Fatalf("the records fell in %d classes; the test wants several", len(want))
+	}
+	s := st.Stats(ref)
+	if records != s.Records || reserved != s.SlabBytes {
+		t.Errorf("histogram sums to %d records, %d bytes; Stats says %d, %d", records, reserved, s.Records, s.SlabBytes)
+	}
+	if c := st.SizeClasses(otherRef); len(c) != 0 {
+		t.Errorf("a domain without records has classes %+v", c)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,11 +108,8 @@ func BenchmarkStoreCheck(b *testing.B) {
 }
 
 // BenchmarkSteadyStateMemory builds n recipients at the seed's steady state,
-// each record from its own 30 sends through the store, and reports heap bytes
-// per recipient (runtime.MemStats, after a full GC, plus what the store
-// mapped outside the heap for its slabs; mem-B is the sum), the wall time of a forced
-// full GC cycle (mark and sweep) with all of them live, and its stop-the-world
-// pause.
+// each record from its own 30 sends through the store, and reports memory
+// per recipient and a forced full GC with them live (see measureMemory).
 //
 //	go test -run '^$' -bench SteadyStateMemory -benchtime 1x ./store
 func BenchmarkSteadyStateMemory(b *testing.B) {
@@ -126,15 +124,11 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("recipients=%d", tc.n), func(b *testing.B) {
 			for b.Loop() {
-				var templates [][]byte
-				if !tc.unique {
-					templates = steadyTemplates(b, d, 1000, now)
-				}
-				runtime.GC()
-				var before, after runtime.MemStats
-				runtime.ReadMemStats(&before)
-				st, ref := newTestStore(b, d, 0)
-				if tc.unique {
+				measureMemory(b, d, tc.n, func(st *Store, ref Ref) {
+					if !tc.unique {
+						fillSteady(b, st, ref, tc.n, steadyTemplates(b, d, 1000, now))
+						return
+					}
 					rng := rand.New(rand.NewPCG(9, 9))
 					var dec window.Decision
 					for i := range tc.n {
@@ -145,37 +139,118 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 							}
 						}
 					}
-				} else {
-					fillSteady(b, st, ref, tc.n, templates)
-				}
-				sweepAll(b, st, ref, 0) // reclaims nothing: trims empty slabs, as Serve's sweep does
-				runtime.GC()
-				runtime.ReadMemStats(&after)
-				start := time.Now()
-				runtime.GC()
-				gc := time.Since(start)
-				var final runtime.MemStats
-				runtime.ReadMemStats(&final)
-				pause := final.PauseNs[(final.NumGC+255)%256]
-				s := st.Stats(ref)
-				heap := float64(after.HeapAlloc - before.HeapAlloc)
-				mapped := float64(st.Memory().MappedBytes)
-				b.ReportMetric(heap/float64(tc.n), "heap-B/recipient")
-				b.ReportMetric(mapped/float64(tc.n), "mapped-B/recipient")
-				b.ReportMetric((heap+mapped)/float64(tc.n), "mem-B/recipient")
-				b.ReportMetric(float64(s.IndexBytes)/float64(tc.n), "index-B/recipient")
-				b.ReportMetric(float64(s.LiveBytes)/float64(tc.n), "slot-B/recipient")
-				b.ReportMetric(float64(s.SlabBytes)/float64(tc.n), "slab-B/recipient")
-				b.ReportMetric(float64(st.Memory().HeldBytes)/float64(tc.n), "held-B/recipient")
-				b.ReportMetric(float64(gc.Microseconds())/1000, "gc-ms")
-				b.ReportMetric(float64(pause)/1000, "gc-pause-µs")
-				if s.Records != int64(tc.n) {
-					b.Fatalf("%d records, want %d", s.Records, tc.n)
-				}
-				runtime.KeepAlive(st)
+				})
 			}
 		})
 	}
+}
+
+// BenchmarkRecipientMemory reports memory per recipient, as
+// BenchmarkSteadyStateMemory does, for recipients lighter and heavier than
+// the steady state's 30 sends a day: sends=k gives each of 10M recipients
+// (copies of 1000 templates) k sends at uniformly random times in the last
+// 24 hours, each with its own content, recorded through Apply (sends=50 is
+// the default rules' daily limit). The size-class histogram is logged.
+//
+//	go test -run '^$' -bench RecipientMemory -benchtime 1x ./store
+func BenchmarkRecipientMemory(b *testing.B) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	for _, n := range withHundredMillion(10_000_000) {
+		for _, sends := range []int{1, 3, 10, 30, 50} {
+			b.Run(fmt.Sprintf("recipients=%d/sends=%d", n, sends), func(b *testing.B) {
+				templates := spreadTemplates(b, d, 1000, sends, now)
+				for b.Loop() {
+					measureMemory(b, d, n, func(st *Store, ref Ref) {
+						fillSteady(b, st, ref, n, templates)
+					})
+				}
+			})
+		}
+	}
+}
+
+// spreadTemplates returns k records of d, each holding what Apply admits of
+// sends sends at uniformly random times in the day before now, each with its
+// own content.
+func spreadTemplates(tb testing.TB, d *window.Domain, k, sends int, now int64) [][]byte {
+	tb.Helper()
+	rng := rand.New(rand.NewPCG(43, uint64(sends)))
+	out := make([][]byte, k)
+	at := make([]int64, sends)
+	var s window.Scratch
+	var dec window.Decision
+	for i := range out {
+		for j := range at {
+			at[j] = now - rng.Int64N(86_400_000)
+		}
+		slices.Sort(at)
+		var rec []byte
+		for _, t := range at {
+			r, err := d.Apply(&s, rec, 0, t, window.Item{Content: rng.Uint64() | 1}, &dec)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			if r != nil {
+				rec = append(rec[:0], r...)
+			}
+		}
+		out[i] = rec
+	}
+	return out
+}
+
+// measureMemory fills an empty store of domain d with n recipients by fill
+// and reports bytes per recipient: Go heap (runtime.MemStats, after a full
+// GC), what the store mapped outside the heap for its slabs, and mem-B, the
+// sum; the store's own accounts (index, slots in use, slabs, held); the wall
+// time of a forced full GC cycle (mark and sweep) with all of them live and
+// its stop-the-world pause. It logs the size-class histogram.
+func measureMemory(b *testing.B, d *window.Domain, n int, fill func(*Store, Ref)) {
+	b.Helper()
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	st, ref := newTestStore(b, d, 0)
+	fill(st, ref)
+	sweepAll(b, st, ref, 0) // reclaims nothing: trims empty slabs, as Serve's sweep does
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	start := time.Now()
+	runtime.GC()
+	gc := time.Since(start)
+	var final runtime.MemStats
+	runtime.ReadMemStats(&final)
+	pause := final.PauseNs[(final.NumGC+255)%256]
+	s := st.Stats(ref)
+	heap := float64(after.HeapAlloc - before.HeapAlloc)
+	mapped := float64(st.Memory().MappedBytes)
+	b.ReportMetric(heap/float64(n), "heap-B/recipient")
+	b.ReportMetric(mapped/float64(n), "mapped-B/recipient")
+	b.ReportMetric((heap+mapped)/float64(n), "mem-B/recipient")
+	b.ReportMetric(float64(s.IndexBytes)/float64(n), "index-B/recipient")
+	b.ReportMetric(float64(s.LiveBytes)/float64(n), "slot-B/recipient")
+	b.ReportMetric(float64(s.SlabBytes)/float64(n), "slab-B/recipient")
+	b.ReportMetric(float64(st.Memory().HeldBytes)/float64(n), "held-B/recipient")
+	b.ReportMetric(float64(gc.Microseconds())/1000, "gc-ms")
+	b.ReportMetric(float64(pause)/1000, "gc-pause-µs")
+	if s.Records != int64(n) {
+		b.Fatalf("%d records, want %d", s.Records, n)
+	}
+	b.Log(classHistogram(st.SizeClasses(ref), n))
+	runtime.KeepAlive(st)
+}
+
+// classHistogram formats size classes on one line (the testing package
+// truncates a benchmark's log after ten lines): each class as slot
+// bytes:share of the n records (reserved bytes per record of the class).
+func classHistogram(cs []ClassStats, n int) string {
+	var sb strings.Builder
+	sb.WriteString("size classes, slot bytes:share of records (reserved bytes per record):")
+	for _, c := range cs {
+		fmt.Fprintf(&sb, " %d:%.1f%%(%.0f)", c.Size, 100*float64(c.Records)/float64(n), float64(c.Reserved)/float64(max(c.Records, 1)))
+	}
+	return sb.String()
 }
 
 // BenchmarkStoreBatch measures 4-rule check-and-records in batches of 100
