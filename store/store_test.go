@@ -254,3 +254,95 @@ func TestSizeClasses(t *testing.T) {
 		t.Errorf("a domain without records has classes %+v", c)
 	}
 }
+
+// TestSweepCompactsDeadContent checks that a sweep drops the content logs
+// that no rule can count any more, exactly as window.Domain.Compact does,
+// changing no later decision, and that compactions count against a sweep
+// step's budget.
+func TestSweepCompactsDeadContent(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	st, ref := newTestStore(t, d, 1)
+	const n = 300
+	const contentWindow = 59 * 60_000
+	var dec window.Decision
+	var ws window.Scratch
+	plain := make([][]byte, n) // each recipient's record, kept by the engine alone
+	keys := make([][2]uint64, n)
+	last := t0
+	for i := range n {
+		key, tag := keyOf(fmt.Sprintf("+86%011d", i))
+		keys[i] = [2]uint64{key, uint64(tag)}
+		for k := range 3 { // 3 sends an hour apart, the newest at t0+2h+i ms
+			at, it := t0+int64(k)*3_600_000+int64(i), window.Item{Content: uint64(i*3+k) + 1}
+			last = max(last, at)
+			if _, _, err := apply(st, ref, key, tag, at, it, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+			out, err := d.Apply(&ws, plain[i], tag, at, it, &dec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plain[i] = append(plain[i][:0], out...)
+		}
+	}
+	sweep := func(now int64, budget int) (steps int) {
+		for pos := 0; pos >= 0; steps++ {
+			var err error
+			if pos, _, err = st.Sweep(0, ref, pos, now, budget); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return steps
+	}
+	before := st.Stats(ref)
+	sweep(t0+2*3_600_000+contentWindow-1, 2048) // the newest send of recipient 0 is still inside
+	if s := st.Stats(ref); s.Compacted != 0 {
+		t.Fatalf("compacted %d records inside their content window", s.Compacted)
+	}
+	now := last + contentWindow
+	steps := sweep(now, 64)
+	s := st.Stats(ref)
+	if s.Compacted != n || s.Records != n || s.Expired != 0 {
+		t.Fatalf("after the content window: %+v, want %d compacted and kept", s, n)
+	}
+	if s.LiveBytes >= before.LiveBytes {
+		t.Errorf("slots in use: %d bytes before, %d after", before.LiveBytes, s.LiveBytes)
+	}
+	if min := n * (compactCost + 1) / 64; steps < min {
+		t.Errorf("%d sweep steps of budget 64 for %d compactions; want at least %d", steps, n, min)
+	}
+	sweep(now, 2048)
+	if again := st.Stats(ref).Compacted; again != n {
+		t.Errorf("a second sweep compacted again: %d", again)
+	}
+	for i := range n {
+		want, ok, err := d.Compact(&ws, plain[i], now)
+		if err != nil || !ok {
+			t.Fatalf("recipient %d: engine compacts: %v %v", i, ok, err)
+		}
+		want = append([]byte(nil), want...)
+		var got []byte
+		st.ForEach(0, func(_ string, key uint64, rec []byte) bool {
+			if key == storedKey(keys[i][0]) {
+				got = append([]byte(nil), rec[:min(len(rec), len(want))]...)
+				return false
+			}
+			return true
+		})
+		if string(got) != string(want) {
+			t.Fatalf("recipient %d: store holds %x, engine compacts to %x", i, got, want)
+		}
+		// A later send is decided as on the uncompacted record.
+		at, it := now+int64(i), window.Item{Content: uint64(i*3+2) + 1}
+		var sd, pd window.Decision
+		if _, _, err := apply(st, ref, keys[i][0], uint16(keys[i][1]), at, it, 0, &sd); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Apply(&ws, plain[i], uint16(keys[i][1]), at, it, &pd); err != nil {
+			t.Fatal(err)
+		}
+		if sd != pd {
+			t.Fatalf("recipient %d: store decides %+v, engine on the uncompacted record %+v", i, sd, pd)
+		}
+	}
+}
