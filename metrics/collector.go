@@ -61,8 +61,6 @@ var (
 		"Heap held by a domain's index and record slabs, bytes.", "domain")
 	descDomainExpired = desc("freqring_domain_expired_records_total",
 		"Idle records reclaimed by the sweep, by domain.", "domain")
-	descDomainCompacted = desc("freqring_domain_compacted_records_total",
-		"Records whose content logs the sweep dropped because no rule could count them any more, by domain.", "domain")
 	descDomainCollisions = desc("freqring_domain_collisions_total",
 		"Records created beside another recipient's with the same 64-bit key hash, by domain.", "domain")
 	descStoreHeld = desc("freqring_store_held_bytes",
@@ -102,7 +100,7 @@ var (
 var allDescs = []*prometheus.Desc{
 	descServing, descChecked, descDecisions, descRuleDenied, descRuleShadowDenied, descFailed, descDuplicates,
 	descForwarded, descRingEpoch, descRingMembers, descPartitions, descOwnedRecords, descDomainRecords,
-	descDomainHeap, descDomainExpired, descDomainCompacted, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreLimit, descStoreRefused,
+	descDomainHeap, descDomainExpired, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreLimit, descStoreRefused,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descReplicated, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
 }
@@ -142,7 +140,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descDomainRecords, float64(d.Records), d.Name)
 		gauge(descDomainHeap, float64(d.IndexBytes+d.SlabBytes), d.Name)
 		counter(descDomainExpired, d.Expired, d.Name)
-		counter(descDomainCompacted, d.Compacted, d.Name)
 		counter(descDomainCollisions, d.Collisions, d.Name)
 	}
 	codes := make([]string, 0, len(s.FailedByCode))

@@ -89,8 +89,7 @@
 // recipients as at ten. A record whose newest send is older than its
 // domain's longest window holds nothing any rule counts; Serve sweeps them
 // every SweepInterval, one partition at a time and at most sweepBudget index
-// entries per lock hold, and drops from the others the content logs no rule
-// can count any more (store.Store.Sweep).
+// entries per lock hold.
 //
 // Config.MaxMemory bounds the store at StoreBudget of it (memlimit.go): past
 // that, the store refuses items that would create a record, which fail

@@ -537,7 +537,6 @@ type DomainStats struct {
 	Records    int64 // recipients with a record
 	Collisions int64 // records created beside another recipient's with the same 64-bit key hash
 	Expired    int64 // idle records reclaimed
-	Compacted  int64 // records whose content logs the sweep dropped because no rule could count them
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs
 	LiveBytes  int64 // bytes of record slots in use
@@ -576,7 +575,7 @@ func (n *Node) Stats() Stats {
 		dv := v.domains[name]
 		st := n.store.Stats(dv.ref)
 		ds := DomainStats{
-			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired, Compacted: st.Compacted,
+			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired,
 			IndexBytes: st.IndexBytes, SlabBytes: st.SlabBytes, LiveBytes: st.LiveBytes,
 			Admitted: dv.counters.admitted.Load(), Denied: dv.counters.denied.Load(),
 		}
@@ -611,10 +610,8 @@ func (n *Node) Stats() Stats {
 }
 
 // Sweep reclaims, in every domain, the records whose newest send is older
-// than the domain's longest window, and returns how many it reclaimed; it
-// drops the content logs no rule can count any more from the others
-// (store.Store.Sweep). It locks one partition at a time for at most
-// sweepBudget entries.
+// than the domain's longest window, and returns how many it reclaimed. It
+// locks one partition at a time for at most sweepBudget entries.
 func (n *Node) Sweep(ctx context.Context) (int, error) {
 	total := 0
 	v := n.view.Load()
@@ -625,9 +622,10 @@ func (n *Node) Sweep(ctx context.Context) (int, error) {
 				if err := ctx.Err(); err != nil {
 					return total, err
 				}
+				cutoff := n.nowMs() - dv.d.Longest()
 				var got int
 				var err error
-				pos, got, err = n.store.Sweep(p, dv.ref, pos, n.nowMs(), sweepBudget)
+				pos, got, err = n.store.Sweep(p, dv.ref, pos, cutoff, sweepBudget)
 				total += got
 				if err != nil {
 					return total, err

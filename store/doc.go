@@ -108,9 +108,5 @@
 //
 // A record whose newest send is older than its domain's longest window holds
 // nothing any rule counts. Sweep reclaims them a bounded number of index
-// entries at a time; MergeImage skips them. Sweep also compacts the records
-// whose newest send is older than the domain's content window: it drops
-// their content logs, which no rule can count any more but which a record
-// otherwise keeps until its next write (window.Domain.Compact). A
-// recipient with 3 sends a day holds about 4 bytes less.
+// entries at a time; MergeImage skips them.
 package store

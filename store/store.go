@@ -125,7 +125,6 @@ type space struct {
 	records    int64   // entries in index
 	collisions int64   // records created for a key whose hash matched another recipient's
 	expired    int64   // records reclaimed by sweep
-	compacted  int64   // records whose dead content logs sweep dropped
 }
 
 // spaceBytes is the heap of an empty space: the struct and its slab headers.
@@ -515,12 +514,10 @@ func (sp *space) drop(pos int) {
 }
 
 // Sweep reclaims, in partition p, the records of domain r whose newest send
-// is at or before now (unix ms) minus the domain's longest window, and
-// compacts those whose content logs no rule can count any more
-// (window.Domain.Compact). It visits at most budget index entries from
-// position from, a compaction counting as compactCost of them, and returns
-// the position to continue from, or -1 when the partition is done.
-func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, reclaimed int, err error) {
+// is at or before cutoff (unix ms), visiting at most budget index entries
+// from position from. It returns the position to continue from, or -1 when
+// the partition is done.
+func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next int, reclaimed int, err error) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
@@ -528,46 +525,28 @@ func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, 
 	if sp == nil {
 		return -1, 0, nil
 	}
-	cutoff := now - r.rules.Longest()
 	t := &sp.index
-	pos := from
-	for spent := 0; pos < t.len && spent < budget; spent++ {
-		k := t.key(pos)
-		if k == 0 {
+	end := min(t.len, from+budget)
+	for pos := from; pos < end; {
+		if t.key(pos) == 0 {
 			pos++
 			continue
 		}
 		ref := t.ref(pos)
-		rec := sp.slabs[ref.class()].bytes(ref.slot())
-		newest, err := window.RecordNewest(rec)
+		newest, err := window.RecordNewest(sp.slabs[ref.class()].bytes(ref.slot()))
 		if err != nil {
 			return -1, reclaimed, fmt.Errorf("store: partition %d domain %q position %d: %w", p, r.rules.Name(), pos, err)
 		}
 		if newest > cutoff {
-			out, compacted, err := r.rules.Compact(&pt.scratch, rec, now)
-			if err != nil {
-				return -1, reclaimed, fmt.Errorf("store: partition %d domain %q position %d: %w", p, r.rules.Name(), pos, err)
-			}
-			if !compacted {
-				pos++
-				continue
-			}
-			spent += compactCost
-			sp.compacted++
-			if out != nil {
-				if err := sp.put(k, pos, out, false); err != nil {
-					return -1, reclaimed, err
-				}
-				pos++
-				continue
-			}
+			pos++
+			continue
 		}
 		sp.drop(pos) // a later entry may move into pos: look at it again
 		sp.expired++
 		reclaimed++
 	}
-	if pos < t.len {
-		return pos, reclaimed, nil
+	if end < t.len {
+		return end, reclaimed, nil
 	}
 	t.shrink()
 	for c := range sp.slabs {
@@ -576,17 +555,11 @@ func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, 
 	return -1, reclaimed, nil
 }
 
-// compactCost is what one compaction counts against a sweep step's budget
-// of index entries: it decodes and encodes a record, where visiting an
-// entry reads the record's header.
-const compactCost = 8
-
 // Stats are one domain's counters in a store at one moment.
 type Stats struct {
 	Records          int64 // recipients with a record
 	Collisions       int64 // records created beside another recipient's with the same 64-bit key hash
 	Expired          int64 // records reclaimed because nothing in them was inside any window
-	Compacted        int64 // records whose content logs the sweep dropped because no rule could count them
 	IDs              int64 // request ids remembered
 	EarlyIDRotations int64 // id generations retired before half the horizon because full
 	IndexBytes       int64 // heap held by the index
@@ -598,7 +571,6 @@ func (a *Stats) add(sp *space) {
 	a.Records += sp.records
 	a.Collisions += sp.collisions
 	a.Expired += sp.expired
-	a.Compacted += sp.compacted
 	a.IDs += int64(sp.ids.len())
 	a.EarlyIDRotations += sp.ids.early
 	a.IndexBytes += sp.index.bytes()
@@ -683,7 +655,6 @@ func (a Stats) plus(b Stats) Stats {
 	a.Records += b.Records
 	a.Collisions += b.Collisions
 	a.Expired += b.Expired
-	a.Compacted += b.Compacted
 	a.IDs += b.IDs
 	a.EarlyIDRotations += b.EarlyIDRotations
 	a.IndexBytes += b.IndexBytes
