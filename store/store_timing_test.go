@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,30 @@ func fillSteady(tb testing.TB, st *Store, r Ref, n int, templates [][]byte) {
 	}
 }
 
-var benchMode = window.CheckAndRecord
+// benchMode is the mode of the items BenchmarkStoreCheck and
+// BenchmarkStoreBatch decide: check-and-record, or peek when the
+// environment sets FREQRING_BENCH_MODE=peek (to tell the read path's cost
+// from the write path's).
+var benchMode = func() window.Mode {
+	if os.Getenv("FREQRING_BENCH_MODE") == "peek" {
+		return window.Peek
+	}
+	return window.CheckAndRecord
+}()
+
+// benchPartitions is the partition count of BenchmarkStoreBatch's stores:
+// FREQRING_BENCH_PARTITIONS, or the default (0) when unset.
+func benchPartitions(tb testing.TB) int {
+	v := os.Getenv("FREQRING_BENCH_PARTITIONS")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > MaxPartitions {
+		tb.Fatalf("FREQRING_BENCH_PARTITIONS=%q: want a partition count in [1, %d]", v, MaxPartitions)
+	}
+	return n
+}
 
 // sweepAll sweeps every partition of st with cutoff.
 func sweepAll(tb testing.TB, st *Store, ref Ref, cutoff int64) (reclaimed int) {
@@ -260,7 +284,8 @@ func classHistogram(cs []ClassStats, n int) string {
 // batch-ns/decision are the medians over batches of the store calls' time
 // (a median, so that batches a busy machine preempted count for little), and
 // speedup is their ratio. slabs=mapped is the default store; slabs=heap
-// keeps its slabs on the Go heap (Config.HeapSlabs).
+// keeps its slabs on the Go heap (Config.HeapSlabs). FREQRING_BENCH_PARTITIONS
+// sets the stores' partition count, FREQRING_BENCH_MODE=peek the items' mode.
 //
 //	go test -run '^$' -bench StoreBatch -benchtime 2s ./store
 func BenchmarkStoreBatch(b *testing.B) {
@@ -271,7 +296,7 @@ func BenchmarkStoreBatch(b *testing.B) {
 	for _, n := range withHundredMillion(10_000, 1_000_000, 10_000_000) {
 		for _, slabs := range []string{"mapped", "heap"} {
 			b.Run(fmt.Sprintf("recipients=%d/slabs=%s", n, slabs), func(b *testing.B) {
-				st, err := New(Config{HeapSlabs: slabs == "heap"})
+				st, err := New(Config{HeapSlabs: slabs == "heap", Partitions: benchPartitions(b)})
 				if err != nil {
 					b.Fatal(err)
 				}
