@@ -537,6 +537,7 @@ type DomainStats struct {
 	Records    int64 // recipients with a record
 	Collisions int64 // records created beside another recipient's with the same 64-bit key hash
 	Expired    int64 // idle records reclaimed
+	Moved      int64 // records the sweep moved to lower slots so as to give sparse slab chunks back
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs
 	LiveBytes  int64 // bytes of record slots in use
@@ -575,7 +576,7 @@ func (n *Node) Stats() Stats {
 		dv := v.domains[name]
 		st := n.store.Stats(dv.ref)
 		ds := DomainStats{
-			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired,
+			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired, Moved: st.Moved,
 			IndexBytes: st.IndexBytes, SlabBytes: st.SlabBytes, LiveBytes: st.LiveBytes,
 			Admitted: dv.counters.admitted.Load(), Denied: dv.counters.denied.Load(),
 		}

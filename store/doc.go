@@ -109,4 +109,15 @@
 // A record whose newest send is older than its domain's longest window holds
 // nothing any rule counts. Sweep reclaims them a bounded number of index
 // entries at a time; MergeImage skips them.
+//
+// # Sparse chunks
+//
+// A slab gives a chunk back only when no record is left in it, and records
+// move between size classes as their sends come and expire, so a class
+// whose records moved away would keep the chunks of its highest occupancy
+// ever. When Sweep finishes a partition it moves the records out of each
+// slab's tail chunks that its records would fit without (a quarter chunk
+// of free slots kept as headroom), if those hold at least a full-size
+// chunk's slots, and gives the chunks back (space.defrag): one walk of the
+// partition's index under its lock, only when some slab has such chunks.
 package store

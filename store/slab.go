@@ -98,6 +98,9 @@ type slab struct {
 	held *atomic.Int64
 	// blocks gives the full-size chunks (nil: the Go heap gives them).
 	blocks *blocks
+	// ceiling, while a defragmentation is planned (see planDefrag), is the
+	// first slot of the chunks it gives back; 0 otherwise.
+	ceiling uint32
 }
 
 func newSlab(size int, held *atomic.Int64, blk *blocks) slab {
@@ -186,6 +189,85 @@ func (s *slab) hasRoom() bool {
 	}
 	c, _ := s.locate(s.next)
 	return c < len(s.chunks)
+}
+
+// start returns the first slot of chunk k.
+func (s *slab) start(k int) uint32 {
+	if uint(k) < s.grow {
+		return uint32(1<<s.first) * (1<<uint(k) - 1)
+	}
+	return s.base + uint32(k-int(s.grow))*s.per
+}
+
+// Defragmentation: a slab keeps every chunk it has carved until it is
+// wholly empty, so records that move to other size classes (as their sends
+// come and expire) leave their old classes' chunks sparse, and a long-running
+// store holds the highest occupancy each class ever had. planDefrag picks
+// the tail chunks that the slab's records would fit without (keeping a
+// quarter chunk of free slots as headroom), when they hold at least a whole
+// full-size chunk's slots; the caller then moves every record in a slot at or past
+// the ceiling into a free slot below it (takeLow), and finishDefrag gives
+// the tail chunks back.
+
+// planDefrag plans a defragmentation and reports whether there is one: it
+// sets the ceiling and keeps on the free list only the slots below it.
+func (s *slab) planDefrag() bool {
+	inUse := s.next - uint32(len(s.free))
+	want := inUse + s.per/4
+	k := 0
+	for k < len(s.chunks) && s.start(k) < want {
+		k++
+	}
+	// At least a whole full-size chunk's slots, counted in slots so that
+	// heap and mapped slabs plan alike.
+	if k == len(s.chunks) || s.start(len(s.chunks))-s.start(k) < s.per {
+		return false
+	}
+	s.ceiling = s.start(k)
+	low := s.free[:0]
+	for _, i := range s.free {
+		if i < s.ceiling {
+			low = append(low, i)
+		}
+	}
+	s.free = low
+	return true
+}
+
+// takeLow returns a free slot below the ceiling, for a record moving down.
+// planDefrag left enough: the records at or past the ceiling are fewer
+// than the free slots below it.
+func (s *slab) takeLow() uint32 {
+	n := len(s.free)
+	i := s.free[n-1]
+	s.free = s.free[:n-1]
+	return i
+}
+
+// finishDefrag gives back the chunks at or past the ceiling, once no record
+// is left in them: blocks to the store's blocks, bytes to the heap account.
+func (s *slab) finishDefrag() {
+	if s.ceiling == 0 {
+		return
+	}
+	k := 0
+	for s.start(k) < s.ceiling {
+		k++
+	}
+	for j, c := range s.chunks[k:] {
+		addHeld(s.held, -int64(cap(c)))
+		if s.blocks != nil {
+			s.blocks.put(c)
+		}
+		s.chunks[k+j] = nil
+	}
+	s.chunks = s.chunks[:k]
+	s.next, s.ceiling = min(s.next, s.start(k)), 0
+	// The free list held the slots of the chunks given back too.
+	if c := cap(s.free); c > 2*len(s.free)+16 {
+		s.free = append(make([]uint32, 0, 2*len(s.free)+16), s.free...)
+		addHeld(s.held, int64(cap(s.free)-c)*4)
+	}
 }
 
 // trim gives all the slab's memory back if no slot is in use. Records pass

@@ -125,6 +125,7 @@ type space struct {
 	records    int64   // entries in index
 	collisions int64   // records created for a key whose hash matched another recipient's
 	expired    int64   // records reclaimed by sweep
+	moved      int64   // records the sweep moved to give sparse chunks back (defrag)
 }
 
 // spaceBytes is the heap of an empty space: the struct and its slab headers.
@@ -516,7 +517,9 @@ func (sp *space) drop(pos int) {
 // Sweep reclaims, in partition p, the records of domain r whose newest send
 // is at or before cutoff (unix ms), visiting at most budget index entries
 // from position from. It returns the position to continue from, or -1 when
-// the partition is done.
+// the partition is done; that last step also shrinks the index, trims empty
+// slabs and gives sparse slab chunks back, moving the records out of them
+// (see "Sparse chunks" in the package doc).
 func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next int, reclaimed int, err error) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
@@ -552,7 +555,44 @@ func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next in
 	for c := range sp.slabs {
 		sp.slabs[c].trim()
 	}
+	sp.defrag()
 	return -1, reclaimed, nil
+}
+
+// defrag gives back the tail chunks of every slab whose records fit fewer
+// chunks (slab.planDefrag), moving the records in them into free slots
+// below: one walk of the index, only when some slab has such chunks. It
+// returns the records moved.
+func (sp *space) defrag() (moved int) {
+	planned := false
+	for c := range sp.slabs {
+		if sp.slabs[c].next > 0 && sp.slabs[c].planDefrag() {
+			planned = true
+		}
+	}
+	if !planned {
+		return 0
+	}
+	t := &sp.index
+	for pos := range t.len {
+		if t.key(pos) == 0 {
+			continue
+		}
+		r := t.ref(pos)
+		sl := &sp.slabs[r.class()]
+		if sl.ceiling == 0 || r.slot() < sl.ceiling {
+			continue
+		}
+		to := sl.takeLow()
+		copy(sl.bytes(to), sl.bytes(r.slot()))
+		t.setRef(pos, makeRef(r.class(), to))
+		moved++
+	}
+	for c := range sp.slabs {
+		sp.slabs[c].finishDefrag()
+	}
+	sp.moved += int64(moved)
+	return moved
 }
 
 // Stats are one domain's counters in a store at one moment.
@@ -560,6 +600,7 @@ type Stats struct {
 	Records          int64 // recipients with a record
 	Collisions       int64 // records created beside another recipient's with the same 64-bit key hash
 	Expired          int64 // records reclaimed because nothing in them was inside any window
+	Moved            int64 // records the sweep moved to lower slots so as to give sparse slab chunks back
 	IDs              int64 // request ids remembered
 	EarlyIDRotations int64 // id generations retired before half the horizon because full
 	IndexBytes       int64 // heap held by the index
@@ -571,6 +612,7 @@ func (a *Stats) add(sp *space) {
 	a.Records += sp.records
 	a.Collisions += sp.collisions
 	a.Expired += sp.expired
+	a.Moved += sp.moved
 	a.IDs += int64(sp.ids.len())
 	a.EarlyIDRotations += sp.ids.early
 	a.IndexBytes += sp.index.bytes()
@@ -655,6 +697,7 @@ func (a Stats) plus(b Stats) Stats {
 	a.Records += b.Records
 	a.Collisions += b.Collisions
 	a.Expired += b.Expired
+	a.Moved += b.Moved
 	a.IDs += b.IDs
 	a.EarlyIDRotations += b.EarlyIDRotations
 	a.IndexBytes += b.IndexBytes

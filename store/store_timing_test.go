@@ -363,3 +363,75 @@ func median(ds []time.Duration) time.Duration {
 	slices.Sort(ds)
 	return ds[len(ds)/2]
 }
+
+// BenchmarkSteadyStateDrift starts from n recipients at the seed's steady
+// state (copies of 1000 templates; n is 1M, or FREQRING_BENCH_DRIFT_N) and
+// runs a simulated day of the steady state's traffic: 30 sends per
+// recipient, each to a recipient drawn uniformly at random, with its own
+// content, time moving evenly; the sweep runs every simulated 15 minutes.
+// Records change size class as sends are added and expire; a slab gives a
+// chunk back only when the sweep can move the records out of it (defrag).
+// It reports the store's bytes per recipient at the start and at the end
+// (slot-B: slots in use; slab-B: slabs reserved; held-B: everything the
+// store holds), to show how far a long-running node drifts above a freshly
+// loaded one, the records the sweeps moved, and the longest single sweep
+// step (one partition lock hold).
+//
+//	go test -run '^$' -bench SteadyStateDrift -benchtime 1x ./store
+func BenchmarkSteadyStateDrift(b *testing.B) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	n := 1_000_000
+	if v := os.Getenv("FREQRING_BENCH_DRIFT_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1000 {
+			b.Fatalf("FREQRING_BENCH_DRIFT_N=%q: want a number of recipients, at least 1000", v)
+		}
+	}
+	templates := steadyTemplates(b, d, 1000, now)
+	for b.Loop() {
+		st, ref := newTestStore(b, d, 0)
+		fillSteady(b, st, ref, n, templates)
+		report := func(when string) {
+			s, held := st.Stats(ref), st.Memory().HeldBytes
+			b.ReportMetric(float64(s.LiveBytes)/float64(n), "slot-B/recipient-"+when)
+			b.ReportMetric(float64(s.SlabBytes)/float64(n), "slab-B/recipient-"+when)
+			b.ReportMetric(float64(held)/float64(n), "held-B/recipient-"+when)
+		}
+		report("start")
+		var longest time.Duration
+		sweep := func(now int64) {
+			for p := range st.Partitions() {
+				for pos := 0; pos >= 0; {
+					start := time.Now()
+					var err error
+					if pos, _, err = st.Sweep(p, ref, pos, now-d.Longest(), 2048); err != nil {
+						b.Fatal(err)
+					}
+					longest = max(longest, time.Since(start))
+				}
+			}
+		}
+		rng := rand.New(rand.NewPCG(11, 11))
+		const day, sweepEvery = 86_400_000, 15 * 60_000
+		sends := 30 * n
+		var dec window.Decision
+		nextSweep := now + sweepEvery
+		for i := range sends {
+			at := now + int64(i)*day/int64(sends)
+			if at >= nextSweep {
+				sweep(at)
+				nextSweep += sweepEvery
+			}
+			key, tag := benchKey(rng.IntN(n))
+			if _, _, err := apply(st, ref, key, tag, at, window.Item{Content: rng.Uint64() | 1}, 0, &dec); err != nil {
+				b.Fatal(err)
+			}
+		}
+		sweep(now + day)
+		report("end")
+		b.ReportMetric(float64(st.Stats(ref).Moved)/float64(n), "moved/recipient")
+		b.ReportMetric(float64(longest.Microseconds()), "longest-sweep-step-µs")
+		b.Log(classHistogram(st.SizeClasses(ref), n))
+	}
+}
