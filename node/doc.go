@@ -89,8 +89,8 @@
 // recipients as at ten. A record whose newest send is older than its
 // domain's longest window holds nothing any rule counts; Serve sweeps them
 // every SweepInterval, one partition at a time and at most sweepBudget index
-// entries per lock hold; the hold that ends a partition's pass may also walk
-// its index once to give sparse slab chunks back (store.Store.Sweep).
+// entries per lock hold, and gives sparse slab chunks back as it goes
+// (store.Store.Sweep).
 //
 // Config.MaxMemory bounds the store at StoreBudget of it (memlimit.go): past
 // that, the store refuses items that would create a record, which fail

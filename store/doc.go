@@ -115,9 +115,11 @@
 // A slab gives a chunk back only when no record is left in it, and records
 // move between size classes as their sends come and expire, so a class
 // whose records moved away would keep the chunks of its highest occupancy
-// ever. When Sweep finishes a partition it moves the records out of each
-// slab's tail chunks that its records would fit without (a quarter chunk
-// of free slots kept as headroom), if those hold at least a full-size
-// chunk's slots, and gives the chunks back (space.defrag): one walk of the
-// partition's index under its lock, only when some slab has such chunks.
+// ever. A sweep pass of a partition therefore plans, when it starts, to give
+// back each slab's tail chunks that its records would fit without (a
+// quarter chunk of free slots kept as headroom), if those hold at least a
+// full-size chunk's slots; moves each record it visits there to a free slot
+// below, within its steps' budget; and, when it ends, gives the chunks back
+// if no record is left in them, or leaves them to the next pass (see
+// slab.planDefrag).
 package store

@@ -99,8 +99,10 @@ type slab struct {
 	// blocks gives the full-size chunks (nil: the Go heap gives them).
 	blocks *blocks
 	// ceiling, while a defragmentation is planned (see planDefrag), is the
-	// first slot of the chunks it gives back; 0 otherwise.
+	// first slot of the chunks it would give back; 0 otherwise. high holds
+	// the free slots at or past it meanwhile, which alloc does not hand out.
 	ceiling uint32
+	high    []uint32
 }
 
 func newSlab(size int, held *atomic.Int64, blk *blocks) slab {
@@ -174,6 +176,12 @@ func (s *slab) alloc() (uint32, error) {
 
 // release returns slot i to the free list.
 func (s *slab) release(i uint32) {
+	if s.ceiling != 0 && i >= s.ceiling {
+		c := cap(s.high)
+		s.high = append(s.high, i)
+		addHeld(s.held, int64(cap(s.high)-c)*4)
+		return
+	}
 	c := cap(s.free)
 	s.free = append(s.free, i)
 	addHeld(s.held, int64(cap(s.free)-c)*4)
@@ -202,25 +210,33 @@ func (s *slab) start(k int) uint32 {
 // Defragmentation: a slab keeps every chunk it has carved until it is
 // wholly empty, so records that move to other size classes (as their sends
 // come and expire) leave their old classes' chunks sparse, and a long-running
-// store holds the highest occupancy each class ever had. planDefrag picks
-// the tail chunks that the slab's records would fit without (keeping a
-// quarter chunk of free slots as headroom), when they hold at least a whole
-// full-size chunk's slots; the caller then moves every record in a slot at or past
-// the ceiling into a free slot below it (takeLow), and finishDefrag gives
-// the tail chunks back.
+// store would hold the highest occupancy each class ever had. When a sweep
+// pass starts, planDefrag picks the tail chunks that the slab's records
+// would fit without (keeping a quarter chunk of free slots as headroom),
+// when they hold at least a full-size chunk's slots, and sets the ceiling at
+// their first slot. While the pass walks the index, each record it finds at
+// or past the ceiling moves to a free slot below (takeLow), and the slots
+// freed there wait on high. When the pass ends, finishDefrag gives the tail
+// chunks back if no record is left in them; if one is (a record created in
+// a fresh slot meanwhile, an entry the walk missed), it puts high back on
+// the free list and the next pass tries again.
 
-// planDefrag plans a defragmentation and reports whether there is one: it
-// sets the ceiling and keeps on the free list only the slots below it.
+// planDefrag plans a defragmentation, replacing one still planned, and
+// reports whether there is one.
 func (s *slab) planDefrag() bool {
+	s.abandonDefrag()
+	if s.next == 0 {
+		return false
+	}
 	inUse := s.next - uint32(len(s.free))
-	want := inUse + s.per/4
+	want := inUse + max(s.per/4, 1)
 	k := 0
 	for k < len(s.chunks) && s.start(k) < want {
 		k++
 	}
 	// At least a whole full-size chunk's slots, counted in slots so that
 	// heap and mapped slabs plan alike.
-	if k == len(s.chunks) || s.start(len(s.chunks))-s.start(k) < s.per {
+	if k == 0 || k == len(s.chunks) || s.start(len(s.chunks))-s.start(k) < s.per {
 		return false
 	}
 	s.ceiling = s.start(k)
@@ -228,26 +244,37 @@ func (s *slab) planDefrag() bool {
 	for _, i := range s.free {
 		if i < s.ceiling {
 			low = append(low, i)
+		} else {
+			c := cap(s.high)
+			s.high = append(s.high, i)
+			addHeld(s.held, int64(cap(s.high)-c)*4)
 		}
 	}
 	s.free = low
 	return true
 }
 
-// takeLow returns a free slot below the ceiling, for a record moving down.
-// planDefrag left enough: the records at or past the ceiling are fewer
-// than the free slots below it.
-func (s *slab) takeLow() uint32 {
+// takeLow returns a free slot below the ceiling for a record moving down,
+// or false when there is none left.
+func (s *slab) takeLow() (uint32, bool) {
 	n := len(s.free)
+	if n == 0 {
+		return 0, false
+	}
 	i := s.free[n-1]
 	s.free = s.free[:n-1]
-	return i
+	return i, true
 }
 
-// finishDefrag gives back the chunks at or past the ceiling, once no record
-// is left in them: blocks to the store's blocks, bytes to the heap account.
+// finishDefrag ends a planned defragmentation: it gives back the chunks at
+// or past the ceiling when every slot there is free (to the store's blocks,
+// bytes off the heap account), and abandons the plan otherwise.
 func (s *slab) finishDefrag() {
 	if s.ceiling == 0 {
+		return
+	}
+	if s.next-s.ceiling != uint32(len(s.high)) {
+		s.abandonDefrag()
 		return
 	}
 	k := 0
@@ -262,7 +289,9 @@ func (s *slab) finishDefrag() {
 		s.chunks[k+j] = nil
 	}
 	s.chunks = s.chunks[:k]
-	s.next, s.ceiling = min(s.next, s.start(k)), 0
+	s.next, s.ceiling = s.ceiling, 0
+	addHeld(s.held, -int64(cap(s.high))*4)
+	s.high = nil
 	// The free list held the slots of the chunks given back too.
 	if c := cap(s.free); c > 2*len(s.free)+16 {
 		s.free = append(make([]uint32, 0, 2*len(s.free)+16), s.free...)
@@ -270,11 +299,25 @@ func (s *slab) finishDefrag() {
 	}
 }
 
+// abandonDefrag drops a planned defragmentation, if any: the free slots at
+// or past the ceiling go back on the free list.
+func (s *slab) abandonDefrag() {
+	if s.ceiling == 0 {
+		return
+	}
+	s.ceiling = 0
+	for _, i := range s.high {
+		s.release(i)
+	}
+	addHeld(s.held, -int64(cap(s.high))*4)
+	s.high = nil
+}
+
 // trim gives all the slab's memory back if no slot is in use. Records pass
 // through the small classes as they grow and leave them empty; the sweep
 // trims them, not release, so that a class in steady use keeps its chunk.
 func (s *slab) trim() {
-	if len(s.free) == int(s.next) {
+	if len(s.free)+len(s.high) == int(s.next) {
 		s.drop()
 	}
 }
@@ -289,6 +332,7 @@ func (s *slab) drop() {
 		}
 	}
 	s.chunks, s.free, s.next = nil, nil, 0
+	s.ceiling, s.high = 0, nil
 }
 
 // reserved returns the bytes the slab holds, from the heap or in blocks:
@@ -298,5 +342,5 @@ func (s *slab) reserved() int64 {
 	for _, c := range s.chunks {
 		n += int64(cap(c))
 	}
-	return n + int64(cap(s.free))*4
+	return n + int64(cap(s.free)+cap(s.high))*4
 }

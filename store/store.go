@@ -516,10 +516,12 @@ func (sp *space) drop(pos int) {
 
 // Sweep reclaims, in partition p, the records of domain r whose newest send
 // is at or before cutoff (unix ms), visiting at most budget index entries
-// from position from. It returns the position to continue from, or -1 when
-// the partition is done; that last step also shrinks the index, trims empty
-// slabs and gives sparse slab chunks back, moving the records out of them
-// (see "Sparse chunks" in the package doc).
+// from position from (a record it moves counts as moveCost of them). It
+// returns the position to continue from, or -1 when the partition is done.
+// A pass from position 0 to the end also gives sparse slab chunks back: it
+// moves the records out of them as it goes (see "Sparse chunks" in the
+// package doc), and its last step shrinks the index, trims empty slabs and
+// gives back the chunks it emptied.
 func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next int, reclaimed int, err error) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
@@ -528,19 +530,35 @@ func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next in
 	if sp == nil {
 		return -1, 0, nil
 	}
+	if from == 0 {
+		for c := range sp.slabs {
+			sp.slabs[c].planDefrag()
+		}
+	}
 	t := &sp.index
-	end := min(t.len, from+budget)
-	for pos := from; pos < end; {
+	pos := from
+	for spent := 0; pos < t.len && spent < budget; spent++ {
 		if t.key(pos) == 0 {
 			pos++
 			continue
 		}
 		ref := t.ref(pos)
-		newest, err := window.RecordNewest(sp.slabs[ref.class()].bytes(ref.slot()))
+		sl := &sp.slabs[ref.class()]
+		rec := sl.bytes(ref.slot())
+		newest, err := window.RecordNewest(rec)
 		if err != nil {
 			return -1, reclaimed, fmt.Errorf("store: partition %d domain %q position %d: %w", p, r.rules.Name(), pos, err)
 		}
 		if newest > cutoff {
+			if sl.ceiling != 0 && ref.slot() >= sl.ceiling {
+				if to, ok := sl.takeLow(); ok {
+					copy(sl.bytes(to), rec)
+					t.setRef(pos, makeRef(ref.class(), to))
+					sl.release(ref.slot())
+					sp.moved++
+					spent += moveCost - 1
+				}
+			}
 			pos++
 			continue
 		}
@@ -548,52 +566,21 @@ func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next in
 		sp.expired++
 		reclaimed++
 	}
-	if end < t.len {
-		return end, reclaimed, nil
+	if pos < t.len {
+		return pos, reclaimed, nil
 	}
 	t.shrink()
 	for c := range sp.slabs {
+		sp.slabs[c].finishDefrag()
 		sp.slabs[c].trim()
 	}
-	sp.defrag()
 	return -1, reclaimed, nil
 }
 
-// defrag gives back the tail chunks of every slab whose records fit fewer
-// chunks (slab.planDefrag), moving the records in them into free slots
-// below: one walk of the index, only when some slab has such chunks. It
-// returns the records moved.
-func (sp *space) defrag() (moved int) {
-	planned := false
-	for c := range sp.slabs {
-		if sp.slabs[c].next > 0 && sp.slabs[c].planDefrag() {
-			planned = true
-		}
-	}
-	if !planned {
-		return 0
-	}
-	t := &sp.index
-	for pos := range t.len {
-		if t.key(pos) == 0 {
-			continue
-		}
-		r := t.ref(pos)
-		sl := &sp.slabs[r.class()]
-		if sl.ceiling == 0 || r.slot() < sl.ceiling {
-			continue
-		}
-		to := sl.takeLow()
-		copy(sl.bytes(to), sl.bytes(r.slot()))
-		t.setRef(pos, makeRef(r.class(), to))
-		moved++
-	}
-	for c := range sp.slabs {
-		sp.slabs[c].finishDefrag()
-	}
-	sp.moved += int64(moved)
-	return moved
-}
+// moveCost is what moving a record to a lower slot counts against a sweep
+// step's budget of index entries: a copy to a slot likely out of the
+// caches, where a visit reads a record's header.
+const moveCost = 4
 
 // Stats are one domain's counters in a store at one moment.
 type Stats struct {

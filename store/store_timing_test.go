@@ -373,7 +373,8 @@ func median(ds []time.Duration) time.Duration {
 // chunk back only when the sweep can move the records out of it (defrag).
 // It reports the store's bytes per recipient at the start and at the end
 // (slot-B: slots in use; slab-B: slabs reserved; held-B: everything the
-// store holds), to show how far a long-running node drifts above a freshly
+// store holds; limit-B: that and the mapped blocks it keeps free for reuse,
+// what its limit counts; mapped-B: blocks ever mapped), to show how far a long-running node drifts above a freshly
 // loaded one, the records the sweeps moved, and the longest single sweep
 // step (one partition lock hold).
 //
@@ -393,10 +394,14 @@ func BenchmarkSteadyStateDrift(b *testing.B) {
 		st, ref := newTestStore(b, d, 0)
 		fillSteady(b, st, ref, n, templates)
 		report := func(when string) {
-			s, held := st.Stats(ref), st.Memory().HeldBytes
+			s, m := st.Stats(ref), st.Memory()
 			b.ReportMetric(float64(s.LiveBytes)/float64(n), "slot-B/recipient-"+when)
 			b.ReportMetric(float64(s.SlabBytes)/float64(n), "slab-B/recipient-"+when)
-			b.ReportMetric(float64(held)/float64(n), "held-B/recipient-"+when)
+			b.ReportMetric(float64(m.HeldBytes)/float64(n), "held-B/recipient-"+when)
+			// What counts toward the store's limit: held, and the mapped
+			// blocks kept free for reuse.
+			b.ReportMetric(float64(m.HeldBytes+st.mem.blocks.freeBytes.Load())/float64(n), "limit-B/recipient-"+when)
+			b.ReportMetric(float64(m.MappedBytes)/float64(n), "mapped-B/recipient-"+when)
 		}
 		report("start")
 		var longest time.Duration
