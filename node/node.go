@@ -50,7 +50,7 @@ func (systemClock) Now() int64 { return time.Now().UnixNano() }
 // comment.
 type Config struct {
 	Rules         *rules.Set    // nil means the embedded default rules (rules.Default)
-	SweepInterval time.Duration // how often idle records are reclaimed; 0 means 1 minute, negative disables
+	SweepInterval time.Duration // how often idle records are reclaimed and sparse slab chunks given back; 0 means 1 minute, negative disables
 	Clock         Clock         // nil means the system clock
 	Logger        *slog.Logger  // nil means discard
 

@@ -35,7 +35,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	rulesPath := fs.String("rules", "", "rules file (default: the embedded default rules); reloaded when it changes and on SIGHUP (README, Changing the rules)")
 	rulesWatch := fs.Duration("rules-watch-interval", rules.DefaultWatchInterval, "how often to read the --rules file for changes (negative: only on SIGHUP)")
 	shards := fs.Int("shards", 0, "deprecated and ignored: the store has one lock per ring partition")
-	sweep := fs.Duration("sweep-interval", time.Minute, "how often idle records are reclaimed (negative disables)")
+	sweep := fs.Duration("sweep-interval", time.Minute, "how often idle records are reclaimed and sparse slab chunks given back (negative disables)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	tf := addTLSFlags(fs, true)
 	af := addAdminFlags(fs, false)
