@@ -147,9 +147,7 @@ func (s *slab) bytes(i uint32) []byte {
 
 // alloc returns a free slot, growing the slab if it has none.
 func (s *slab) alloc() (uint32, error) {
-	if n := len(s.free); n > 0 {
-		i := s.free[n-1]
-		s.free = s.free[:n-1]
+	if i, ok := s.popFree(); ok {
 		return i, nil
 	}
 	if s.next == maxSlots {
@@ -199,6 +197,10 @@ func (s *slab) hasRoom() bool {
 	return c < len(s.chunks)
 }
 
+// inUse returns the slots holding a record: those handed out, less the free
+// ones (on the free list, or waiting past a planned ceiling).
+func (s *slab) inUse() uint32 { return s.next - uint32(len(s.free)+len(s.high)) }
+
 // start returns the first slot of chunk k.
 func (s *slab) start(k int) uint32 {
 	if uint(k) < s.grow {
@@ -215,7 +217,7 @@ func (s *slab) start(k int) uint32 {
 // would fit without (keeping a quarter chunk of free slots as headroom),
 // when they hold at least a full-size chunk's slots, and sets the ceiling at
 // their first slot. While the pass walks the index, each record it finds at
-// or past the ceiling moves to a free slot below (takeLow), and the slots
+// or past the ceiling moves to a free slot below (popFree), and the slots
 // freed there wait on high. When the pass ends, finishDefrag gives the tail
 // chunks back if no record is left in them; if one is (a record created in
 // a fresh slot meanwhile, an entry the walk missed), it puts high back on
@@ -228,8 +230,7 @@ func (s *slab) planDefrag() bool {
 	if s.next == 0 {
 		return false
 	}
-	inUse := s.next - uint32(len(s.free))
-	want := inUse + max(s.per/4, 1)
+	want := s.inUse() + max(s.per/4, 1)
 	k := 0
 	for k < len(s.chunks) && s.start(k) < want {
 		k++
@@ -254,9 +255,10 @@ func (s *slab) planDefrag() bool {
 	return true
 }
 
-// takeLow returns a free slot below the ceiling for a record moving down,
-// or false when there is none left.
-func (s *slab) takeLow() (uint32, bool) {
+// popFree takes the last slot of the free list, or reports false when it is
+// empty. While a defragmentation is planned, every slot there is below the
+// ceiling: alloc's, and those of records the sweep moves down.
+func (s *slab) popFree() (uint32, bool) {
 	n := len(s.free)
 	if n == 0 {
 		return 0, false
@@ -317,7 +319,7 @@ func (s *slab) abandonDefrag() {
 // through the small classes as they grow and leave them empty; the sweep
 // trims them, not release, so that a class in steady use keeps its chunk.
 func (s *slab) trim() {
-	if len(s.free)+len(s.high) == int(s.next) {
+	if s.inUse() == 0 {
 		s.drop()
 	}
 }

@@ -551,7 +551,7 @@ func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next in
 		}
 		if newest > cutoff {
 			if sl.ceiling != 0 && ref.slot() >= sl.ceiling {
-				if to, ok := sl.takeLow(); ok {
+				if to, ok := sl.popFree(); ok {
 					copy(sl.bytes(to), rec)
 					t.setRef(pos, makeRef(ref.class(), to))
 					sl.release(ref.slot())
@@ -606,7 +606,7 @@ func (a *Stats) add(sp *space) {
 	for c := range sp.slabs {
 		sl := &sp.slabs[c]
 		a.SlabBytes += sl.reserved()
-		a.LiveBytes += int64(int(sl.next)-len(sl.free)) * int64(sl.size)
+		a.LiveBytes += int64(sl.inUse()) * int64(sl.size)
 	}
 }
 
@@ -638,7 +638,7 @@ func (s *Store) SizeClasses(r Ref) []ClassStats {
 		if sp := pt.space(r.id, false); sp != nil {
 			for c := range sp.slabs {
 				sl := &sp.slabs[c]
-				sum[c].Records += int64(int(sl.next) - len(sl.free))
+				sum[c].Records += int64(sl.inUse())
 				sum[c].Reserved += sl.reserved()
 			}
 		}

@@ -395,6 +395,9 @@ func TestSweepAbandonsADefragmentationARecordLanded(t *testing.T) {
 	if err != nil || pos < 0 {
 		t.Fatalf("first step: %d %v", pos, err)
 	}
+	if live := st.Stats(ref).LiveBytes; live != before.LiveBytes {
+		t.Errorf("with a defragmentation planned, %d bytes of slots in use; %d before", live, before.LiveBytes)
+	}
 	sp := st.parts[0].space(ref.id, false)
 	var planned *slab
 	for c := range sp.slabs {
