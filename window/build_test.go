@@ -144,3 +144,66 @@ func TestBuildDoesNotAllocate(t *testing.T) {
 		t.Fatalf("Build allocates %v times per call", n)
 	}
 }
+
+// TestDeadContentsDoNotFill checks that content logs no rule counts any
+// more do not count towards MaxContents: a recipient whose MaxContents
+// contents are all older than the content window can still be sent a new
+// one, by Apply, Insert and Merge; and that live ones still do.
+func TestDeadContentsDoNotFill(t *testing.T) {
+	d, err := NewDomain("c", []Rule{
+		{Name: "day", Scope: ScopeRecipient, Limit: 1000, Window: 24 * time.Hour},
+		{Name: "c", Scope: ScopeContent, Limit: 2, Window: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Scratch
+	var dec Decision
+	var full []byte
+	for i := range MaxContents {
+		out, err := d.Insert(&s, full, 1, t0+int64(i), Item{Content: uint64(i+1) * 0x9e3779b97f4a7c15})
+		if err != nil {
+			t.Fatal(err)
+		}
+		full = slices.Clone(out)
+	}
+	// Record-only: the day's rule, full, would deny a check.
+	fresh := Item{Content: 42, Mode: RecordOnly}
+	if _, err := d.Apply(&s, full, 1, t0+MaxContents, fresh, &dec); !errors.Is(err, ErrFull) {
+		t.Fatalf("a new content beside %d live ones: %v, want ErrFull", MaxContents, err)
+	}
+	if _, err := d.Insert(&s, full, 1, t0+MaxContents, fresh); !errors.Is(err, ErrFull) {
+		t.Fatalf("Insert of a new content beside %d live ones: %v, want ErrFull", MaxContents, err)
+	}
+	later := t0 + time.Hour.Milliseconds() + MaxContents // every content log is dead
+	out, err := d.Apply(&s, full, 1, later, fresh, &dec)
+	if err != nil || !dec.Admitted || !dec.Recorded {
+		t.Fatalf("a new content after the window: %+v, %v", dec, err)
+	}
+	applied := slices.Clone(out)
+	var fromNothing []byte
+	for i := range MaxContents {
+		// The recipient log alone, then the new send: what Apply's record must hold.
+		o, err := d.Insert(&s, fromNothing, 1, t0+int64(i), Item{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromNothing = slices.Clone(o)
+	}
+	o, err := d.Insert(&s, fromNothing, 1, later, fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(applied) != string(o) {
+		t.Fatalf("Apply after the window kept dead logs: %d bytes, want %d", len(applied), len(o))
+	}
+	if out, err := d.Insert(&s, full, 1, later, fresh); err != nil || string(out) != string(applied) {
+		t.Fatalf("Insert after the window: %v, %d bytes, want %d", err, len(out), len(applied))
+	}
+	// A merge with a record whose only send is new content.
+	one, _ := d.Insert(&s, nil, 1, later, fresh)
+	one = slices.Clone(one)
+	if out, err := d.Merge(&s, full, one); err != nil || string(out) != string(applied) {
+		t.Fatalf("Merge after the window: %v, %d bytes, want %d", err, len(out), len(applied))
+	}
+}

@@ -213,7 +213,9 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 		return nil, nil
 	}
 	if hasContent && ci < 0 && len(st.clogs) >= MaxContents {
-		return nil, fmt.Errorf("%w: recipient already has %d distinct contents inside the content window", ErrFull, MaxContents)
+		if d.dropDeadContents(st, t); len(st.clogs) >= MaxContents {
+			return nil, fmt.Errorf("%w: recipient already has %d distinct contents inside the content window", ErrFull, MaxContents)
+		}
 	}
 	if recordRecip {
 		for range cost {
@@ -341,7 +343,9 @@ func (d *Domain) Insert(s *Scratch, rec []byte, tag uint16, at int64, it Item) (
 			}
 		}
 		if ci < 0 && len(st.clogs) >= MaxContents {
-			return nil, fmt.Errorf("%w: recipient already has %d distinct contents inside the content window", ErrFull, MaxContents)
+			if d.dropDeadContents(st, max(st.newest, at)); len(st.clogs) >= MaxContents {
+				return nil, fmt.Errorf("%w: recipient already has %d distinct contents inside the content window", ErrFull, MaxContents)
+			}
 		}
 		st.addContent(ci, fp, at, cost)
 		if ci < 0 {
@@ -408,6 +412,20 @@ func (s *state) addContent(ci int, fp uint32, t int64, cost int) {
 		s.ctimes = append(s.ctimes, t)
 	}
 	c.n += int32(cost)
+}
+
+// dropDeadContents drops from s the content logs with no entry that a
+// content rule of d can count at t or later, as prune does, keeping the
+// others in their order: before a new content log is refused for
+// MaxContents, the logs that prune would drop do not count.
+func (d *Domain) dropDeadContents(s *state, t int64) {
+	kept := s.clogs[:0]
+	for _, c := range s.clogs {
+		if s.ctimes[c.off+c.n-1] > t-d.contentSpan {
+			kept = append(kept, c)
+		}
+	}
+	s.clogs = kept
 }
 
 // prune drops what no rule of d can count at or after t: entries at or
@@ -563,6 +581,9 @@ func (d *Domain) Merge(s *Scratch, a, b []byte) ([]byte, error) {
 				}
 			}
 			if !found {
+				if len(m.clogs) >= MaxContents {
+					d.dropDeadContents(m, m.newest)
+				}
 				if len(m.clogs) >= MaxContents {
 					return nil, fmt.Errorf("%w: recipient would have more than %d distinct contents inside the content window", ErrFull, MaxContents)
 				}

@@ -1,0 +1,127 @@
+package window
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// TestCompactChangesNoDecision builds random records, compacts each at a
+// random time, and then applies the same random items, at that time or
+// later, to the compacted record and to the original: every decision and
+// error must be equal, and so must the records after the first recorded
+// send (whose prune drops the original's dead logs too).
+func TestCompactChangesNoDecision(t *testing.T) {
+	domains := map[string][]Rule{
+		"default": DefaultRules(),
+		"content-longer": {
+			rule("min", ScopeRecipient, 3, time.Minute),
+			rule("c-hour", ScopeContent, 2, time.Hour),
+		},
+		"with-counter": append(DefaultRules(), Rule{Name: "tb", Scope: ScopeRecipient, Limit: 20,
+			Window: time.Hour, Algorithm: TokenBucket}),
+	}
+	for name, rules := range domains {
+		t.Run(name, func(t *testing.T) {
+			d, err := NewDomain(name, rules)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(5, uint64(len(name))))
+			var s, sa, sb Scratch
+			var da, db, dec Decision
+			compacted := 0
+			for round := range 400 {
+				// A record of 1 to 40 sends over up to 3 hours.
+				now := t0
+				var rec []byte
+				for range 1 + rng.IntN(40) {
+					now += rng.Int64N(5 * 60_000)
+					out, err := d.Apply(&s, rec, 7, now, Item{Content: uint64(1 + rng.IntN(6))}, &dec)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if out != nil {
+						rec = append(rec[:0], out...)
+					}
+				}
+				at := now + rng.Int64N(3*3_600_000)
+				out, ok, err := d.Compact(&s, rec, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					continue
+				}
+				compacted++
+				small := append([]byte(nil), out...)
+				if len(small) >= len(rec) {
+					t.Fatalf("round %d: compacted %d bytes into %d", round, len(rec), len(small))
+				}
+				if again, ok, _ := d.Compact(&s, small, at); ok {
+					t.Fatalf("round %d: a compacted record compacts again into %d bytes", round, len(again))
+				}
+				a, b := append([]byte(nil), rec...), small
+				recorded := false
+				for range 30 {
+					at += rng.Int64N(90_000)
+					it := Item{Content: uint64(1 + rng.IntN(6)), Mode: Mode(rng.IntN(3))}
+					oa, ea := d.Apply(&sa, a, 7, at, it, &da)
+					ob, eb := d.Apply(&sb, b, 7, at, it, &db)
+					if !errors.Is(ea, eb) && (ea == nil || eb == nil || ea.Error() != eb.Error()) {
+						t.Fatalf("round %d: errors differ: %v / %v", round, ea, eb)
+					}
+					if da != db {
+						t.Fatalf("round %d at %d %+v: decisions differ:\n%+v\n%+v", round, at, it, da, db)
+					}
+					if oa != nil {
+						a = append(a[:0], oa...)
+						recorded = true
+					}
+					if ob != nil {
+						b = append(b[:0], ob...)
+					}
+					if recorded && string(a) != string(b) {
+						t.Fatalf("round %d: records differ after a recorded send", round)
+					}
+				}
+			}
+			if compacted < 50 {
+				t.Fatalf("only %d of 400 records compacted; the test wants more", compacted)
+			}
+		})
+	}
+}
+
+// TestCompactLeavesWhatCounts checks the cases Compact must leave alone: a
+// newest send inside the content window, a domain without recipient or
+// content rules, an empty record; and that a corrupt record is an error.
+func TestCompactLeavesWhatCounts(t *testing.T) {
+	d, _ := NewDomain("default", DefaultRules())
+	var s Scratch
+	var dec Decision
+	rec, _ := d.Apply(&s, nil, 1, t0, Item{Content: 9}, &dec)
+	rec = append([]byte(nil), rec...)
+	const hour = 59 * 60_000 // the default rules' content window
+	if _, ok, err := d.Compact(&s, rec, t0+hour-1); ok || err != nil {
+		t.Errorf("compacted inside the content window: %v %v", ok, err)
+	}
+	if out, ok, err := d.Compact(&s, rec, t0+hour); !ok || err != nil || len(out) >= len(rec) {
+		t.Errorf("at the window's end: %d bytes of %d, %v %v", len(out), len(rec), ok, err)
+	}
+	if _, ok, err := d.Compact(&s, nil, t0+10*hour); ok || err != nil {
+		t.Errorf("empty record: %v %v", ok, err)
+	}
+	onlyContent, _ := NewDomain("c", []Rule{rule("c", ScopeContent, 2, time.Minute)})
+	r2, _ := onlyContent.Apply(&s, nil, 1, t0, Item{Content: 9}, &dec)
+	if _, ok, err := onlyContent.Compact(&s, append([]byte(nil), r2...), t0+10*hour); ok || err != nil {
+		t.Errorf("domain without recipient rules: %v %v", ok, err)
+	}
+	bad := append([]byte(nil), rec...)
+	bad[len(bad)-1] = 0xff
+	bad = append(bad[:8], 0xff, 0xff, 0xff, 0xff)
+	if _, _, err := d.Compact(&s, bad, t0+10*hour); !errors.Is(err, ErrCorruptRecord) {
+		t.Errorf("corrupt record: %v", err)
+	}
+}
