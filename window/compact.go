@@ -1,6 +1,9 @@
 package window
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+)
 
 // Compact returns rec without its content logs when its newest send is at
 // or before now (unix ms) minus d's longest content window: no content rule
@@ -42,32 +45,59 @@ func (d *Domain) Compact(s *Scratch, rec []byte, now int64) (out []byte, compact
 }
 
 // contentLogs returns the number of content logs of rec, in the current
-// RecordFormat, reading its header and skipping the recipient log's gaps.
+// RecordFormat, reading its header and skipping the recipient log's gaps,
+// in place: a sweep asks this of every record older than the content
+// window at every pass.
 func (s *state) contentLogs(rec []byte) (int, error) {
 	if len(rec) > MaxRecordBytes {
 		return 0, fmt.Errorf("%w: %d bytes, more than %d", ErrCorruptRecord, len(rec), MaxRecordBytes)
 	}
-	s.in = append(append(s.in[:0], rec...), make([]byte, pad)...)
-	r := bitReader{b: s.in, end: uint(len(rec)) * 8}
-	r.pos = tagBits + timeBits
-	if n := r.count(); n > 0 {
-		if r.read(1) == 1 {
-			r.pos += timeBits
+	end := uint(len(rec)) * 8
+	pos := uint(tagBits + timeBits)
+	count := func() int {
+		v := bitsAt(rec, pos, countBits)
+		pos += countBits
+		if v == countEscape {
+			v += bitsAt(rec, pos, countExtBits)
+			pos += countExtBits
 		}
+		return int(v)
+	}
+	if n := count(); n > 0 {
+		if bitsAt(rec, pos, 1) == 1 {
+			pos += timeBits
+		}
+		pos++
 		if n > 1 {
-			w := uint(r.read(widthBits))
+			w := uint(bitsAt(rec, pos, widthBits))
+			pos += widthBits
 			if w > maxValueBits {
 				return 0, fmt.Errorf("%w: recipient width %d", ErrCorruptRecord, w)
 			}
-			r.pos += uint(n-1) * w
+			pos += uint(n-1) * w
 		}
 	}
-	if r.overrun(countBits) {
+	if pos+countBits > end {
 		return 0, fmt.Errorf("%w: %d bytes end inside the recipient log", ErrCorruptRecord, len(rec))
 	}
-	nc := r.count()
+	nc := count()
 	if nc > MaxContents {
 		return 0, fmt.Errorf("%w: %d content logs, more than %d", ErrCorruptRecord, nc, MaxContents)
 	}
 	return nc, nil
+}
+
+// bitsAt returns the n bits (n <= 56) of the little-endian bit stream b that
+// start at bit pos, reading zeros past b's end.
+func bitsAt(b []byte, pos, n uint) uint64 {
+	i := pos >> 3
+	var v uint64
+	if i+8 <= uint(len(b)) {
+		v = binary.LittleEndian.Uint64(b[i:])
+	} else {
+		for k := uint(0); k < 8 && i+k < uint(len(b)); k++ {
+			v |= uint64(b[i+k]) << (8 * k)
+		}
+	}
+	return v >> (pos & 7) & (1<<n - 1)
 }

@@ -125,3 +125,49 @@ func TestCompactLeavesWhatCounts(t *testing.T) {
 		t.Errorf("corrupt record: %v", err)
 	}
 }
+
+// FuzzCompact: arbitrary bytes never panic Compact or the in-place header
+// reader it starts with; a record the decoder accepts has as many content
+// logs as that reader counts, and what Compact returns for it decodes to the
+// same record without its content logs.
+func FuzzCompact(f *testing.F) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	for range 8 {
+		f.Add(randomState(rng).encode(nil), int64(0))
+	}
+	f.Add([]byte{}, int64(1))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, int64(1))
+	d, _ := NewDomain("default", DefaultRules())
+	f.Fuzz(func(t *testing.T, b []byte, later int64) {
+		var s Scratch
+		var full, small state
+		n, nerr := s.st.contentLogs(b)
+		if err := full.decode(b); err != nil {
+			return
+		}
+		if nerr != nil || n != len(full.clogs) {
+			t.Fatalf("%x: header reader counts %d content logs (%v), the decoder %d", b, n, nerr, len(full.clogs))
+		}
+		now := full.newest + later&(1<<40-1)
+		out, ok, err := d.Compact(&s, b, now)
+		if err != nil {
+			t.Fatalf("%x decodes but does not compact: %v", b, err)
+		}
+		if !ok {
+			return
+		}
+		if out == nil {
+			if len(full.recip) != 0 || len(full.counters) != 0 {
+				t.Fatalf("%x: compacted to nothing, but it holds sends", b)
+			}
+			return
+		}
+		if err := small.decode(out); err != nil {
+			t.Fatalf("compacted %x to %x, which does not decode: %v", b, out, err)
+		}
+		full.clogs, full.ctimes = full.clogs[:0], full.ctimes[:0]
+		if !statesEqual(&full, &small) {
+			t.Fatalf("compacted %x to %x, not the same record without content logs", b, out)
+		}
+	})
+}
