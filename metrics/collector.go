@@ -63,6 +63,8 @@ var (
 		"Idle records reclaimed by the sweep, by domain.", "domain")
 	descDomainMoved = desc("freqring_domain_moved_records_total",
 		"Records the sweep moved to lower slots so as to give sparse slab chunks back, by domain.", "domain")
+	descDomainCompacted = desc("freqring_domain_compacted_records_total",
+		"Records whose content logs the sweep dropped because no rule could count them any more, by domain.", "domain")
 	descDomainCollisions = desc("freqring_domain_collisions_total",
 		"Records created beside another recipient's with the same 64-bit key hash, by domain.", "domain")
 	descStoreHeld = desc("freqring_store_held_bytes",
@@ -102,7 +104,7 @@ var (
 var allDescs = []*prometheus.Desc{
 	descServing, descChecked, descDecisions, descRuleDenied, descRuleShadowDenied, descFailed, descDuplicates,
 	descForwarded, descRingEpoch, descRingMembers, descPartitions, descOwnedRecords, descDomainRecords,
-	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreLimit, descStoreRefused,
+	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreLimit, descStoreRefused,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descReplicated, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
 }
@@ -143,6 +145,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descDomainHeap, float64(d.IndexBytes+d.SlabBytes), d.Name)
 		counter(descDomainExpired, d.Expired, d.Name)
 		counter(descDomainMoved, d.Moved, d.Name)
+		counter(descDomainCompacted, d.Compacted, d.Name)
 		counter(descDomainCollisions, d.Collisions, d.Name)
 	}
 	codes := make([]string, 0, len(s.FailedByCode))

@@ -89,8 +89,11 @@
 // recipients as at ten. A record whose newest send is older than its
 // domain's longest window holds nothing any rule counts; Serve sweeps them
 // every SweepInterval, one partition at a time and at most sweepBudget index
-// entries per lock hold, and gives sparse slab chunks back as it goes
-// (store.Store.Sweep).
+// entries per lock hold, drops from the other records the content logs no
+// rule can count any more, and gives sparse slab chunks back as it goes
+// (store.Store.Sweep). It acts as of SweepSlack ago, so that a decision
+// timed a little before it, or on a node whose clock is a little behind,
+// still finds every send it can count.
 //
 // Config.MaxMemory bounds the store at StoreBudget of it (memlimit.go): past
 // that, the store refuses items that would create a record, which fail

@@ -538,6 +538,8 @@ type DomainStats struct {
 	Collisions int64 // records created beside another recipient's with the same 64-bit key hash
 	Expired    int64 // idle records reclaimed
 	Moved      int64 // records the sweep moved to lower slots so as to give sparse slab chunks back
+	Compacted  int64 // records whose content logs the sweep dropped because no rule could count them
+	Unreadable int64 // records the sweep could not decode, left as they were (counted at each pass)
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs
 	LiveBytes  int64 // bytes of record slots in use
@@ -577,6 +579,7 @@ func (n *Node) Stats() Stats {
 		st := n.store.Stats(dv.ref)
 		ds := DomainStats{
 			Name: name, Records: st.Records, Collisions: st.Collisions, Expired: st.Expired, Moved: st.Moved,
+			Compacted: st.Compacted, Unreadable: st.Unreadable,
 			IndexBytes: st.IndexBytes, SlabBytes: st.SlabBytes, LiveBytes: st.LiveBytes,
 			Admitted: dv.counters.admitted.Load(), Denied: dv.counters.denied.Load(),
 		}
@@ -611,8 +614,10 @@ func (n *Node) Stats() Stats {
 }
 
 // Sweep reclaims, in every domain, the records whose newest send is older
-// than the domain's longest window, and returns how many it reclaimed. It
-// locks one partition at a time for at most sweepBudget entries.
+// than the domain's longest window, drops from the others the content logs
+// no rule can count any more (store.Store.Sweep), and returns how many
+// records it reclaimed. It acts as of SweepSlack ago, and locks one
+// partition at a time for at most sweepBudget entries.
 func (n *Node) Sweep(ctx context.Context) (int, error) {
 	total := 0
 	v := n.view.Load()
@@ -623,10 +628,9 @@ func (n *Node) Sweep(ctx context.Context) (int, error) {
 				if err := ctx.Err(); err != nil {
 					return total, err
 				}
-				cutoff := n.nowMs() - dv.d.Longest()
 				var got int
 				var err error
-				pos, got, err = n.store.Sweep(p, dv.ref, pos, cutoff, sweepBudget)
+				pos, got, err = n.store.Sweep(p, dv.ref, pos, n.nowMs()-SweepSlack.Milliseconds(), sweepBudget)
 				total += got
 				if err != nil {
 					return total, err
@@ -636,6 +640,14 @@ func (n *Node) Sweep(ctx context.Context) (int, error) {
 	}
 	return total, nil
 }
+
+// SweepSlack is how far back the sweep acts: a record it reclaims, or a
+// content log it drops, holds nothing a decision timed up to SweepSlack
+// before the sweep could count. Such decisions exist: a batch takes its
+// time before it locks its partitions one after another, and after a
+// handoff a node whose clock is behind decides on records another node
+// swept. It costs records a minute more in memory.
+const SweepSlack = time.Minute
 
 // sweepBudget bounds the index entries one sweep step visits under a
 // partition lock: about 100 µs.

@@ -109,7 +109,14 @@ func TestReloadRefusesToDropHistory(t *testing.T) {
 	if s := n.Stats(); s.Reloads != 0 || s.ReloadFailures != 1 {
 		t.Fatalf("Stats: %d reloads, %d failures; want 0, 1", s.Reloads, s.ReloadFailures)
 	}
-	clk.ms.Add(time.Minute.Milliseconds())
+	clk.ms.Add(time.Minute.Milliseconds()) // sms's window has passed; the sweep keeps them SweepSlack more
+	if _, err := n.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Reload(context.Background(), mustParse(t, tenPerHour)); !errors.Is(err, node.ErrRemovedDomains) {
+		t.Fatalf("reload while sms's records are within the sweep's slack: %v; want ErrRemovedDomains", err)
+	}
+	clk.ms.Add(node.SweepSlack.Milliseconds())
 	if _, err := n.Sweep(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -126,6 +126,8 @@ type space struct {
 	collisions int64   // records created for a key whose hash matched another recipient's
 	expired    int64   // records reclaimed by sweep
 	moved      int64   // records the sweep moved to give sparse chunks back (defrag)
+	compacted  int64   // records whose dead content logs the sweep dropped
+	unreadable int64   // records the sweep could not decode to compact
 }
 
 // spaceBytes is the heap of an empty space: the struct and its slab headers.
@@ -515,14 +517,18 @@ func (sp *space) drop(pos int) {
 }
 
 // Sweep reclaims, in partition p, the records of domain r whose newest send
-// is at or before cutoff (unix ms), visiting at most budget index entries
-// from position from (a record it moves counts as moveCost of them). It
-// returns the position to continue from, or -1 when the partition is done.
+// is at or before now (unix ms) minus the domain's longest window, and
+// compacts those whose content logs no rule can count at now or later
+// (window.Domain.Compact). It visits at most budget index entries from
+// position from (a record it moves counts as moveCost of them, one it
+// compacts as compactCost). It returns the position to continue from, or -1
+// when the partition is done. A record the sweep cannot read is left as it
+// is and counted (Stats.Unreadable): a decision on it reports the error.
 // A pass from position 0 to the end also gives sparse slab chunks back: it
 // moves the records out of them as it goes (see "Sparse chunks" in the
 // package doc), and its last step shrinks the index, trims empty slabs and
 // gives back the chunks it emptied.
-func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next int, reclaimed int, err error) {
+func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, reclaimed int, err error) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
@@ -535,10 +541,12 @@ func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next in
 			sp.slabs[c].planDefrag()
 		}
 	}
+	cutoff := now - r.rules.Longest()
 	t := &sp.index
 	pos := from
 	for spent := 0; pos < t.len && spent < budget; spent++ {
-		if t.key(pos) == 0 {
+		k := t.key(pos)
+		if k == 0 {
 			pos++
 			continue
 		}
@@ -548,6 +556,24 @@ func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next in
 		newest, err := window.RecordNewest(rec)
 		if err != nil {
 			return -1, reclaimed, fmt.Errorf("store: partition %d domain %q position %d: %w", p, r.rules.Name(), pos, err)
+		}
+		if newest > cutoff {
+			out, compacted, err := r.rules.Compact(&pt.scratch, rec, now)
+			switch {
+			case err != nil:
+				sp.unreadable++
+			case compacted && out != nil:
+				spent += compactCost - 1
+				sp.compacted++
+				if err := sp.put(k, pos, out, false); err != nil {
+					return -1, reclaimed, fmt.Errorf("store: partition %d domain %q position %d: %w", p, r.rules.Name(), pos, err)
+				}
+				ref = t.ref(pos)
+				sl = &sp.slabs[ref.class()]
+				rec = sl.bytes(ref.slot())
+			case compacted: // nothing left: reclaimed below
+				newest = cutoff
+			}
 		}
 		if newest > cutoff {
 			if sl.ceiling != 0 && ref.slot() >= sl.ceiling {
@@ -577,6 +603,11 @@ func (s *Store) Sweep(p int, r Ref, from int, cutoff int64, budget int) (next in
 	return -1, reclaimed, nil
 }
 
+// compactCost is what compacting a record counts against a sweep step's
+// budget of index entries: it decodes and encodes the record, where a visit
+// reads its header.
+const compactCost = 8
+
 // moveCost is what moving a record to a lower slot counts against a sweep
 // step's budget of index entries: a copy to a slot likely out of the
 // caches, where a visit reads a record's header.
@@ -588,6 +619,8 @@ type Stats struct {
 	Collisions       int64 // records created beside another recipient's with the same 64-bit key hash
 	Expired          int64 // records reclaimed because nothing in them was inside any window
 	Moved            int64 // records the sweep moved to lower slots so as to give sparse slab chunks back
+	Compacted        int64 // records whose content logs the sweep dropped because no rule could count them
+	Unreadable       int64 // records the sweep could not decode to compact, left as they were (counted at each pass)
 	IDs              int64 // request ids remembered
 	EarlyIDRotations int64 // id generations retired before half the horizon because full
 	IndexBytes       int64 // heap held by the index
@@ -600,6 +633,8 @@ func (a *Stats) add(sp *space) {
 	a.Collisions += sp.collisions
 	a.Expired += sp.expired
 	a.Moved += sp.moved
+	a.Compacted += sp.compacted
+	a.Unreadable += sp.unreadable
 	a.IDs += int64(sp.ids.len())
 	a.EarlyIDRotations += sp.ids.early
 	a.IndexBytes += sp.index.bytes()
@@ -685,6 +720,8 @@ func (a Stats) plus(b Stats) Stats {
 	a.Collisions += b.Collisions
 	a.Expired += b.Expired
 	a.Moved += b.Moved
+	a.Compacted += b.Compacted
+	a.Unreadable += b.Unreadable
 	a.IDs += b.IDs
 	a.EarlyIDRotations += b.EarlyIDRotations
 	a.IndexBytes += b.IndexBytes

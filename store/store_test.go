@@ -439,3 +439,121 @@ func TestSweepAbandonsADefragmentationARecordLanded(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepCompactsDeadContent checks that a sweep drops the content logs
+// that no rule can count any more, exactly as window.Domain.Compact does,
+// changing no later decision; that compactions count against a sweep step's
+// budget; and that the slots they leave are given back: slab memory falls
+// once a second pass has defragmented the classes the records left.
+func TestSweepCompactsDeadContent(t *testing.T) {
+	for _, mapped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("mapped=%v", mapped), func(t *testing.T) {
+			d, _ := window.NewDomain("default", window.DefaultRules())
+			st, err := New(Config{Partitions: 1, HeapSlabs: !mapped})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := st.Bind(d)
+			const n = 3000
+			const contentWindow = 59 * 60_000
+			var dec window.Decision
+			var ws window.Scratch
+			plain := make([][]byte, n) // each recipient's record, kept by the engine alone
+			keys := make([][2]uint64, n)
+			// 3 sends an hour apart, the newest at t0+2h+i ms; every third
+			// recipient sends a fourth time 2 hours later.
+			record := func(i int, at int64, it window.Item) {
+				key, tag := uint64(keys[i][0]), uint16(keys[i][1])
+				if _, _, err := apply(st, ref, key, tag, at, it, 0, &dec); err != nil {
+					t.Fatal(err)
+				}
+				out, err := d.Apply(&ws, plain[i], tag, at, it, &dec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				plain[i] = append(plain[i][:0], out...)
+			}
+			for i := range n {
+				key, tag := keyOf(fmt.Sprintf("+86%011d", i))
+				keys[i] = [2]uint64{key, uint64(tag)}
+				for k := range 3 {
+					record(i, t0+int64(k)*3_600_000+int64(i), window.Item{Content: uint64(i*4+k) + 1})
+				}
+			}
+			sweep := func(now int64, budget int) (steps int) {
+				for pos := 0; pos >= 0; steps++ {
+					var err error
+					if pos, _, err = st.Sweep(0, ref, pos, now, budget); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return steps
+			}
+			sweep(t0+2*3_600_000+contentWindow-1, 2048) // the newest send of recipient 0 is still inside
+			if s := st.Stats(ref); s.Compacted != 0 {
+				t.Fatalf("compacted %d records inside their content window", s.Compacted)
+			}
+			for i := 0; i < n; i += 3 {
+				record(i, t0+4*3_600_000+int64(i), window.Item{Content: uint64(i*4+3) + 1})
+			}
+			before := st.Stats(ref)
+			now := t0 + 2*3_600_000 + n + contentWindow
+			steps := sweep(now, 64)
+			s := st.Stats(ref)
+			if want := int64(n - n/3); s.Compacted != want || s.Records != n || s.Expired != 0 || s.Unreadable != 0 {
+				t.Fatalf("after the content window: %+v, want %d compacted and every record kept", s, want)
+			}
+			if s.LiveBytes >= before.LiveBytes {
+				t.Errorf("slots in use: %d bytes before, %d after", before.LiveBytes, s.LiveBytes)
+			}
+			if min := int(s.Compacted) * compactCost / 64; steps < min {
+				t.Errorf("%d sweep steps of budget 64 for %d compactions; want at least %d", steps, s.Compacted, min)
+			}
+			sweep(now, 2048) // defragments the classes the compacted records left
+			after := st.Stats(ref)
+			if after.Compacted != s.Compacted {
+				t.Errorf("a second sweep compacted again: %d", after.Compacted-s.Compacted)
+			}
+			if after.SlabBytes >= before.SlabBytes {
+				t.Errorf("slab bytes %d before the compaction, %d after two passes", before.SlabBytes, after.SlabBytes)
+			}
+			if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+				t.Errorf("running count %d, recount %d", got, want)
+			}
+			t.Logf("slabs %d -> %d bytes, slots in use %d -> %d bytes, %d moved", before.SlabBytes, after.SlabBytes, before.LiveBytes, after.LiveBytes, after.Moved)
+			for i := range n {
+				want, ok, err := d.Compact(&ws, plain[i], now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					want = plain[i]
+				}
+				want = append([]byte(nil), want...)
+				var got []byte
+				st.ForEach(0, func(_ string, key uint64, rec []byte) bool {
+					if key == storedKey(keys[i][0]) {
+						got = append([]byte(nil), rec[:min(len(rec), len(want))]...)
+						return false
+					}
+					return true
+				})
+				if string(got) != string(want) {
+					t.Fatalf("recipient %d: store holds %x, engine compacts to %x", i, got, want)
+				}
+				// A later send is decided as on the uncompacted record.
+				at, it := now+int64(i), window.Item{Content: uint64(i*4+2) + 1}
+				var sd, pd window.Decision
+				if _, _, err := apply(st, ref, keys[i][0], uint16(keys[i][1]), at, it, 0, &sd); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := d.Apply(&ws, plain[i], uint16(keys[i][1]), at, it, &pd); err != nil {
+					t.Fatal(err)
+				}
+				if sd != pd {
+					t.Fatalf("recipient %d: store decides %+v, engine on the uncompacted record %+v", i, sd, pd)
+				}
+			}
+		})
+	}
+}

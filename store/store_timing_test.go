@@ -85,13 +85,16 @@ func benchPartitions(tb testing.TB) int {
 	return n
 }
 
-// sweepAll sweeps every partition of st with cutoff.
+// sweepAll sweeps every partition of st as of cutoff plus the domain's
+// longest window: it reclaims the records whose newest send is at or before
+// cutoff, and compacts the others that it can.
 func sweepAll(tb testing.TB, st *Store, ref Ref, cutoff int64) (reclaimed int) {
+	now := cutoff + ref.rules.Longest()
 	for p := range st.Partitions() {
 		for pos := 0; pos >= 0; {
 			var r int
 			var err error
-			if pos, r, err = st.Sweep(p, ref, pos, cutoff, 2048); err != nil {
+			if pos, r, err = st.Sweep(p, ref, pos, now, 2048); err != nil {
 				tb.Fatal(err)
 			}
 			reclaimed += r
@@ -174,7 +177,10 @@ func BenchmarkSteadyStateMemory(b *testing.B) {
 // the steady state's 30 sends a day: sends=k gives each of 10M recipients
 // (copies of 1000 templates) k sends at uniformly random times in the last
 // 24 hours, each with its own content, recorded through Apply (sends=50 is
-// the default rules' daily limit). The size-class histogram is logged.
+// the default rules' daily limit). swept=true stores each record as the
+// sweep leaves it once its newest send is older than the content window
+// (Domain.Compact): what a recipient that sends nothing more holds. The
+// size-class histogram is logged.
 //
 //	go test -run '^$' -bench RecipientMemory -benchtime 1x ./store
 func BenchmarkRecipientMemory(b *testing.B) {
@@ -182,14 +188,36 @@ func BenchmarkRecipientMemory(b *testing.B) {
 	now := t0 + 86_400_000
 	for _, n := range withHundredMillion(10_000_000) {
 		for _, sends := range []int{1, 3, 10, 30, 50} {
-			b.Run(fmt.Sprintf("recipients=%d/sends=%d", n, sends), func(b *testing.B) {
-				templates := spreadTemplates(b, d, 1000, sends, now)
-				for b.Loop() {
-					measureMemory(b, d, n, func(st *Store, ref Ref) {
-						fillSteady(b, st, ref, n, templates)
-					})
-				}
-			})
+			for _, swept := range []bool{false, true} {
+				b.Run(fmt.Sprintf("recipients=%d/sends=%d/swept=%v", n, sends, swept), func(b *testing.B) {
+					templates := spreadTemplates(b, d, 1000, sends, now)
+					if swept {
+						compactTemplates(b, d, templates, now)
+					}
+					for b.Loop() {
+						measureMemory(b, d, n, func(st *Store, ref Ref) {
+							fillSteady(b, st, ref, n, templates)
+						})
+					}
+				})
+			}
+		}
+	}
+}
+
+// compactTemplates replaces each record with what the sweep at now leaves
+// of it (window.Domain.Compact): without its content logs when its newest
+// send is older than the content window.
+func compactTemplates(tb testing.TB, d *window.Domain, templates [][]byte, now int64) {
+	tb.Helper()
+	var s window.Scratch
+	for i, rec := range templates {
+		out, ok, err := d.Compact(&s, rec, now)
+		if err != nil || ok && out == nil {
+			tb.Fatalf("template %d: %v", i, err)
+		}
+		if ok {
+			templates[i] = append([]byte(nil), out...)
 		}
 	}
 }
@@ -410,7 +438,7 @@ func BenchmarkSteadyStateDrift(b *testing.B) {
 				for pos := 0; pos >= 0; {
 					start := time.Now()
 					var err error
-					if pos, _, err = st.Sweep(p, ref, pos, now-d.Longest(), 2048); err != nil {
+					if pos, _, err = st.Sweep(p, ref, pos, now, 2048); err != nil {
 						b.Fatal(err)
 					}
 					longest = max(longest, time.Since(start))
@@ -438,5 +466,39 @@ func BenchmarkSteadyStateDrift(b *testing.B) {
 		b.ReportMetric(float64(st.Stats(ref).Moved)/float64(n), "moved/recipient")
 		b.ReportMetric(float64(longest.Microseconds()), "longest-sweep-step-µs")
 		b.Log(classHistogram(st.SizeClasses(ref), n))
+	}
+}
+
+// BenchmarkSweep measures a whole sweep pass (every partition, the node's
+// step budget) over 1M recipients with 3 sends each in the last day, none
+// expired: the first pass after they were written, which compacts those
+// whose newest send is older than the content window, and a pass over
+// records already compacted, which only reads each one's header.
+//
+//	go test -run '^$' -bench 'Sweep$' -benchtime 10x ./store
+func BenchmarkSweep(b *testing.B) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	const n = 1_000_000
+	templates := spreadTemplates(b, d, 1000, 3, now)
+	for _, pass := range []string{"first", "again"} {
+		b.Run("pass="+pass, func(b *testing.B) {
+			var took time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				st, ref := newTestStore(b, d, 0)
+				fillSteady(b, st, ref, n, templates)
+				if pass == "again" {
+					sweepAll(b, st, ref, now-d.Longest())
+				}
+				b.StartTimer()
+				start := time.Now()
+				if got := sweepAll(b, st, ref, now-d.Longest()); got != 0 {
+					b.Fatalf("reclaimed %d", got)
+				}
+				took += time.Since(start)
+			}
+			b.ReportMetric(float64(took.Nanoseconds())/float64(b.N)/n, "ns/record")
+		})
 	}
 }
