@@ -206,4 +206,47 @@ func TestDeadContentsDoNotFill(t *testing.T) {
 	if out, err := d.Merge(&s, full, one); err != nil || string(out) != string(applied) {
 		t.Fatalf("Merge after the window: %v, %d bytes, want %d", err, len(out), len(applied))
 	}
+
+	// The window's edge: a log whose newest entry is exactly a window
+	// before counts no more; one a millisecond later still does.
+	hour := time.Hour.Milliseconds()
+	var same []byte // MaxContents logs, every entry at t0
+	for i := range MaxContents {
+		out, err := d.Insert(&s, same, 1, t0, Item{Content: uint64(i+1) * 0x9e3779b97f4a7c15})
+		if err != nil {
+			t.Fatal(err)
+		}
+		same = slices.Clone(out)
+	}
+	if _, err := d.Apply(&s, same, 1, t0+hour-1, fresh, &dec); !errors.Is(err, ErrFull) {
+		t.Fatalf("a millisecond before the logs leave the window: %v, want ErrFull", err)
+	}
+	if _, err := d.Apply(&s, same, 1, t0+hour, fresh, &dec); err != nil || !dec.Recorded {
+		t.Fatalf("when the logs leave the window: %+v, %v", dec, err)
+	}
+	if _, err := d.Insert(&s, same, 1, t0+hour-1, fresh); !errors.Is(err, ErrFull) {
+		t.Fatalf("Insert a millisecond before the logs leave the window: %v, want ErrFull", err)
+	}
+	if _, err := d.Insert(&s, same, 1, t0+hour, fresh); err != nil {
+		t.Fatalf("Insert when the logs leave the window: %v", err)
+	}
+
+	// A send older than the content window before the record's newest, to
+	// a recipient with MaxContents live logs (a write-ahead log replayed out
+	// of order, a merge with a stale copy): no rule counts it, so it is no
+	// new content.
+	stale := Item{Content: 43}
+	newest := t0 + MaxContents - 1 // the newest send of full
+	if out, err := d.Insert(&s, full, 1, newest-hour, stale); err != nil {
+		t.Fatalf("Insert of a stale send beside %d live logs: %v", MaxContents, err)
+	} else if want, _ := d.Insert(&s, full, 1, newest-hour, Item{}); string(out) != string(want) {
+		t.Fatalf("Insert of a stale send kept its content")
+	}
+	old, _ := d.Insert(&s, nil, 1, newest-hour, stale)
+	old = slices.Clone(old)
+	for _, pair := range [][2][]byte{{full, old}, {old, full}} {
+		if _, err := d.Merge(&s, pair[0], pair[1]); err != nil {
+			t.Fatalf("Merge with a stale copy beside %d live logs: %v", MaxContents, err)
+		}
+	}
 }

@@ -19,8 +19,9 @@ func TestCompactChangesNoDecision(t *testing.T) {
 			rule("min", ScopeRecipient, 3, time.Minute),
 			rule("c-hour", ScopeContent, 2, time.Hour),
 		},
+		// A day's bucket, which still holds sends after the content window.
 		"with-counter": append(DefaultRules(), Rule{Name: "tb", Scope: ScopeRecipient, Limit: 20,
-			Window: time.Hour, Algorithm: TokenBucket}),
+			Window: 24 * time.Hour, Algorithm: TokenBucket}),
 	}
 	for name, rules := range domains {
 		t.Run(name, func(t *testing.T) {
@@ -134,6 +135,7 @@ func FuzzCompact(f *testing.F) {
 	rng := rand.New(rand.NewPCG(8, 8))
 	for range 8 {
 		f.Add(randomState(rng).encode(nil), int64(0))
+		f.Add(randomState(rng).encode(nil), int64(2*3_600_000)) // past the content window: compacts
 	}
 	f.Add([]byte{}, int64(1))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, int64(1))

@@ -325,7 +325,9 @@ func (d *Domain) Insert(s *Scratch, rec []byte, tag uint16, at int64, it Item) (
 		return nil, err
 	}
 	st := &s.st
-	hasContent := it.Content != 0 && d.contentCap > 0
+	// A content entry no rule can count at the record's newest send would
+	// be pruned at once: it is not added, so that it cannot meet MaxContents.
+	hasContent := it.Content != 0 && d.contentCap > 0 && at > max(st.newest, at)-d.contentSpan
 	if d.recipCap == 0 && !hasContent && len(d.counters) == 0 {
 		return nil, nil
 	}
@@ -580,7 +582,7 @@ func (d *Domain) Merge(s *Scratch, a, b []byte) ([]byte, error) {
 					break
 				}
 			}
-			if !found {
+			if !found && y.ctimes[o.off+o.n-1] > m.newest-d.contentSpan { // a dead log would be pruned
 				if len(m.clogs) >= MaxContents {
 					d.dropDeadContents(m, m.newest)
 				}
