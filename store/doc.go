@@ -113,10 +113,13 @@
 // A record keeps the content logs of its newest sends until its next write,
 // even when no content rule can count them any more. Sweep also compacts the
 // records whose newest send is older than the domain's longest content
-// window: it drops their content logs (window.Domain.Compact), which leaves
-// a recipient of 3 sends a day about 4 bytes lighter. The caller chooses the
-// time it sweeps as of: a decision timed before it could miss a send the
-// sweep dropped (the node sweeps as of a minute ago).
+// window, in a domain with recipient rules: it drops their content logs
+// (window.Domain.Compact), which leaves a recipient of 3 sends a day about 4
+// bytes lighter. The caller chooses the time it sweeps as of: a decision
+// timed before it could miss a send the sweep dropped (the node sweeps as of
+// a minute ago). Past the memory limit, a compaction that would need a
+// fresh chunk waits for a free slot: the slot it leaves is given back only
+// by a later pass.
 //
 // # Sparse chunks
 //

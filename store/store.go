@@ -564,10 +564,14 @@ func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, 
 				sp.unreadable++
 			case compacted && out != nil:
 				spent += compactCost - 1
-				sp.compacted++
-				if err := sp.put(k, pos, out, false); err != nil {
-					return -1, reclaimed, fmt.Errorf("store: partition %d domain %q position %d: %w", p, r.rules.Name(), pos, err)
+				// The smaller record may need a fresh chunk while the slot it
+				// leaves is given back only by a later pass: at the memory
+				// limit, it waits for a free slot. A failed put (no memory to
+				// map) leaves the record as it was.
+				if s.mem.over() && !sp.roomFor(len(out)) || sp.put(k, pos, out, false) != nil {
+					break
 				}
+				sp.compacted++
 				ref = t.ref(pos)
 				sl = &sp.slabs[ref.class()]
 				rec = sl.bytes(ref.slot())

@@ -557,3 +557,139 @@ func TestSweepCompactsDeadContent(t *testing.T) {
 		})
 	}
 }
+
+// TestSweepCompactsPastADefragmentationCeiling compacts records while a
+// pass defragments: half the recipients expire in a first pass, which
+// leaves their slabs sparse; the second pass plans to give chunks back and
+// compacts the other half, many of them past the ceiling. Memory accounting
+// must equal a recount, every later decision the engine's, and the slabs
+// must end below where the first pass left them.
+func TestSweepCompactsPastADefragmentationCeiling(t *testing.T) {
+	for _, mapped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("mapped=%v", mapped), func(t *testing.T) {
+			d, _ := window.NewDomain("default", window.DefaultRules())
+			st, err := New(Config{Partitions: 1, HeapSlabs: !mapped})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := st.Bind(d)
+			const n = 12000
+			var dec window.Decision
+			var ws window.Scratch
+			plain := make([][]byte, n)
+			keys := make([]uint64, n)
+			tags := make([]uint16, n)
+			for i := range n {
+				keys[i], tags[i] = keyOf(fmt.Sprintf("+1%011d", i))
+				base := t0 - 2*3_600_000
+				if i >= n/2 {
+					base = t0 + 23*3_600_000 + 30*60_000 - 2*3_600_000
+				}
+				for k := range 3 {
+					at, it := base+int64(k)*3_600_000, window.Item{Content: uint64(i*4+k) + 1}
+					if _, _, err := apply(st, ref, keys[i], tags[i], at, it, 0, &dec); err != nil {
+						t.Fatal(err)
+					}
+					out, err := d.Apply(&ws, plain[i], tags[i], at, it, &dec)
+					if err != nil {
+						t.Fatal(err)
+					}
+					plain[i] = append(plain[i][:0], out...)
+				}
+			}
+			sweep := func(now int64) {
+				for pos := 0; pos >= 0; {
+					var err error
+					if pos, _, err = st.Sweep(0, ref, pos, now, 2048); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			p1 := t0 + 24*3_600_000 + 1
+			sweep(p1)
+			s1 := st.Stats(ref)
+			p2 := t0 + 24*3_600_000 + 30*60_000 + 1
+			sweep(p2)
+			s2 := st.Stats(ref)
+			sweep(p2)
+			s3 := st.Stats(ref)
+			if s1.Expired != n/2 || s1.Compacted != 0 {
+				t.Fatalf("first pass: %+v, want %d expired and none compacted", s1, n/2)
+			}
+			if s3.Compacted != s2.Compacted || s3.SlabBytes >= s1.SlabBytes {
+				t.Errorf("third pass: %+v; slab bytes after the first %d", s3, s1.SlabBytes)
+			}
+			if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+				t.Errorf("held %d recount %d", got, want)
+			}
+			if s2.Compacted != n/2 || s2.Records != n/2 {
+				t.Fatalf("%+v", s2)
+			}
+			for i := n / 2; i < n; i++ {
+				at, it := p2+int64(i), window.Item{Content: uint64(i*4+2) + 1}
+				var sd, pd window.Decision
+				if _, _, err := apply(st, ref, keys[i], tags[i], at, it, 0, &sd); err != nil {
+					t.Fatal(i, err)
+				}
+				if _, err := d.Apply(&ws, plain[i], tags[i], at, it, &pd); err != nil {
+					t.Fatal(err)
+				}
+				if sd != pd {
+					t.Fatalf("%d: %+v vs %+v", i, sd, pd)
+				}
+			}
+			if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+				t.Errorf("held %d recount %d", got, want)
+			}
+		})
+	}
+}
+
+// TestSweepCompactsAtTheLimitOnlyIntoFreeSlots: past the memory limit a
+// compaction that would need a fresh chunk waits (the slot it leaves is
+// given back only by a later pass), and one that finds a free slot goes
+// ahead.
+func TestSweepCompactsAtTheLimitOnlyIntoFreeSlots(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	st, err := New(Config{Partitions: 1, MaxBytes: 1}) // always over
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	const n = 200
+	key := func(i int) (uint64, uint16) { return keyOf(fmt.Sprintf("+44%09d", i)) }
+	for i := range n { // one send with content each: compacts to a smaller class
+		k, tag := key(i)
+		if _, _, err := st.Record(0, ref, k, tag, t0+int64(i), window.Item{Content: uint64(i) + 1}, 0, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := t0 + n + 2*3_600_000
+	sweep := func() {
+		for pos := 0; pos >= 0; {
+			if pos, _, err = st.Sweep(0, ref, pos, now, 2048); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sweep()
+	if s := st.Stats(ref); s.Compacted != 0 {
+		t.Fatalf("at the limit with no free slot of the smaller class, %d records compacted", s.Compacted)
+	}
+	// Free slots of that class: recipients whose records have the size of
+	// a compacted one (one send, no content), which then expire.
+	for i := n; i < 2*n; i++ {
+		k, tag := key(i)
+		if _, _, err := st.Record(0, ref, k, tag, t0-2*86_400_000, window.Item{}, 0, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweep()
+	s := st.Stats(ref)
+	if s.Compacted == 0 || s.Compacted > n || s.Expired != n {
+		t.Fatalf("with %d free slots of the smaller class: %+v", n, s)
+	}
+	if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+		t.Errorf("running count %d, recount %d", got, want)
+	}
+}
