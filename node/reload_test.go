@@ -242,3 +242,52 @@ func TestRulesReloadRollsThrough(t *testing.T) {
 	wg.Wait()
 	wantExact(t, oldRules, s, rec, population)
 }
+
+// TestSweepSlackKeepsWhatEarlierDecisionsCount: a decision timed a little
+// before a sweep (a batch takes its time before it locks its partitions; a
+// node whose clock is behind decides after a handoff) still counts the
+// sends the sweep could have dropped: the sweep acts as of SweepSlack ago.
+func TestSweepSlackKeepsWhatEarlierDecisionsCount(t *testing.T) {
+	const rules = `domains:
+  - name: default
+    rules:
+      - {name: day, scope: recipient, limit: 50, window: 24h}
+      - {name: same-hour, scope: recipient+content, limit: 5, window: 1h}
+`
+	clk := &reloadClock{}
+	start := int64(1_790_000_000_000)
+	clk.ms.Store(start)
+	n := openReloadNode(t, rules, clk)
+	check := func(mode pb.Mode) []uint32 {
+		t.Helper()
+		resp, err := n.Check(context.Background(), &pb.CheckRequest{Recipients: []string{"+1"},
+			Contents: [][]byte{[]byte("your code is 1234")}, Modes: []pb.Mode{mode}})
+		if err != nil || len(resp.Errors) > 0 {
+			t.Fatalf("check: %v %v", err, resp.GetErrors())
+		}
+		return resp.Used
+	}
+	check(pb.Mode_MODE_CHECK_AND_RECORD)
+	hour := time.Hour.Milliseconds()
+	clk.ms.Store(start + hour + 30_000) // the sweep runs 30 s after the send left the window
+	if _, err := n.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := n.Stats().Domains[0]; s.Compacted != 0 {
+		t.Fatalf("compacted %d records 30 s after their content window, within the slack of %v", s.Compacted, node.SweepSlack)
+	}
+	clk.ms.Store(start + hour - 1) // a decision timed before the sweep
+	if used := check(pb.Mode_MODE_PEEK); used[1] != 1 {
+		t.Fatalf("a decision timed before the sweep counts %v; want the content's send counted", used)
+	}
+	clk.ms.Store(start + hour + node.SweepSlack.Milliseconds())
+	if _, err := n.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := n.Stats().Domains[0]; s.Compacted != 1 {
+		t.Fatalf("%d records compacted once the slack has passed; want 1", s.Compacted)
+	}
+	if used := check(pb.Mode_MODE_PEEK); used[0] != 1 || used[1] != 0 {
+		t.Fatalf("after the compaction: used %v, want [1 0]", used)
+	}
+}
