@@ -557,7 +557,7 @@ func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, 
 		if err != nil {
 			return -1, reclaimed, fmt.Errorf("store: partition %d domain %q position %d: %w", p, r.rules.Name(), pos, err)
 		}
-		if newest > cutoff {
+		if newest > cutoff && r.rules.Compactable(newest, now) {
 			out, compacted, err := r.rules.Compact(&pt.scratch, rec, now)
 			switch {
 			case err != nil:

@@ -19,14 +19,14 @@ import (
 // logs to drop. The returned bytes live in s, valid until the next call
 // with s.
 func (d *Domain) Compact(s *Scratch, rec []byte, now int64) (out []byte, compacted bool, err error) {
-	if d.contentCap == 0 || d.recipCap == 0 || len(rec) == 0 {
+	if len(rec) == 0 {
 		return nil, false, nil
 	}
 	newest, err := RecordNewest(rec)
 	if err != nil {
 		return nil, false, err
 	}
-	if newest > now-d.contentSpan {
+	if !d.Compactable(newest, now) {
 		return nil, false, nil
 	}
 	if n, err := s.st.contentLogs(rec); err != nil || n == 0 {
@@ -44,6 +44,14 @@ func (d *Domain) Compact(s *Scratch, rec []byte, now int64) (out []byte, compact
 	return s.out, true, nil
 }
 
+// Compactable reports whether Compact at now (unix ms) may drop something
+// from a record whose newest send is at newest: whether the domain has
+// recipient and content rules and newest is at or before now minus the
+// longest content window. Callers skip Compact otherwise.
+func (d *Domain) Compactable(newest, now int64) bool {
+	return d.contentCap > 0 && d.recipCap > 0 && newest <= now-d.contentSpan
+}
+
 // contentLogs returns the number of content logs of rec, in the current
 // RecordFormat, reading its header and skipping the recipient log's gaps,
 // in place: a sweep asks this of every record older than the content
@@ -52,39 +60,36 @@ func (s *state) contentLogs(rec []byte) (int, error) {
 	if len(rec) > MaxRecordBytes {
 		return 0, fmt.Errorf("%w: %d bytes, more than %d", ErrCorruptRecord, len(rec), MaxRecordBytes)
 	}
-	end := uint(len(rec)) * 8
 	pos := uint(tagBits + timeBits)
-	count := func() int {
-		v := bitsAt(rec, pos, countBits)
-		pos += countBits
-		if v == countEscape {
-			v += bitsAt(rec, pos, countExtBits)
-			pos += countExtBits
-		}
-		return int(v)
-	}
-	if n := count(); n > 0 {
-		if bitsAt(rec, pos, 1) == 1 {
-			pos += timeBits
-		}
-		pos++
+	n, pos := countAt(rec, pos)
+	if n > 0 {
+		pos += 1 + uint(bitsAt(rec, pos, 1))*timeBits
 		if n > 1 {
 			w := uint(bitsAt(rec, pos, widthBits))
-			pos += widthBits
 			if w > maxValueBits {
 				return 0, fmt.Errorf("%w: recipient width %d", ErrCorruptRecord, w)
 			}
-			pos += uint(n-1) * w
+			pos += widthBits + uint(n-1)*w
 		}
 	}
-	if pos+countBits > end {
+	if pos+countBits > uint(len(rec))*8 {
 		return 0, fmt.Errorf("%w: %d bytes end inside the recipient log", ErrCorruptRecord, len(rec))
 	}
-	nc := count()
+	nc, _ := countAt(rec, pos)
 	if nc > MaxContents {
 		return 0, fmt.Errorf("%w: %d content logs, more than %d", ErrCorruptRecord, nc, MaxContents)
 	}
 	return nc, nil
+}
+
+// countAt reads the count field (see bitReader.count) at bit pos of b and
+// returns it and the position after it.
+func countAt(b []byte, pos uint) (int, uint) {
+	v := bitsAt(b, pos, countBits+countExtBits)
+	if v&countEscape != countEscape {
+		return int(v & countEscape), pos + countBits
+	}
+	return int(countEscape + v>>countBits), pos + countBits + countExtBits
 }
 
 // bitsAt returns the n bits (n <= 56) of the little-endian bit stream b that
