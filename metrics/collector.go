@@ -65,6 +65,8 @@ var (
 		"Records the sweep moved to lower slots so as to give sparse slab chunks back, by domain.", "domain")
 	descDomainCompacted = desc("freqring_domain_compacted_records_total",
 		"Records whose content logs the sweep dropped because no rule could count them any more, by domain.", "domain")
+	descDomainUnreadable = desc("freqring_domain_unreadable_records",
+		"Records the sweep's current or latest pass could not decode, left as they were (a decision on one fails), by domain.", "domain")
 	descDomainCollisions = desc("freqring_domain_collisions_total",
 		"Records created beside another recipient's with the same 64-bit key hash, by domain.", "domain")
 	descStoreHeld = desc("freqring_store_held_bytes",
@@ -104,7 +106,7 @@ var (
 var allDescs = []*prometheus.Desc{
 	descServing, descChecked, descDecisions, descRuleDenied, descRuleShadowDenied, descFailed, descDuplicates,
 	descForwarded, descRingEpoch, descRingMembers, descPartitions, descOwnedRecords, descDomainRecords,
-	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreLimit, descStoreRefused,
+	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreLimit, descStoreRefused,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descReplicated, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
 }
@@ -146,6 +148,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descDomainExpired, d.Expired, d.Name)
 		counter(descDomainMoved, d.Moved, d.Name)
 		counter(descDomainCompacted, d.Compacted, d.Name)
+		gauge(descDomainUnreadable, float64(d.Unreadable), d.Name)
 		counter(descDomainCollisions, d.Collisions, d.Name)
 	}
 	codes := make([]string, 0, len(s.FailedByCode))

@@ -539,7 +539,7 @@ type DomainStats struct {
 	Expired    int64 // idle records reclaimed
 	Moved      int64 // records the sweep moved to lower slots so as to give sparse slab chunks back
 	Compacted  int64 // records whose content logs the sweep dropped because no rule could count them
-	Unreadable int64 // records the sweep could not decode, left as they were (counted at each pass)
+	Unreadable int64 // records the current or latest sweep pass could not decode, left as they were
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs
 	LiveBytes  int64 // bytes of record slots in use
@@ -636,6 +636,10 @@ func (n *Node) Sweep(ctx context.Context) (int, error) {
 					return total, err
 				}
 			}
+		}
+		if bad := n.store.Stats(dv.ref).Unreadable; bad > 0 {
+			n.log.Warn("the sweep found records it cannot decode; it left them as they are, and a decision on one fails",
+				"domain", name, "records", bad)
 		}
 	}
 	return total, nil

@@ -127,7 +127,7 @@ type space struct {
 	expired    int64   // records reclaimed by sweep
 	moved      int64   // records the sweep moved to give sparse chunks back (defrag)
 	compacted  int64   // records whose dead content logs the sweep dropped
-	unreadable int64   // records the sweep could not decode to compact
+	unreadable int64   // records the current or latest sweep pass could not decode to compact
 }
 
 // spaceBytes is the heap of an empty space: the struct and its slab headers.
@@ -523,7 +523,8 @@ func (sp *space) drop(pos int) {
 // position from (a record it moves counts as moveCost of them, one it
 // compacts as compactCost). It returns the position to continue from, or -1
 // when the partition is done. A record the sweep cannot read is left as it
-// is and counted (Stats.Unreadable): a decision on it reports the error.
+// is and counted (Stats.Unreadable, per pass): a decision on it reports the
+// error.
 // A pass from position 0 to the end also gives sparse slab chunks back: it
 // moves the records out of them as it goes (see "Sparse chunks" in the
 // package doc), and its last step shrinks the index, trims empty slabs and
@@ -540,6 +541,7 @@ func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, 
 		for c := range sp.slabs {
 			sp.slabs[c].planDefrag()
 		}
+		sp.unreadable = 0
 	}
 	cutoff := now - r.rules.Longest()
 	t := &sp.index
@@ -624,7 +626,7 @@ type Stats struct {
 	Expired          int64 // records reclaimed because nothing in them was inside any window
 	Moved            int64 // records the sweep moved to lower slots so as to give sparse slab chunks back
 	Compacted        int64 // records whose content logs the sweep dropped because no rule could count them
-	Unreadable       int64 // records the sweep could not decode to compact, left as they were (counted at each pass)
+	Unreadable       int64 // records the current or latest sweep pass could not decode to compact, left as they were
 	IDs              int64 // request ids remembered
 	EarlyIDRotations int64 // id generations retired before half the horizon because full
 	IndexBytes       int64 // heap held by the index

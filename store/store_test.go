@@ -693,3 +693,53 @@ func TestSweepCompactsAtTheLimitOnlyIntoFreeSlots(t *testing.T) {
 		t.Errorf("running count %d, recount %d", got, want)
 	}
 }
+
+// TestSweepLeavesAnUnreadableRecord: a record whose header reads but whose
+// body does not decode is left as it is, counted once per pass, and the
+// sweep goes on to compact the others.
+func TestSweepLeavesAnUnreadableRecord(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	st, ref := newTestStore(t, d, 1)
+	var dec window.Decision
+	const n = 50
+	for i := range n { // two sends each, the second with content
+		k, tag := keyOf(fmt.Sprintf("+49%09d", i))
+		for j := range 2 {
+			if _, _, err := apply(st, ref, k, tag, t0+int64(j)*60_000, window.Item{Content: uint64(i*2+j) + 1}, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var bad []byte
+	st.ForEach(0, func(_ string, _ uint64, rec []byte) bool {
+		bad = rec // the slot itself
+		return false
+	})
+	// Bits 65-70 hold the recipient log's gap width (after the tag, the
+	// newest send, the count and the age flag): 63 is out of range.
+	bad[8] |= 0x7e
+	before := append([]byte(nil), bad...)
+	now := t0 + 2*3_600_000
+	for pass := range 2 {
+		for pos := 0; pos >= 0; {
+			var err error
+			if pos, _, err = st.Sweep(0, ref, pos, now, 2048); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s := st.Stats(ref)
+		if s.Unreadable != 1 || s.Compacted != n-1 || s.Records != n {
+			t.Fatalf("pass %d: %+v, want 1 unreadable, %d compacted, %d records", pass, s, n-1, n)
+		}
+	}
+	var after []byte
+	st.ForEach(0, func(_ string, _ uint64, rec []byte) bool {
+		if string(rec[:len(before)]) == string(before) {
+			after = rec
+		}
+		return after == nil
+	})
+	if after == nil {
+		t.Fatal("the unreadable record changed")
+	}
+}
