@@ -91,7 +91,20 @@ func (r *bitReader) read(n uint) uint64 {
 // variable, which the compiler keeps in a register.
 func (r *bitReader) readGaps(dst []int64, t int64, w uint) int64 {
 	b, pos, mask := r.b, r.pos, uint64(1)<<w-1
-	for i := len(dst) - 1; i >= 0; i-- {
+	i := len(dst) - 1
+	if w <= 28 {
+		// Two gaps from each load: a load shifted by pos&7 holds at
+		// least 57 bits.
+		for ; i >= 1; i -= 2 {
+			word := binary.LittleEndian.Uint64(b[pos>>3:]) >> (pos & 7)
+			t -= int64(word & mask)
+			dst[i] = t
+			t -= int64(word >> w & mask)
+			dst[i-1] = t
+			pos += 2 * w
+		}
+	}
+	for ; i >= 0; i-- {
 		t -= int64(binary.LittleEndian.Uint64(b[pos>>3:]) >> (pos & 7) & mask)
 		dst[i] = t
 		pos += w
@@ -140,7 +153,23 @@ func (w *bitWriter) write(v uint64, nb uint) {
 // variables (registers) for the loop.
 func (w *bitWriter) writeGaps(log []int64, wd uint) {
 	buf, off, acc, n := w.buf, w.off, w.acc, w.n
-	for i := len(log) - 1; i > 0; i-- {
+	i := len(log) - 1
+	if wd <= 28 {
+		// Two gaps at a time, as one value of 2*wd <= 56 bits.
+		for nb := 2 * wd; i > 1; i -= 2 {
+			v := uint64(log[i]-log[i-1]) | uint64(log[i-1]-log[i-2])<<wd
+			acc |= v << n
+			if n+nb < 64 {
+				n += nb
+				continue
+			}
+			binary.LittleEndian.PutUint64(buf[off:], acc)
+			off += 8
+			acc = v >> (64 - n) // n > 0 here, as nb < 64
+			n = n + nb - 64
+		}
+	}
+	for ; i > 0; i-- {
 		v := uint64(log[i] - log[i-1])
 		acc |= v << n
 		if n+wd < 64 {
@@ -395,11 +424,18 @@ func (s *state) encodeFormat(dst []byte, format int) []byte {
 			w.write(0, 1)
 		}
 		if n > 1 {
-			var or int64 // bits.Len of the OR of the gaps is that of their max
-			for i := n - 1; i > 0; i-- {
+			// bits.Len of the OR of the gaps is that of their max; two
+			// accumulators halve the loop's dependency chain.
+			var or, or2 int64
+			i := n - 1
+			for ; i > 1; i -= 2 {
 				or |= s.recip[i] - s.recip[i-1]
+				or2 |= s.recip[i-1] - s.recip[i-2]
 			}
-			wd := widthOf(or)
+			if i == 1 {
+				or |= s.recip[1] - s.recip[0]
+			}
+			wd := widthOf(or | or2)
 			w.write(uint64(wd), widthBits)
 			w.writeGaps(s.recip, wd)
 		}

@@ -344,3 +344,54 @@ func FuzzApply(f *testing.F) {
 // format1Golden is the record of TestFormat1Golden as the release before
 // format 2 wrote it.
 const format1Golden = "0100dca95ec9a0f10f80352b2008b0528c04d3dc905030f47a54e84196b8cfb04332c4e0b6a89819d3bf04ec675ed01a39b1ff48fc2e5040f3ed10074cc8a537e1e6171c5a13b8215a94f024599600f9cb4220146c80cc511ca7f6699d78185e034c359191771acfb61c6b415f380000006b415f78342b20"
+
+// TestGapsRoundTrip writes logs of every gap width and many lengths with
+// writeGaps (two gaps at a time up to 28 bits) and reads them back with
+// readGaps, comparing the stream with one written a bit at a time.
+func TestGapsRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for wd := uint(1); wd <= maxValueBits; wd++ {
+		for n := 1; n <= 41; n++ {
+			for lead := uint(0); lead < 64; lead += 13 { // bits already pending in the writer
+				log := make([]int64, n)
+				log[0] = int64(rng.Uint64N(1 << 40))
+				for i := 1; i < n; i++ {
+					log[i] = log[i-1] + int64(rng.Uint64N(1<<wd))
+				}
+				buf := make([]byte, (int(lead)+n*int(wd))/8+8+pad)
+				w := bitWriter{buf: buf}
+				w.write(0x5a5a5a5a5a5a5a&(1<<min(lead, 56)-1), min(lead, 56))
+				w.writeGaps(log, wd)
+				size := w.bytes()
+				want := make([]byte, len(buf))
+				pos := uint(0)
+				put := func(v uint64, nb uint) {
+					for k := range nb {
+						if v>>k&1 == 1 {
+							want[(pos+k)/8] |= 1 << ((pos + k) % 8)
+						}
+					}
+					pos += nb
+				}
+				put(0x5a5a5a5a5a5a5a&(1<<min(lead, 56)-1), min(lead, 56))
+				for i := n - 1; i > 0; i-- {
+					put(uint64(log[i]-log[i-1]), wd)
+				}
+				if string(buf[:size]) != string(want[:size]) || size != int(pos+7)/8 {
+					t.Fatalf("width %d, %d entries, %d bits before: stream differs", wd, n, lead)
+				}
+				got := make([]int64, n)
+				got[n-1] = log[n-1]
+				r := bitReader{b: append(buf[:size:size], make([]byte, pad)...), pos: min(lead, 56), end: uint(size) * 8}
+				if oldest := r.readGaps(got[:n-1], log[n-1], wd); oldest != log[0] || r.pos != pos {
+					t.Fatalf("width %d, %d entries: oldest %d at bit %d, want %d at %d", wd, n, oldest, r.pos, log[0], pos)
+				}
+				for i := range got {
+					if got[i] != log[i] {
+						t.Fatalf("width %d, %d entries: entry %d is %d, want %d", wd, n, i, got[i], log[i])
+					}
+				}
+			}
+		}
+	}
+}

@@ -146,7 +146,8 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At, dec.NumRules = false, false, -1, 0, t, len(d.rules)
 	dec.ShadowDeniedBy = -1
 	var shadowRetry int64 // RetryAfter of rule ShadowDeniedBy
-	for i, r := range d.rules {
+	for i := range d.rules {
+		r := &d.rules[i]
 		dec.Rules[i] = RuleResult{}
 		if r.Algorithm != SlidingLog {
 			c := &d.counters[d.cidx[i]]
@@ -236,7 +237,8 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 		return nil, err
 	}
 	dec.Recorded = true
-	for i, r := range d.rules {
+	for i := range d.rules {
+		r := &d.rules[i]
 		if r.Scope == ScopeContent && !hasContent || r.Algorithm != SlidingLog {
 			continue
 		}
@@ -289,7 +291,8 @@ func (s *Scratch) load(rec []byte, tag uint16, t int64, it Item) (int, error) {
 // fillRemaining sets the Remaining of each sliding-log rule from its Used
 // (a counting rule reports its own).
 func (d *Domain) fillRemaining(dec *Decision) {
-	for i, r := range d.rules {
+	for i := range d.rules {
+		r := &d.rules[i]
 		if r.Algorithm == SlidingLog {
 			dec.Rules[i].Remaining = max(0, r.Limit-dec.Rules[i].Used)
 		}
@@ -455,11 +458,14 @@ func (d *Domain) prune(s *state, t int64) {
 			}
 		}
 	}
-	// Canonical order, so that equal states encode to equal bytes.
+	// Canonical order, so that equal states encode to equal bytes: an
+	// insertion sort, as the logs are sorted but for the one Apply added.
 	for i := 1; i < len(kept); i++ {
-		for j := i; j > 0 && kept[j].fp < kept[j-1].fp; j-- {
-			kept[j], kept[j-1] = kept[j-1], kept[j]
+		c, j := kept[i], i
+		for ; j > 0 && c.fp < kept[j-1].fp; j-- {
+			kept[j] = kept[j-1]
 		}
+		kept[j] = c
 	}
 	s.clogs = kept
 	d.pruneCounters(s, t)
