@@ -8,18 +8,9 @@ import (
 	"time"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/window"
 )
-
-// defaultRulesYAML are window.DefaultRules as a rules file.
-const defaultRulesYAML = `domains:
-  - name: default
-    rules:
-      - {name: recipient-1m, scope: recipient, limit: 15, window: 1m}
-      - {name: recipient-24h, scope: recipient, limit: 50, window: 24h}
-      - {name: content-59s, scope: recipient+content, limit: 2, window: 59s}
-      - {name: content-59m, scope: recipient+content, limit: 5, window: 59m}
-`
 
 // TestSweepsChangeNoDecision runs a node through ten simulated days of
 // checks on a few recipients a day, with sweeps every simulated minute (which
@@ -32,7 +23,7 @@ func TestSweepsChangeNoDecision(t *testing.T) {
 	clk := &reloadClock{}
 	now := int64(1_790_000_000_000)
 	clk.ms.Store(now)
-	n := openReloadNode(t, defaultRulesYAML, clk)
+	n := openReloadNode(t, string(rules.DefaultYAML()), clk) // window.DefaultRules
 	d, err := window.NewDomain("default", window.DefaultRules())
 	if err != nil {
 		t.Fatal(err)

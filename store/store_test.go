@@ -446,116 +446,108 @@ func TestSweepAbandonsADefragmentationARecordLanded(t *testing.T) {
 // budget; and that the slots they leave are given back: slab memory falls
 // once a second pass has defragmented the classes the records left.
 func TestSweepCompactsDeadContent(t *testing.T) {
-	for _, mapped := range []bool{false, true} {
-		t.Run(fmt.Sprintf("mapped=%v", mapped), func(t *testing.T) {
-			d, _ := window.NewDomain("default", window.DefaultRules())
-			st, err := New(Config{Partitions: 1, HeapSlabs: !mapped})
+	onSlabKinds(t, func(t *testing.T, st *Store, ref Ref, d *window.Domain) {
+		const n = 3000
+		const contentWindow = 59 * 60_000
+		var dec window.Decision
+		var ws window.Scratch
+		plain := make([][]byte, n) // each recipient's record, kept by the engine alone
+		keys := make([][2]uint64, n)
+		// 3 sends an hour apart, the newest at t0+2h+i ms; every third
+		// recipient sends a fourth time 2 hours later.
+		record := func(i int, at int64, it window.Item) {
+			key, tag := uint64(keys[i][0]), uint16(keys[i][1])
+			if _, _, err := apply(st, ref, key, tag, at, it, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+			out, err := d.Apply(&ws, plain[i], tag, at, it, &dec)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ref := st.Bind(d)
-			const n = 3000
-			const contentWindow = 59 * 60_000
-			var dec window.Decision
-			var ws window.Scratch
-			plain := make([][]byte, n) // each recipient's record, kept by the engine alone
-			keys := make([][2]uint64, n)
-			// 3 sends an hour apart, the newest at t0+2h+i ms; every third
-			// recipient sends a fourth time 2 hours later.
-			record := func(i int, at int64, it window.Item) {
-				key, tag := uint64(keys[i][0]), uint16(keys[i][1])
-				if _, _, err := apply(st, ref, key, tag, at, it, 0, &dec); err != nil {
+			plain[i] = append(plain[i][:0], out...)
+		}
+		for i := range n {
+			key, tag := keyOf(fmt.Sprintf("+86%011d", i))
+			keys[i] = [2]uint64{key, uint64(tag)}
+			for k := range 3 {
+				record(i, t0+int64(k)*3_600_000+int64(i), window.Item{Content: uint64(i*4+k) + 1})
+			}
+		}
+		sweep := func(now int64, budget int) (steps int) {
+			for pos := 0; pos >= 0; steps++ {
+				var err error
+				if pos, _, err = st.Sweep(0, ref, pos, now, budget); err != nil {
 					t.Fatal(err)
 				}
-				out, err := d.Apply(&ws, plain[i], tag, at, it, &dec)
-				if err != nil {
-					t.Fatal(err)
+			}
+			return steps
+		}
+		sweep(t0+2*3_600_000+contentWindow-1, 2048) // the newest send of recipient 0 is still inside
+		if s := st.Stats(ref); s.Compacted != 0 {
+			t.Fatalf("compacted %d records inside their content window", s.Compacted)
+		}
+		for i := 0; i < n; i += 3 {
+			record(i, t0+4*3_600_000+int64(i), window.Item{Content: uint64(i*4+3) + 1})
+		}
+		before := st.Stats(ref)
+		now := t0 + 2*3_600_000 + n + contentWindow
+		steps := sweep(now, 64)
+		s := st.Stats(ref)
+		if want := int64(n - n/3); s.Compacted != want || s.Records != n || s.Expired != 0 || s.Unreadable != 0 {
+			t.Fatalf("after the content window: %+v, want %d compacted and every record kept", s, want)
+		}
+		if s.LiveBytes >= before.LiveBytes {
+			t.Errorf("slots in use: %d bytes before, %d after", before.LiveBytes, s.LiveBytes)
+		}
+		if min := int(s.Compacted) * compactCost / 64; steps < min {
+			t.Errorf("%d sweep steps of budget 64 for %d compactions; want at least %d", steps, s.Compacted, min)
+		}
+		sweep(now, 2048) // defragments the classes the compacted records left
+		after := st.Stats(ref)
+		if after.Compacted != s.Compacted {
+			t.Errorf("a second sweep compacted again: %d", after.Compacted-s.Compacted)
+		}
+		if after.SlabBytes >= before.SlabBytes {
+			t.Errorf("slab bytes %d before the compaction, %d after two passes", before.SlabBytes, after.SlabBytes)
+		}
+		if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+			t.Errorf("running count %d, recount %d", got, want)
+		}
+		t.Logf("slabs %d -> %d bytes, slots in use %d -> %d bytes, %d moved", before.SlabBytes, after.SlabBytes, before.LiveBytes, after.LiveBytes, after.Moved)
+		for i := range n {
+			want, ok, err := d.Compact(&ws, plain[i], now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				want = plain[i]
+			}
+			want = append([]byte(nil), want...)
+			var got []byte
+			st.ForEach(0, func(_ string, key uint64, rec []byte) bool {
+				if key == storedKey(keys[i][0]) {
+					got = append([]byte(nil), rec[:min(len(rec), len(want))]...)
+					return false
 				}
-				plain[i] = append(plain[i][:0], out...)
+				return true
+			})
+			if string(got) != string(want) {
+				t.Fatalf("recipient %d: store holds %x, engine compacts to %x", i, got, want)
 			}
-			for i := range n {
-				key, tag := keyOf(fmt.Sprintf("+86%011d", i))
-				keys[i] = [2]uint64{key, uint64(tag)}
-				for k := range 3 {
-					record(i, t0+int64(k)*3_600_000+int64(i), window.Item{Content: uint64(i*4+k) + 1})
-				}
+			// A later send is decided as on the uncompacted record.
+			at, it := now+int64(i), window.Item{Content: uint64(i*4+2) + 1}
+			var sd, pd window.Decision
+			if _, _, err := apply(st, ref, keys[i][0], uint16(keys[i][1]), at, it, 0, &sd); err != nil {
+				t.Fatal(err)
 			}
-			sweep := func(now int64, budget int) (steps int) {
-				for pos := 0; pos >= 0; steps++ {
-					var err error
-					if pos, _, err = st.Sweep(0, ref, pos, now, budget); err != nil {
-						t.Fatal(err)
-					}
-				}
-				return steps
+			if _, err := d.Apply(&ws, plain[i], uint16(keys[i][1]), at, it, &pd); err != nil {
+				t.Fatal(err)
 			}
-			sweep(t0+2*3_600_000+contentWindow-1, 2048) // the newest send of recipient 0 is still inside
-			if s := st.Stats(ref); s.Compacted != 0 {
-				t.Fatalf("compacted %d records inside their content window", s.Compacted)
+			if sd != pd {
+				t.Fatalf("recipient %d: store decides %+v, engine on the uncompacted record %+v", i, sd, pd)
 			}
-			for i := 0; i < n; i += 3 {
-				record(i, t0+4*3_600_000+int64(i), window.Item{Content: uint64(i*4+3) + 1})
-			}
-			before := st.Stats(ref)
-			now := t0 + 2*3_600_000 + n + contentWindow
-			steps := sweep(now, 64)
-			s := st.Stats(ref)
-			if want := int64(n - n/3); s.Compacted != want || s.Records != n || s.Expired != 0 || s.Unreadable != 0 {
-				t.Fatalf("after the content window: %+v, want %d compacted and every record kept", s, want)
-			}
-			if s.LiveBytes >= before.LiveBytes {
-				t.Errorf("slots in use: %d bytes before, %d after", before.LiveBytes, s.LiveBytes)
-			}
-			if min := int(s.Compacted) * compactCost / 64; steps < min {
-				t.Errorf("%d sweep steps of budget 64 for %d compactions; want at least %d", steps, s.Compacted, min)
-			}
-			sweep(now, 2048) // defragments the classes the compacted records left
-			after := st.Stats(ref)
-			if after.Compacted != s.Compacted {
-				t.Errorf("a second sweep compacted again: %d", after.Compacted-s.Compacted)
-			}
-			if after.SlabBytes >= before.SlabBytes {
-				t.Errorf("slab bytes %d before the compaction, %d after two passes", before.SlabBytes, after.SlabBytes)
-			}
-			if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
-				t.Errorf("running count %d, recount %d", got, want)
-			}
-			t.Logf("slabs %d -> %d bytes, slots in use %d -> %d bytes, %d moved", before.SlabBytes, after.SlabBytes, before.LiveBytes, after.LiveBytes, after.Moved)
-			for i := range n {
-				want, ok, err := d.Compact(&ws, plain[i], now)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !ok {
-					want = plain[i]
-				}
-				want = append([]byte(nil), want...)
-				var got []byte
-				st.ForEach(0, func(_ string, key uint64, rec []byte) bool {
-					if key == storedKey(keys[i][0]) {
-						got = append([]byte(nil), rec[:min(len(rec), len(want))]...)
-						return false
-					}
-					return true
-				})
-				if string(got) != string(want) {
-					t.Fatalf("recipient %d: store holds %x, engine compacts to %x", i, got, want)
-				}
-				// A later send is decided as on the uncompacted record.
-				at, it := now+int64(i), window.Item{Content: uint64(i*4+2) + 1}
-				var sd, pd window.Decision
-				if _, _, err := apply(st, ref, keys[i][0], uint16(keys[i][1]), at, it, 0, &sd); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := d.Apply(&ws, plain[i], uint16(keys[i][1]), at, it, &pd); err != nil {
-					t.Fatal(err)
-				}
-				if sd != pd {
-					t.Fatalf("recipient %d: store decides %+v, engine on the uncompacted record %+v", i, sd, pd)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // TestSweepCompactsPastADefragmentationCeiling compacts records while a
@@ -565,84 +557,76 @@ func TestSweepCompactsDeadContent(t *testing.T) {
 // must equal a recount, every later decision the engine's, and the slabs
 // must end below where the first pass left them.
 func TestSweepCompactsPastADefragmentationCeiling(t *testing.T) {
-	for _, mapped := range []bool{false, true} {
-		t.Run(fmt.Sprintf("mapped=%v", mapped), func(t *testing.T) {
-			d, _ := window.NewDomain("default", window.DefaultRules())
-			st, err := New(Config{Partitions: 1, HeapSlabs: !mapped})
-			if err != nil {
-				t.Fatal(err)
+	onSlabKinds(t, func(t *testing.T, st *Store, ref Ref, d *window.Domain) {
+		const n = 12000
+		var dec window.Decision
+		var ws window.Scratch
+		plain := make([][]byte, n)
+		keys := make([]uint64, n)
+		tags := make([]uint16, n)
+		for i := range n {
+			keys[i], tags[i] = keyOf(fmt.Sprintf("+1%011d", i))
+			base := t0 - 2*3_600_000
+			if i >= n/2 {
+				base = t0 + 23*3_600_000 + 30*60_000 - 2*3_600_000
 			}
-			ref := st.Bind(d)
-			const n = 12000
-			var dec window.Decision
-			var ws window.Scratch
-			plain := make([][]byte, n)
-			keys := make([]uint64, n)
-			tags := make([]uint16, n)
-			for i := range n {
-				keys[i], tags[i] = keyOf(fmt.Sprintf("+1%011d", i))
-				base := t0 - 2*3_600_000
-				if i >= n/2 {
-					base = t0 + 23*3_600_000 + 30*60_000 - 2*3_600_000
-				}
-				for k := range 3 {
-					at, it := base+int64(k)*3_600_000, window.Item{Content: uint64(i*4+k) + 1}
-					if _, _, err := apply(st, ref, keys[i], tags[i], at, it, 0, &dec); err != nil {
-						t.Fatal(err)
-					}
-					out, err := d.Apply(&ws, plain[i], tags[i], at, it, &dec)
-					if err != nil {
-						t.Fatal(err)
-					}
-					plain[i] = append(plain[i][:0], out...)
-				}
-			}
-			sweep := func(now int64) {
-				for pos := 0; pos >= 0; {
-					var err error
-					if pos, _, err = st.Sweep(0, ref, pos, now, 2048); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			p1 := t0 + 24*3_600_000 + 1
-			sweep(p1)
-			s1 := st.Stats(ref)
-			p2 := t0 + 24*3_600_000 + 30*60_000 + 1
-			sweep(p2)
-			s2 := st.Stats(ref)
-			sweep(p2)
-			s3 := st.Stats(ref)
-			if s1.Expired != n/2 || s1.Compacted != 0 {
-				t.Fatalf("first pass: %+v, want %d expired and none compacted", s1, n/2)
-			}
-			if s3.Compacted != s2.Compacted || s3.SlabBytes >= s1.SlabBytes {
-				t.Errorf("third pass: %+v; slab bytes after the first %d", s3, s1.SlabBytes)
-			}
-			if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
-				t.Errorf("held %d recount %d", got, want)
-			}
-			if s2.Compacted != n/2 || s2.Records != n/2 {
-				t.Fatalf("%+v", s2)
-			}
-			for i := n / 2; i < n; i++ {
-				at, it := p2+int64(i), window.Item{Content: uint64(i*4+2) + 1}
-				var sd, pd window.Decision
-				if _, _, err := apply(st, ref, keys[i], tags[i], at, it, 0, &sd); err != nil {
-					t.Fatal(i, err)
-				}
-				if _, err := d.Apply(&ws, plain[i], tags[i], at, it, &pd); err != nil {
+			for k := range 3 {
+				at, it := base+int64(k)*3_600_000, window.Item{Content: uint64(i*4+k) + 1}
+				if _, _, err := apply(st, ref, keys[i], tags[i], at, it, 0, &dec); err != nil {
 					t.Fatal(err)
 				}
-				if sd != pd {
-					t.Fatalf("%d: %+v vs %+v", i, sd, pd)
+				out, err := d.Apply(&ws, plain[i], tags[i], at, it, &dec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				plain[i] = append(plain[i][:0], out...)
+			}
+		}
+		sweep := func(now int64) {
+			for pos := 0; pos >= 0; {
+				var err error
+				if pos, _, err = st.Sweep(0, ref, pos, now, 2048); err != nil {
+					t.Fatal(err)
 				}
 			}
-			if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
-				t.Errorf("held %d recount %d", got, want)
+		}
+		p1 := t0 + 24*3_600_000 + 1
+		sweep(p1)
+		s1 := st.Stats(ref)
+		p2 := t0 + 24*3_600_000 + 30*60_000 + 1
+		sweep(p2)
+		s2 := st.Stats(ref)
+		sweep(p2)
+		s3 := st.Stats(ref)
+		if s1.Expired != n/2 || s1.Compacted != 0 {
+			t.Fatalf("first pass: %+v, want %d expired and none compacted", s1, n/2)
+		}
+		if s3.Compacted != s2.Compacted || s3.SlabBytes >= s1.SlabBytes {
+			t.Errorf("third pass: %+v; slab bytes after the first %d", s3, s1.SlabBytes)
+		}
+		if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+			t.Errorf("held %d recount %d", got, want)
+		}
+		if s2.Compacted != n/2 || s2.Records != n/2 {
+			t.Fatalf("%+v", s2)
+		}
+		for i := n / 2; i < n; i++ {
+			at, it := p2+int64(i), window.Item{Content: uint64(i*4+2) + 1}
+			var sd, pd window.Decision
+			if _, _, err := apply(st, ref, keys[i], tags[i], at, it, 0, &sd); err != nil {
+				t.Fatal(i, err)
 			}
-		})
-	}
+			if _, err := d.Apply(&ws, plain[i], tags[i], at, it, &pd); err != nil {
+				t.Fatal(err)
+			}
+			if sd != pd {
+				t.Fatalf("%d: %+v vs %+v", i, sd, pd)
+			}
+		}
+		if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+			t.Errorf("held %d recount %d", got, want)
+		}
+	})
 }
 
 // TestSweepCompactsAtTheLimitOnlyIntoFreeSlots: past the memory limit a
@@ -741,5 +725,20 @@ func TestSweepLeavesAnUnreadableRecord(t *testing.T) {
 	})
 	if after == nil {
 		t.Fatal("the unreadable record changed")
+	}
+}
+
+// onSlabKinds runs f as two subtests, each on a one-partition store of the
+// default rules, with slabs in mapped blocks (heap=false) and on the heap.
+func onSlabKinds(t *testing.T, f func(t *testing.T, st *Store, ref Ref, d *window.Domain)) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	for _, heap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("heap=%v", heap), func(t *testing.T) {
+			st, err := New(Config{Partitions: 1, HeapSlabs: heap})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f(t, st, st.Bind(d), d)
+		})
 	}
 }
