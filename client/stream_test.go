@@ -239,6 +239,15 @@ func TestStreamNodeRestart(t *testing.T) {
 	if err := c.lc.Restart(ctx, n.m); err != nil {
 		t.Fatal(err)
 	}
+	// Serving is not yet owning: until its ring holds itself and its
+	// partitions are open, the node answers UNAVAILABLE, which a busy
+	// machine can stretch past the client's one retry.
+	if err := c.lc.WaitConverged(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.lc.WaitSettled(ctx); err != nil {
+		t.Fatal(err)
+	}
 	// A call on a connection in reconnect backoff fails at once (as a unary
 	// Check would): wait until the connection is up again. The stream it held
 	// is broken; the next check must open another.
