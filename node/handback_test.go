@@ -152,10 +152,13 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 		t.Fatal("a handback at the generation merged closed the partition again")
 	}
 	hb(g + 1)
-	poll(t, "a acquires the partition again", settled)
-	if a.ho.moves.Load() == moves {
-		t.Fatal("a handback at a later generation was not taken")
-	}
+	// The mover opens the partition before it counts the move: wait for both.
+	poll(t, "a takes the handback at a later generation", func() error {
+		if a.ho.moves.Load() == moves {
+			return fmt.Errorf("no move counted since the handback")
+		}
+		return settled()
+	})
 	// One from a stranger, or under another ring, is refused.
 	if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-x", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}}); err == nil {
 		t.Fatal("a handback from a stranger was taken")
