@@ -66,6 +66,12 @@ func (b *batcher) stream(live []*pending, dl time.Time, done chan<- struct{}) bo
 	cs.mu.Lock()
 	if cs.dead {
 		cs.mu.Unlock()
+		if time.Now().UnixNano() < b.noStream.Load() {
+			// The node answered the stream UNIMPLEMENTED before this
+			// request was registered: nothing was sent.
+			b.unary(live, dl, done)
+			return true
+		}
 		b.failAll(live, fmt.Errorf("client: CheckStream to %s (%s) broke", live[0].node, b.p.addr))
 		return false
 	}
@@ -174,18 +180,22 @@ func (cs *checkStream) expire(id uint64) {
 // node does not implement CheckStream, go again as unary Checks, as do the
 // batcher's next batches for streamRetry.
 func (cs *checkStream) fail(err error) {
+	b := cs.b
+	unimplemented := status.Code(err) == codes.Unimplemented
+	if unimplemented {
+		// Before the stream is marked dead: a batch that finds it dead
+		// then goes as a unary Check (see stream), not as a failure.
+		b.noStream.Store(time.Now().Add(streamRetry).UnixNano())
+	}
 	cs.mu.Lock()
 	cs.dead = true
 	calls := cs.calls
 	cs.calls = nil
 	cs.mu.Unlock()
 	cs.cancel()
-	b := cs.b
-	unimplemented := status.Code(err) == codes.Unimplemented
 	if unimplemented {
 		b.c.st.rpcs.Add(-int64(len(calls))) // not taken: they go as unary Checks, counted there
 		b.c.st.streamed.Add(-int64(len(calls)))
-		b.noStream.Store(time.Now().Add(streamRetry).UnixNano())
 		b.c.log.Info("node does not implement CheckStream: single checks go as unary Checks", "addr", b.p.addr, "for", streamRetry)
 	}
 	for _, call := range calls { // taken out of calls here: expire finds none of them
