@@ -259,111 +259,103 @@ func TestSizeClasses(t *testing.T) {
 // of a slab's sparse tail chunks and gives those chunks back, on the heap
 // and in mapped blocks, changing no record and no later decision.
 func TestSweepGivesSparseChunksBack(t *testing.T) {
-	d, _ := window.NewDomain("default", window.DefaultRules())
-	for _, heap := range []bool{false, true} {
-		t.Run(fmt.Sprintf("heap=%v", heap), func(t *testing.T) {
-			st, err := New(Config{Partitions: 1, HeapSlabs: heap})
+	onSlabKinds(t, func(t *testing.T, st *Store, ref Ref, d *window.Domain) {
+		const n = 20_000
+		var dec window.Decision
+		var ws window.Scratch
+		plain := make([][]byte, n)
+		keys := make([]uint64, n)
+		tags := make([]uint16, n)
+		send := func(i int, at int64) {
+			it := window.Item{Content: uint64(i) + 1}
+			var sd window.Decision
+			if _, _, err := apply(st, ref, keys[i], tags[i], at, it, 0, &sd); err != nil {
+				t.Fatal(err)
+			}
+			out, err := d.Apply(&ws, plain[i], tags[i], at, it, &dec)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ref := st.Bind(d)
-			const n = 20_000
-			var dec window.Decision
-			var ws window.Scratch
-			plain := make([][]byte, n)
-			keys := make([]uint64, n)
-			tags := make([]uint16, n)
-			send := func(i int, at int64) {
-				it := window.Item{Content: uint64(i) + 1}
-				var sd window.Decision
-				if _, _, err := apply(st, ref, keys[i], tags[i], at, it, 0, &sd); err != nil {
-					t.Fatal(err)
-				}
-				out, err := d.Apply(&ws, plain[i], tags[i], at, it, &dec)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if sd != dec {
-					t.Fatalf("recipient %d at %d: store decides %+v, engine %+v", i, at, sd, dec)
-				}
-				if out != nil {
-					plain[i] = append(plain[i][:0], out...)
-				}
+			if sd != dec {
+				t.Fatalf("recipient %d at %d: store decides %+v, engine %+v", i, at, sd, dec)
 			}
+			if out != nil {
+				plain[i] = append(plain[i][:0], out...)
+			}
+		}
+		for i := range n {
+			keys[i], tags[i] = keyOf(fmt.Sprintf("+86%011d", i))
+			send(i, t0+int64(i))
+		}
+		first := st.SizeClasses(ref)[0] // every record has one send: one class
+		for i := range n {
+			if i%10 != 0 { // 90% move up a class, leaving the first sparse
+				send(i, t0+n+int64(i))
+			}
+		}
+		before, heldBefore := st.Stats(ref), st.Memory().HeldBytes
+		if got := sweepAll(t, st, ref, 0); got != 0 {
+			t.Fatalf("reclaimed %d", got)
+		}
+		after, heldAfter := st.Stats(ref), st.Memory().HeldBytes
+		if after.Moved == 0 || after.Records != n {
+			t.Fatalf("after the sweep: %+v", after)
+		}
+		var firstAfter ClassStats
+		for _, c := range st.SizeClasses(ref) {
+			if c.Size == first.Size {
+				firstAfter = c
+			}
+		}
+		if firstAfter.Records != n/10 || firstAfter.Reserved >= first.Reserved/4 {
+			t.Errorf("class %d: %+v before the moves up, %+v after the sweep", first.Size, first, firstAfter)
+		}
+		if freed := before.SlabBytes - after.SlabBytes; freed < first.Reserved/2 || heldBefore-heldAfter != freed {
+			t.Errorf("slabs %d -> %d bytes, held %d -> %d", before.SlabBytes, after.SlabBytes, heldBefore, heldAfter)
+		}
+		seen := 0
+		st.ForEach(0, func(_ string, key uint64, rec []byte) bool {
 			for i := range n {
-				keys[i], tags[i] = keyOf(fmt.Sprintf("+86%011d", i))
-				send(i, t0+int64(i))
-			}
-			first := st.SizeClasses(ref)[0] // every record has one send: one class
-			for i := range n {
-				if i%10 != 0 { // 90% move up a class, leaving the first sparse
-					send(i, t0+n+int64(i))
-				}
-			}
-			before, heldBefore := st.Stats(ref), st.Memory().HeldBytes
-			if got := sweepAll(t, st, ref, 0); got != 0 {
-				t.Fatalf("reclaimed %d", got)
-			}
-			after, heldAfter := st.Stats(ref), st.Memory().HeldBytes
-			if after.Moved == 0 || after.Records != n {
-				t.Fatalf("after the sweep: %+v", after)
-			}
-			var firstAfter ClassStats
-			for _, c := range st.SizeClasses(ref) {
-				if c.Size == first.Size {
-					firstAfter = c
-				}
-			}
-			if firstAfter.Records != n/10 || firstAfter.Reserved >= first.Reserved/4 {
-				t.Errorf("class %d: %+v before the moves up, %+v after the sweep", first.Size, first, firstAfter)
-			}
-			if freed := before.SlabBytes - after.SlabBytes; freed < first.Reserved/2 || heldBefore-heldAfter != freed {
-				t.Errorf("slabs %d -> %d bytes, held %d -> %d", before.SlabBytes, after.SlabBytes, heldBefore, heldAfter)
-			}
-			seen := 0
-			st.ForEach(0, func(_ string, key uint64, rec []byte) bool {
-				for i := range n {
-					if storedKey(keys[i]) == key {
-						if string(rec[:len(plain[i])]) != string(plain[i]) {
-							t.Fatalf("recipient %d: store holds %x, engine %x", i, rec[:len(plain[i])], plain[i])
-						}
-						seen++
-						break
+				if storedKey(keys[i]) == key {
+					if string(rec[:len(plain[i])]) != string(plain[i]) {
+						t.Fatalf("recipient %d: store holds %x, engine %x", i, rec[:len(plain[i])], plain[i])
 					}
-				}
-				return seen < 200 // a sample: the decisions below check every record
-			})
-			if held := heldNow(st); held != heldAfter {
-				t.Errorf("held account %d, recount %d", heldAfter, held)
-			}
-			if got := sweepAll(t, st, ref, 0); got != 0 || st.Stats(ref).Moved != after.Moved {
-				t.Errorf("a second sweep reclaimed %d and moved %d more", got, st.Stats(ref).Moved-after.Moved)
-			}
-			// New records of the first class fill the slots and chunks given
-			// back before the store maps anything new.
-			mapped := st.Memory().MappedBytes
-			for i := range n {
-				if i%10 != 0 {
-					k, tag := keyOf(fmt.Sprintf("+87%011d", i))
-					if _, _, err := apply(st, ref, k, tag, t0+2*n, window.Item{Content: 1}, 0, &dec); err != nil {
-						t.Fatal(err)
-					}
+					seen++
+					break
 				}
 			}
-			if got := st.Memory().MappedBytes; got != mapped {
-				t.Errorf("refilling the class mapped %d bytes more", got-mapped)
-			}
-			for i := range n {
-				send(i, t0+3*n+int64(i))
-			}
-			if got := sweepAll(t, st, ref, 0); got != 0 {
-				t.Fatalf("reclaimed %d", got)
-			}
-			if held := heldNow(st); held != st.Memory().HeldBytes {
-				t.Errorf("held account %d, recount %d", st.Memory().HeldBytes, held)
-			}
+			return seen < 200 // a sample: the decisions below check every record
 		})
-	}
+		if held := heldNow(st); held != heldAfter {
+			t.Errorf("held account %d, recount %d", heldAfter, held)
+		}
+		if got := sweepAll(t, st, ref, 0); got != 0 || st.Stats(ref).Moved != after.Moved {
+			t.Errorf("a second sweep reclaimed %d and moved %d more", got, st.Stats(ref).Moved-after.Moved)
+		}
+		// New records of the first class fill the slots and chunks given
+		// back before the store maps anything new.
+		mapped := st.Memory().MappedBytes
+		for i := range n {
+			if i%10 != 0 {
+				k, tag := keyOf(fmt.Sprintf("+87%011d", i))
+				if _, _, err := apply(st, ref, k, tag, t0+2*n, window.Item{Content: 1}, 0, &dec); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if got := st.Memory().MappedBytes; got != mapped {
+			t.Errorf("refilling the class mapped %d bytes more", got-mapped)
+		}
+		for i := range n {
+			send(i, t0+3*n+int64(i))
+		}
+		if got := sweepAll(t, st, ref, 0); got != 0 {
+			t.Fatalf("reclaimed %d", got)
+		}
+		if held := heldNow(st); held != st.Memory().HeldBytes {
+			t.Errorf("held account %d, recount %d", st.Memory().HeldBytes, held)
+		}
+	})
 }
 
 // TestSweepAbandonsADefragmentationARecordLanded checks that a sweep pass

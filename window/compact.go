@@ -29,7 +29,7 @@ func (d *Domain) Compact(s *Scratch, rec []byte, now int64) (out []byte, compact
 	if !d.Compactable(newest, now) {
 		return nil, false, nil
 	}
-	if n, err := s.st.contentLogs(rec); err != nil || n == 0 {
+	if n, err := contentLogs(rec); err != nil || n == 0 {
 		return nil, false, err
 	}
 	if err := s.st.decode(rec); err != nil {
@@ -56,12 +56,11 @@ func (d *Domain) Compactable(newest, now int64) bool {
 // RecordFormat, reading its header and skipping the recipient log's gaps,
 // in place: a sweep asks this of every record older than the content
 // window at every pass.
-func (s *state) contentLogs(rec []byte) (int, error) {
+func contentLogs(rec []byte) (int, error) {
 	if len(rec) > MaxRecordBytes {
 		return 0, fmt.Errorf("%w: %d bytes, more than %d", ErrCorruptRecord, len(rec), MaxRecordBytes)
 	}
-	pos := uint(tagBits + timeBits)
-	n, pos := countAt(rec, pos)
+	n, pos := countAt(rec, tagBits+timeBits)
 	if n > 0 {
 		pos += 1 + uint(bitsAt(rec, pos, 1))*timeBits
 		if n > 1 {

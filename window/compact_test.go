@@ -143,7 +143,7 @@ func FuzzCompact(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, later int64) {
 		var s Scratch
 		var full, small state
-		n, nerr := s.st.contentLogs(b)
+		n, nerr := contentLogs(b)
 		if err := full.decode(b); err != nil {
 			return
 		}
