@@ -91,6 +91,10 @@ var (
 		"Snapshots written since start.")
 	descReplicated = desc("freqring_replicated_sends_total",
 		"Sends acknowledged by their partition's backup.")
+	descReplicateCalls = desc("freqring_replicate_calls_total",
+		"Replicate calls made to backups (each carries the sends of concurrent batches).")
+	descReplicateUnaryCalls = desc("freqring_replicate_unary_calls_total",
+		"Replicate calls made as unary calls instead of on a ReplicateStream: the backup has none (an older version).")
 	descReplicationFailures = desc("freqring_replication_failures_total",
 		"Sends their partition's backup did not confirm.")
 	descReplicationLag = desc("freqring_replication_lag_sends",
@@ -108,7 +112,7 @@ var allDescs = []*prometheus.Desc{
 	descForwarded, descRingEpoch, descRingMembers, descPartitions, descOwnedRecords, descDomainRecords,
 	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreLimit, descStoreRefused,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
-	descReplicated, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
+	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
 }
 
 // Describe sends the descriptions of every metric Collect may send.
@@ -179,6 +183,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descWALRotations, s.WAL.Rotations)
 	counter(descSnapshots, s.Snapshots)
 	counter(descReplicated, s.ReplicatedSends)
+	counter(descReplicateCalls, s.ReplicateCalls)
+	counter(descReplicateUnaryCalls, s.ReplicateUnaryCalls)
 	counter(descReplicationFailures, s.ReplicationFailures)
 	gauge(descReplicationLag, float64(s.ReplicationLag))
 	counter(descReloads, s.Reloads, "ok")

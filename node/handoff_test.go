@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -282,6 +283,15 @@ func testMembershipChangesUnderLoad(t *testing.T, inMemory bool) {
 	wg.Wait()
 
 	wantExact(t, rs, s, rec, population)
+	// Over gRPC, replication goes on ReplicateStreams; in memory, as unary calls.
+	var calls, unary int64
+	for _, m := range c.Up() {
+		st := m.Node.Stats()
+		calls, unary = calls+st.ReplicateCalls, unary+st.ReplicateUnaryCalls
+	}
+	if want := map[bool]int64{true: calls, false: 0}[inMemory]; calls == 0 || unary != want {
+		t.Errorf("%d Replicate calls, %d of them unary: want some, %d unary", calls, unary, want)
+	}
 }
 
 // churn takes c, 3 nodes under load rec, through a join, a leave, a kill and
@@ -518,6 +528,37 @@ func TestPeersAreChecked(t *testing.T) {
 	img, _ = b.Node.Image(backed)
 	_, err = a.Node.Fill(ctx, &pb.FillRequest{Node: ms[2].Name, RingEpoch: r.Epoch(), Images: [][]byte{img}})
 	f("fill, not the owner", err, codes.FailedPrecondition, "is owned by "+b.Name)
+
+	// The same refusals on a ReplicateStream: each answered by an ack of its
+	// call id with Replicate's code and message; the stream goes on, and
+	// ends without error when the caller closes its side.
+	refused := []*pb.ReplicateRequest{
+		{Node: b.Name, RingEpoch: r.Epoch(), Sends: []byte{2, 1, 2, 3}, CallId: 11},
+		{Node: "stranger", RingEpoch: r.Epoch(), CallId: 12},
+		{Node: b.Name, RingEpoch: r.Epoch() + 1, CallId: 13},
+	}
+	in := make(chan *pb.ReplicateRequest, len(refused))
+	for _, req := range refused {
+		in <- req
+	}
+	close(in)
+	var acks []*pb.ReplicateAck
+	err = a.Node.ReplicateStream(ctx, func() (*pb.ReplicateRequest, error) {
+		if req, ok := <-in; ok {
+			return req, nil
+		}
+		return nil, io.EOF
+	}, func(ack *pb.ReplicateAck) error { acks = append(acks, ack); return nil })
+	if err != nil || len(acks) != len(refused) {
+		t.Fatalf("stream: %v after %d acks, want nil after %d", err, len(acks), len(refused))
+	}
+	for i, req := range refused {
+		_, uerr := a.Node.Replicate(ctx, req)
+		st := status.Convert(uerr)
+		if got := acks[i]; got.CallId != req.CallId || got.Code != uint32(st.Code()) || got.Code == 0 || got.Message != st.Message() {
+			t.Errorf("stream ack %v for %v, want call id %d and Replicate's %v", got, req, req.CallId, uerr)
+		}
+	}
 
 	after := a.Node.Stats()
 	if !reflect.DeepEqual(before.Open, after.Open) || !reflect.DeepEqual(before.Partitions, after.Partitions) {

@@ -299,6 +299,7 @@ type Node struct {
 	stopMover context.CancelFunc
 
 	replicated, replicationFailures atomic.Int64
+	replCalls, replUnaryCalls       atomic.Int64
 	unacked                         []atomic.Int64         // per partition: sends admitted, not yet on the backup (async)
 	replMu                          sync.Mutex             // guards replicators
 	replicators                     map[string]*replicator // by backup name
@@ -519,6 +520,11 @@ type Stats struct {
 	// their partition's backup and sends the backup did not confirm;
 	// ReplicationLag is the sends admitted and not yet on a backup (async).
 	ReplicatedSends, ReplicationFailures, ReplicationLag int64
+	// ReplicateCalls counts the Replicate calls made to backups, each
+	// carrying the sends of concurrent batches; ReplicateUnaryCalls those of
+	// them made as unary calls instead of on a ReplicateStream (a backup of
+	// an older version, or an in-process peer).
+	ReplicateCalls, ReplicateUnaryCalls int64
 }
 
 // RingStats describe the ring a node routes by, as the node sees it.
@@ -563,7 +569,8 @@ func (n *Node) Stats() Stats {
 		FailedByCode: n.decisions.failedByCode(), Duplicates: n.decisions.duplicates.Load(),
 		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
 		Memory: n.store.Memory(), Serving: n.Serving(),
-		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load()}
+		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load(),
+		ReplicateCalls: n.replCalls.Load(), ReplicateUnaryCalls: n.replUnaryCalls.Load()}
 	for p := range n.unacked {
 		s.ReplicationLag += n.unacked[p].Load()
 	}

@@ -143,6 +143,10 @@ type replicator struct {
 	mu     sync.Mutex // guards the fields below
 	next   *replCall  // gathering sends; nil when none wait
 	flying int
+
+	stMu          sync.Mutex  // guards st and noStreamUntil (replstream.go)
+	st            *replStream // the stream to the backup; nil before the first call
+	noStreamUntil time.Time   // unary calls until then: the backup has no ReplicateStream
 }
 
 // replCall is one Replicate call and the batches waiting for it.
@@ -160,6 +164,9 @@ func (n *Node) replicatorFor(m ring.Member) *replicator {
 	defer n.replMu.Unlock()
 	rp := n.replicators[m.Name]
 	if rp == nil || rp.member != m {
+		if rp != nil {
+			rp.closeStream()
+		}
 		rp = &replicator{n: n, member: m}
 		n.replicators[m.Name] = rp
 	}
@@ -232,10 +239,16 @@ func (rp *replicator) call(c *replCall) error {
 	if err != nil {
 		return err
 	}
+	defer n.replicated.Add(int64(c.enc.n))
+	n.replCalls.Add(1)
+	req := &pb.ReplicateRequest{Node: n.cfg.Name, RingEpoch: c.epoch, Sends: c.enc.bytes()}
+	if ok, err := rp.replicateOnStream(cli, req); ok {
+		return err
+	}
+	n.replUnaryCalls.Add(1)
 	ctx, cancel := context.WithTimeout(n.moverCtx, ForwardTimeout)
 	defer cancel()
-	_, err = cli.Replicate(ctx, &pb.ReplicateRequest{Node: n.cfg.Name, RingEpoch: c.epoch, Sends: c.enc.bytes()})
-	n.replicated.Add(int64(c.enc.n))
+	_, err = cli.Replicate(ctx, req)
 	return err
 }
 
@@ -264,6 +277,20 @@ func (n *Node) failUnreplicated(resp *pb.CheckResponse, rs *replicaSet) {
 // the sends the owner admitted, in its store and WAL, before it returns.
 // The whole message is checked before anything changes.
 func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
+	enc, err := n.recordReplicated(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.logReplicated(ctx, enc); err != nil {
+		return nil, err
+	}
+	return &pb.ReplicateResponse{}, nil
+}
+
+// recordReplicated is Replicate up to the WAL: it checks req whole, records
+// its sends in the store and returns those the WAL must get (nil when the
+// node keeps none, or has them all).
+func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	r, err := n.peerRing(req.Node, req.RingEpoch, false)
 	if err != nil {
 		return nil, err
@@ -291,7 +318,7 @@ func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.Rep
 		return nil, err
 	}
 	now := n.nowMs()
-	var enc walEncoder
+	enc := new(walEncoder)
 	for _, s := range sends {
 		p := n.store.PartitionOf(s.key)
 		var seq uint64
@@ -315,12 +342,22 @@ func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.Rep
 			enc.add(s)
 		}
 	}
-	if n.dur != nil && enc.n > 0 {
-		if _, err := n.dur.log.Append(ctx, enc.bytes()); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "node %s: write-ahead log: %v", n.cfg.Name, err)
-		}
+	if n.dur == nil || enc.n == 0 {
+		return nil, nil
 	}
-	return &pb.ReplicateResponse{}, nil
+	return enc, nil
+}
+
+// logReplicated appends what recordReplicated returned to the WAL and waits
+// until it is durable; nil does nothing.
+func (n *Node) logReplicated(ctx context.Context, enc *walEncoder) error {
+	if enc == nil {
+		return nil
+	}
+	if _, err := n.dur.log.Append(ctx, enc.bytes()); err != nil {
+		return status.Errorf(codes.Unavailable, "node %s: write-ahead log: %v", n.cfg.Name, err)
+	}
+	return nil
 }
 
 // ackSends counts k sends of partition p as on their backup.

@@ -73,6 +73,10 @@ func (s peerServer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*p
 	return s.n.Replicate(ctx, req)
 }
 
+func (s peerServer) ReplicateStream(stream grpc.BidiStreamingServer[pb.ReplicateRequest, pb.ReplicateAck]) error {
+	return s.n.ReplicateStream(stream.Context(), stream.Recv, stream.Send)
+}
+
 func (s peerServer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
 	return s.n.Handback(ctx, req)
 }

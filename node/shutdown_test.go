@@ -20,7 +20,7 @@ import (
 // (every client does) kept a stopping node in GracefulStop for the whole
 // grace period. With a grace of ten minutes, Serve must return as soon as
 // the in-flight calls are done, ending the watch with UNAVAILABLE. So must a
-// client's CheckStream, open but idle.
+// client's CheckStream, open but idle, and a peer's ReplicateStream.
 func TestShutdownEndsWatchers(t *testing.T) {
 	for _, clustered := range []bool{false, true} {
 		t.Run(map[bool]string{false: "alone", true: "gossip"}[clustered], func(t *testing.T) {
@@ -68,6 +68,18 @@ func TestShutdownEndsWatchers(t *testing.T) {
 			if resp, err := checks.Recv(); err != nil || resp.StreamId != 1 || len(resp.Admitted) != 1 {
 				t.Fatalf("streamed check: %v, %v", resp, err)
 			}
+			// A peer's ReplicateStream, open but idle: its one request (from a
+			// node outside the ring) answered with an error ack.
+			repl, err := pb.NewPeerClient(conn).ReplicateStream(wctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := repl.Send(&pb.ReplicateRequest{Node: "stranger", CallId: 5}); err != nil {
+				t.Fatal(err)
+			}
+			if ack, err := repl.Recv(); err != nil || ack.CallId != 5 || ack.Code == 0 {
+				t.Fatalf("replication ack: %v, %v; want call id 5 refused", ack, err)
+			}
 			cancel()
 			select {
 			case err := <-served:
@@ -87,6 +99,9 @@ func TestShutdownEndsWatchers(t *testing.T) {
 			}
 			if _, err = checks.Recv(); status.Code(err) != codes.Unavailable {
 				t.Fatalf("the check stream ended with %v, want UNAVAILABLE", err)
+			}
+			if _, err = repl.Recv(); status.Code(err) != codes.Unavailable {
+				t.Fatalf("the replication stream ended with %v, want UNAVAILABLE", err)
 			}
 		})
 	}

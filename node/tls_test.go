@@ -3,7 +3,9 @@ package node_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -155,6 +157,18 @@ func TestPeerMTLS(t *testing.T) {
 		_, out["Replicate"] = pc.Replicate(ctx, &pb.ReplicateRequest{Node: a.Name, RingEpoch: r.Epoch()})
 		_, out["Fill"] = pc.Fill(ctx, &pb.FillRequest{Node: a.Name, RingEpoch: r.Epoch()})
 		_, out["Handback"] = pc.Handback(ctx, &pb.HandbackRequest{Node: a.Name, RingEpoch: r.Epoch()})
+		// A stream's refusal comes at its first Recv.
+		out["ReplicateStream"] = func() error {
+			st, err := pc.ReplicateStream(ctx)
+			if err != nil {
+				return err
+			}
+			if err := st.Send(&pb.ReplicateRequest{Node: a.Name, RingEpoch: r.Epoch(), CallId: 1}); err != nil && !errors.Is(err, io.EOF) {
+				return err
+			}
+			_, err = st.Recv()
+			return err
+		}()
 		return out
 	}
 	before := b.Node.Stats()

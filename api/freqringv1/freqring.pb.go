@@ -2096,7 +2096,8 @@ type ReplicateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
-	Sends         []byte                 `protobuf:"bytes,3,opt,name=sends,proto3" json:"sends,omitempty"` // a WAL payload: the sends of one batch that this node backs
+	Sends         []byte                 `protobuf:"bytes,3,opt,name=sends,proto3" json:"sends,omitempty"`                  // a WAL payload: the sends of one batch that this node backs
+	CallId        uint64                 `protobuf:"varint,4,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"` // ReplicateStream: echoed in the call's ReplicateAck
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2152,6 +2153,74 @@ func (x *ReplicateRequest) GetSends() []byte {
 	return nil
 }
 
+func (x *ReplicateRequest) GetCallId() uint64 {
+	if x != nil {
+		return x.CallId
+	}
+	return 0
+}
+
+// ReplicateAck answers one request of a ReplicateStream.
+type ReplicateAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CallId        uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Code          uint32                 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`      // a gRPC status code: 0, the sends are recorded (and durable)
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"` // the status message when code is not 0
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateAck) Reset() {
+	*x = ReplicateAck{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateAck) ProtoMessage() {}
+
+func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
+func (*ReplicateAck) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ReplicateAck) GetCallId() uint64 {
+	if x != nil {
+		return x.CallId
+	}
+	return 0
+}
+
+func (x *ReplicateAck) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ReplicateAck) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type ReplicateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2160,7 +2229,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2241,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[27]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2254,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{27}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{28}
 }
 
 type FillRequest struct {
@@ -2199,7 +2268,7 @@ type FillRequest struct {
 
 func (x *FillRequest) Reset() {
 	*x = FillRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2280,7 @@ func (x *FillRequest) String() string {
 func (*FillRequest) ProtoMessage() {}
 
 func (x *FillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[28]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2293,7 @@ func (x *FillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FillRequest.ProtoReflect.Descriptor instead.
 func (*FillRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{28}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FillRequest) GetNode() string {
@@ -2256,7 +2325,7 @@ type FillResponse struct {
 
 func (x *FillResponse) Reset() {
 	*x = FillResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[29]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2337,7 @@ func (x *FillResponse) String() string {
 func (*FillResponse) ProtoMessage() {}
 
 func (x *FillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[29]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2350,7 @@ func (x *FillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FillResponse.ProtoReflect.Descriptor instead.
 func (*FillResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{29}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{30}
 }
 
 type HandbackRequest struct {
@@ -2299,7 +2368,7 @@ type HandbackRequest struct {
 
 func (x *HandbackRequest) Reset() {
 	*x = HandbackRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[30]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2311,7 +2380,7 @@ func (x *HandbackRequest) String() string {
 func (*HandbackRequest) ProtoMessage() {}
 
 func (x *HandbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[30]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2324,7 +2393,7 @@ func (x *HandbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandbackRequest.ProtoReflect.Descriptor instead.
 func (*HandbackRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{30}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HandbackRequest) GetNode() string {
@@ -2363,7 +2432,7 @@ type HandbackResponse struct {
 
 func (x *HandbackResponse) Reset() {
 	*x = HandbackResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[31]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2444,7 @@ func (x *HandbackResponse) String() string {
 func (*HandbackResponse) ProtoMessage() {}
 
 func (x *HandbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[31]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2457,7 @@ func (x *HandbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandbackResponse.ProtoReflect.Descriptor instead.
 func (*HandbackResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{31}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{32}
 }
 
 type UsageRequest struct {
@@ -2405,7 +2474,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[32]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2486,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[32]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2499,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{32}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UsageRequest) GetDays() uint32 {
@@ -2473,7 +2542,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[33]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2485,7 +2554,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[33]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2498,7 +2567,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{33}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UsageResponse) GetNode() string {
@@ -2564,7 +2633,7 @@ type UsageDay struct {
 
 func (x *UsageDay) Reset() {
 	*x = UsageDay{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[34]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2645,7 @@ func (x *UsageDay) String() string {
 func (*UsageDay) ProtoMessage() {}
 
 func (x *UsageDay) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[34]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2658,7 @@ func (x *UsageDay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageDay.ProtoReflect.Descriptor instead.
 func (*UsageDay) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{34}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UsageDay) GetDate() string {
@@ -2652,7 +2721,7 @@ type UsageRule struct {
 
 func (x *UsageRule) Reset() {
 	*x = UsageRule{}
-	mi := &file_freqring_v1_freqring_proto_msgTypes[35]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2664,7 +2733,7 @@ func (x *UsageRule) String() string {
 func (*UsageRule) ProtoMessage() {}
 
 func (x *UsageRule) ProtoReflect() protoreflect.Message {
-	mi := &file_freqring_v1_freqring_proto_msgTypes[35]
+	mi := &file_freqring_v1_freqring_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2677,7 +2746,7 @@ func (x *UsageRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRule.ProtoReflect.Descriptor instead.
 func (*UsageRule) Descriptor() ([]byte, []int) {
-	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{35}
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UsageRule) GetName() string {
@@ -2875,12 +2944,17 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"partitions\x18\x03 \x03(\rR\n" +
 	"partitions\"+\n" +
 	"\x0fReleaseResponse\x12\x18\n" +
-	"\adropped\x18\x01 \x03(\rR\adropped\"[\n" +
+	"\adropped\x18\x01 \x03(\rR\adropped\"t\n" +
 	"\x10ReplicateRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x14\n" +
-	"\x05sends\x18\x03 \x01(\fR\x05sends\"\x13\n" +
+	"\x05sends\x18\x03 \x01(\fR\x05sends\x12\x17\n" +
+	"\acall_id\x18\x04 \x01(\x04R\x06callId\"U\n" +
+	"\fReplicateAck\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x13\n" +
 	"\x11ReplicateResponse\"X\n" +
 	"\vFillRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
@@ -2936,12 +3010,13 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x04Ring\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse\x12B\n" +
 	"\tWatchRing\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse0\x01\x12A\n" +
 	"\x06Status\x12\x1a.freqring.v1.StatusRequest\x1a\x1b.freqring.v1.StatusResponse\x12>\n" +
-	"\x05Usage\x12\x19.freqring.v1.UsageRequest\x1a\x1a.freqring.v1.UsageResponse2\xa6\x03\n" +
+	"\x05Usage\x12\x19.freqring.v1.UsageRequest\x1a\x1a.freqring.v1.UsageResponse2\xf7\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12D\n" +
 	"\aAcquire\x12\x1b.freqring.v1.AcquireRequest\x1a\x1c.freqring.v1.AcquireResponse\x12D\n" +
 	"\aRelease\x12\x1b.freqring.v1.ReleaseRequest\x1a\x1c.freqring.v1.ReleaseResponse\x12J\n" +
-	"\tReplicate\x12\x1d.freqring.v1.ReplicateRequest\x1a\x1e.freqring.v1.ReplicateResponse\x12;\n" +
+	"\tReplicate\x12\x1d.freqring.v1.ReplicateRequest\x1a\x1e.freqring.v1.ReplicateResponse\x12O\n" +
+	"\x0fReplicateStream\x12\x1d.freqring.v1.ReplicateRequest\x1a\x19.freqring.v1.ReplicateAck(\x010\x01\x12;\n" +
 	"\x04Fill\x12\x18.freqring.v1.FillRequest\x1a\x19.freqring.v1.FillResponse\x12G\n" +
 	"\bHandback\x12\x1c.freqring.v1.HandbackRequest\x1a\x1d.freqring.v1.HandbackResponse2\x8a\x02\n" +
 	"\x05Admin\x12P\n" +
@@ -2962,7 +3037,7 @@ func file_freqring_v1_freqring_proto_rawDescGZIP() []byte {
 }
 
 var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_freqring_v1_freqring_proto_goTypes = []any{
 	(Mode)(0),                      // 0: freqring.v1.Mode
 	(UsageZone)(0),                 // 1: freqring.v1.UsageZone
@@ -2993,27 +3068,28 @@ var file_freqring_v1_freqring_proto_goTypes = []any{
 	(*ReleaseRequest)(nil),         // 26: freqring.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),        // 27: freqring.v1.ReleaseResponse
 	(*ReplicateRequest)(nil),       // 28: freqring.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),      // 29: freqring.v1.ReplicateResponse
-	(*FillRequest)(nil),            // 30: freqring.v1.FillRequest
-	(*FillResponse)(nil),           // 31: freqring.v1.FillResponse
-	(*HandbackRequest)(nil),        // 32: freqring.v1.HandbackRequest
-	(*HandbackResponse)(nil),       // 33: freqring.v1.HandbackResponse
-	(*UsageRequest)(nil),           // 34: freqring.v1.UsageRequest
-	(*UsageResponse)(nil),          // 35: freqring.v1.UsageResponse
-	(*UsageDay)(nil),               // 36: freqring.v1.UsageDay
-	(*UsageRule)(nil),              // 37: freqring.v1.UsageRule
-	nil,                            // 38: freqring.v1.Override.LimitsEntry
-	nil,                            // 39: freqring.v1.CheckResponse.DomainsEntry
+	(*ReplicateAck)(nil),           // 29: freqring.v1.ReplicateAck
+	(*ReplicateResponse)(nil),      // 30: freqring.v1.ReplicateResponse
+	(*FillRequest)(nil),            // 31: freqring.v1.FillRequest
+	(*FillResponse)(nil),           // 32: freqring.v1.FillResponse
+	(*HandbackRequest)(nil),        // 33: freqring.v1.HandbackRequest
+	(*HandbackResponse)(nil),       // 34: freqring.v1.HandbackResponse
+	(*UsageRequest)(nil),           // 35: freqring.v1.UsageRequest
+	(*UsageResponse)(nil),          // 36: freqring.v1.UsageResponse
+	(*UsageDay)(nil),               // 37: freqring.v1.UsageDay
+	(*UsageRule)(nil),              // 38: freqring.v1.UsageRule
+	nil,                            // 39: freqring.v1.Override.LimitsEntry
+	nil,                            // 40: freqring.v1.CheckResponse.DomainsEntry
 }
 var file_freqring_v1_freqring_proto_depIdxs = []int32{
-	38, // 0: freqring.v1.Override.limits:type_name -> freqring.v1.Override.LimitsEntry
+	39, // 0: freqring.v1.Override.limits:type_name -> freqring.v1.Override.LimitsEntry
 	2,  // 1: freqring.v1.OverrideSetRequest.override:type_name -> freqring.v1.Override
 	2,  // 2: freqring.v1.OverrideSetResponse.override:type_name -> freqring.v1.Override
 	2,  // 3: freqring.v1.OverrideListResponse.overrides:type_name -> freqring.v1.Override
 	2,  // 4: freqring.v1.OverrideListResponse.deleted:type_name -> freqring.v1.Override
 	0,  // 5: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
 	12, // 6: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	39, // 7: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	40, // 7: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
 	11, // 8: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
 	14, // 9: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
 	18, // 10: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
@@ -3022,8 +3098,8 @@ var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	22, // 13: freqring.v1.StatusResponse.domains:type_name -> freqring.v1.DomainStatus
 	13, // 14: freqring.v1.RulesResponse.domains:type_name -> freqring.v1.Domain
 	1,  // 15: freqring.v1.UsageRequest.zone:type_name -> freqring.v1.UsageZone
-	36, // 16: freqring.v1.UsageResponse.days:type_name -> freqring.v1.UsageDay
-	37, // 17: freqring.v1.UsageDay.rules:type_name -> freqring.v1.UsageRule
+	37, // 16: freqring.v1.UsageResponse.days:type_name -> freqring.v1.UsageDay
+	38, // 17: freqring.v1.UsageDay.rules:type_name -> freqring.v1.UsageRule
 	13, // 18: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
 	9,  // 19: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
 	9,  // 20: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
@@ -3031,34 +3107,36 @@ var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	16, // 22: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
 	16, // 23: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
 	20, // 24: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
-	34, // 25: freqring.v1.Limiter.Usage:input_type -> freqring.v1.UsageRequest
+	35, // 25: freqring.v1.Limiter.Usage:input_type -> freqring.v1.UsageRequest
 	9,  // 26: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
 	24, // 27: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
 	26, // 28: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
 	28, // 29: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
-	30, // 30: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
-	32, // 31: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
-	3,  // 32: freqring.v1.Admin.SetOverride:input_type -> freqring.v1.OverrideSetRequest
-	5,  // 33: freqring.v1.Admin.DeleteOverride:input_type -> freqring.v1.OverrideDeleteRequest
-	7,  // 34: freqring.v1.Admin.ListOverrides:input_type -> freqring.v1.OverrideListRequest
-	10, // 35: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	10, // 36: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
-	23, // 37: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	17, // 38: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
-	17, // 39: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
-	21, // 40: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
-	35, // 41: freqring.v1.Limiter.Usage:output_type -> freqring.v1.UsageResponse
-	10, // 42: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
-	25, // 43: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
-	27, // 44: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
-	29, // 45: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
-	31, // 46: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
-	33, // 47: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
-	4,  // 48: freqring.v1.Admin.SetOverride:output_type -> freqring.v1.OverrideSetResponse
-	6,  // 49: freqring.v1.Admin.DeleteOverride:output_type -> freqring.v1.OverrideDeleteResponse
-	8,  // 50: freqring.v1.Admin.ListOverrides:output_type -> freqring.v1.OverrideListResponse
-	35, // [35:51] is the sub-list for method output_type
-	19, // [19:35] is the sub-list for method input_type
+	28, // 30: freqring.v1.Peer.ReplicateStream:input_type -> freqring.v1.ReplicateRequest
+	31, // 31: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
+	33, // 32: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
+	3,  // 33: freqring.v1.Admin.SetOverride:input_type -> freqring.v1.OverrideSetRequest
+	5,  // 34: freqring.v1.Admin.DeleteOverride:input_type -> freqring.v1.OverrideDeleteRequest
+	7,  // 35: freqring.v1.Admin.ListOverrides:input_type -> freqring.v1.OverrideListRequest
+	10, // 36: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	10, // 37: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
+	23, // 38: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	17, // 39: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	17, // 40: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	21, // 41: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	36, // 42: freqring.v1.Limiter.Usage:output_type -> freqring.v1.UsageResponse
+	10, // 43: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	25, // 44: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
+	27, // 45: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
+	30, // 46: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
+	29, // 47: freqring.v1.Peer.ReplicateStream:output_type -> freqring.v1.ReplicateAck
+	32, // 48: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
+	34, // 49: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
+	4,  // 50: freqring.v1.Admin.SetOverride:output_type -> freqring.v1.OverrideSetResponse
+	6,  // 51: freqring.v1.Admin.DeleteOverride:output_type -> freqring.v1.OverrideDeleteResponse
+	8,  // 52: freqring.v1.Admin.ListOverrides:output_type -> freqring.v1.OverrideListResponse
+	36, // [36:53] is the sub-list for method output_type
+	19, // [19:36] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -3075,7 +3153,7 @@ func file_freqring_v1_freqring_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_freqring_v1_freqring_proto_rawDesc), len(file_freqring_v1_freqring_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

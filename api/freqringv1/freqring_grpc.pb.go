@@ -422,12 +422,13 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Peer_Forward_FullMethodName   = "/freqring.v1.Peer/Forward"
-	Peer_Acquire_FullMethodName   = "/freqring.v1.Peer/Acquire"
-	Peer_Release_FullMethodName   = "/freqring.v1.Peer/Release"
-	Peer_Replicate_FullMethodName = "/freqring.v1.Peer/Replicate"
-	Peer_Fill_FullMethodName      = "/freqring.v1.Peer/Fill"
-	Peer_Handback_FullMethodName  = "/freqring.v1.Peer/Handback"
+	Peer_Forward_FullMethodName         = "/freqring.v1.Peer/Forward"
+	Peer_Acquire_FullMethodName         = "/freqring.v1.Peer/Acquire"
+	Peer_Release_FullMethodName         = "/freqring.v1.Peer/Release"
+	Peer_Replicate_FullMethodName       = "/freqring.v1.Peer/Replicate"
+	Peer_ReplicateStream_FullMethodName = "/freqring.v1.Peer/ReplicateStream"
+	Peer_Fill_FullMethodName            = "/freqring.v1.Peer/Fill"
+	Peer_Handback_FullMethodName        = "/freqring.v1.Peer/Handback"
 )
 
 // PeerClient is the client API for Peer service.
@@ -456,6 +457,15 @@ type PeerClient interface {
 	// the owner replies. Refused unless, under this node's ring, the caller
 	// owns every send's partition and this node backs it.
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// ReplicateStream is Replicate for an owner that replicates often: it
+	// keeps one stream to each backup and sends each call as a request with a
+	// call_id, which this node answers with a ReplicateAck of the same
+	// call_id once Replicate would have returned (code 0), or with the code
+	// and message Replicate would have failed with; the stream goes on. Acks
+	// may come out of request order. The node ends its streams with
+	// UNAVAILABLE when it shuts down, after answering what it read. An owner
+	// whose backup answers UNIMPLEMENTED (an older version) uses Replicate.
+	ReplicateStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateAck], error)
 	// Fill merges partition images from their owner into this node, their
 	// backup, durably: a new backup is filled before it counts as one. The
 	// same checks as Replicate.
@@ -514,6 +524,19 @@ func (c *peerClient) Replicate(ctx context.Context, in *ReplicateRequest, opts .
 	return out, nil
 }
 
+func (c *peerClient) ReplicateStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateAck], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[0], Peer_ReplicateStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReplicateRequest, ReplicateAck]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_ReplicateStreamClient = grpc.BidiStreamingClient[ReplicateRequest, ReplicateAck]
+
 func (c *peerClient) Fill(ctx context.Context, in *FillRequest, opts ...grpc.CallOption) (*FillResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(FillResponse)
@@ -560,6 +583,15 @@ type PeerServer interface {
 	// the owner replies. Refused unless, under this node's ring, the caller
 	// owns every send's partition and this node backs it.
 	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// ReplicateStream is Replicate for an owner that replicates often: it
+	// keeps one stream to each backup and sends each call as a request with a
+	// call_id, which this node answers with a ReplicateAck of the same
+	// call_id once Replicate would have returned (code 0), or with the code
+	// and message Replicate would have failed with; the stream goes on. Acks
+	// may come out of request order. The node ends its streams with
+	// UNAVAILABLE when it shuts down, after answering what it read. An owner
+	// whose backup answers UNIMPLEMENTED (an older version) uses Replicate.
+	ReplicateStream(grpc.BidiStreamingServer[ReplicateRequest, ReplicateAck]) error
 	// Fill merges partition images from their owner into this node, their
 	// backup, durably: a new backup is filled before it counts as one. The
 	// same checks as Replicate.
@@ -589,6 +621,9 @@ func (UnimplementedPeerServer) Release(context.Context, *ReleaseRequest) (*Relea
 }
 func (UnimplementedPeerServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedPeerServer) ReplicateStream(grpc.BidiStreamingServer[ReplicateRequest, ReplicateAck]) error {
+	return status.Error(codes.Unimplemented, "method ReplicateStream not implemented")
 }
 func (UnimplementedPeerServer) Fill(context.Context, *FillRequest) (*FillResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fill not implemented")
@@ -689,6 +724,13 @@ func _Peer_Replicate_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ReplicateStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServer).ReplicateStream(&grpc.GenericServerStream[ReplicateRequest, ReplicateAck]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_ReplicateStreamServer = grpc.BidiStreamingServer[ReplicateRequest, ReplicateAck]
+
 func _Peer_Fill_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(FillRequest)
 	if err := dec(in); err != nil {
@@ -757,7 +799,14 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Peer_Handback_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ReplicateStream",
+			Handler:       _Peer_ReplicateStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "freqring/v1/freqring.proto",
 }
 

@@ -1,0 +1,286 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+)
+
+// This file is Peer.ReplicateStream: the Replicate calls of an owner to one
+// backup on one stream, without a unary call's stream setup, headers and
+// handler goroutine per call. With single checks, an owner makes about one
+// Replicate call per check: as unary calls they raised the median latency
+// of a 3-node cluster's checks several times over, even with asynchronous
+// replication, which waits for none of them (README, "Single checks").
+
+// noStreamFor is how long an owner whose backup answered ReplicateStream
+// with UNIMPLEMENTED (an older version) replicates to it by unary calls
+// before it tries a stream again (the backup may have been upgraded).
+const noStreamFor = time.Minute
+
+// replicaStreamer is a Peer that carries Replicate calls on a stream: the
+// gRPC one (an in-process LocalNetwork peer makes unary calls).
+type replicaStreamer interface {
+	ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck], error)
+}
+
+func (p grpcPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck], error) {
+	return p.c.ReplicateStream(ctx)
+}
+
+// ReplicateStream answers Peer.ReplicateStream: it reads requests through
+// recv and answers each through send with a ReplicateAck of its call_id, as
+// Replicate would answer it. It records each request's sends in stream
+// order on the goroutine that reads them (memory work); when they must
+// reach the WAL, a goroutine of their own waits for it and then answers, at
+// most Limits.MaxStreamRequests at once, so acks may come out of order. It
+// returns when recv fails (io.EOF: the caller closed its side; the error is
+// then nil), when ctx ends, or when the node shuts down (UNAVAILABLE), each
+// time after answering the requests it read. send is called by one
+// goroutine at a time.
+func (n *Node) ReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
+	var (
+		mu      sync.Mutex // serializes send; guards closed and sendErr
+		closed  bool       // the handler is returning: nothing more is started
+		sendErr error
+		wg      sync.WaitGroup // requests read and not yet answered
+	)
+	ack := func(id uint64, err error) {
+		a := &pb.ReplicateAck{CallId: id}
+		if err != nil {
+			st := status.Convert(err)
+			a.Code, a.Message = uint32(st.Code()), st.Message()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if sendErr == nil {
+			sendErr = send(a) // a failed send breaks the stream: recv fails next
+		}
+	}
+	slots := make(chan struct{}, n.cfg.Limits.MaxStreamRequests)
+	ended := make(chan error, 1) // the reader's last recv error
+	go func() {
+		// The reader, which records: gRPC allows one receiver per stream,
+		// and the handler must be free to return when the node stops (its
+		// return cancels ctx, which fails recv).
+		for {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			req, err := recv()
+			if err != nil {
+				ended <- err
+				return
+			}
+			mu.Lock()
+			if closed {
+				mu.Unlock()
+				return
+			}
+			wg.Add(1)
+			mu.Unlock()
+			enc, err := n.recordReplicated(req)
+			if err != nil || enc == nil {
+				ack(req.CallId, err)
+				<-slots
+				wg.Done()
+				continue
+			}
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				ack(req.CallId, n.logReplicated(ctx, enc))
+			}()
+		}
+	}()
+	var err error
+	select {
+	case err = <-ended:
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+	case <-ctx.Done():
+		err = status.FromContextError(ctx.Err()).Err()
+	case <-n.stopping:
+		err = errStreamStopping
+	}
+	mu.Lock()
+	closed = true
+	mu.Unlock()
+	wg.Wait()
+	return err
+}
+
+// replStream is an owner's ReplicateStream to one backup: each call is a
+// request with a call id, matched with its ack by that id. Safe for
+// concurrent use.
+type replStream struct {
+	st     grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck]
+	cancel context.CancelFunc
+	sendMu sync.Mutex // serializes Send
+
+	mu    sync.Mutex // guards the fields below
+	next  uint64     // last call id
+	calls map[uint64]chan *pb.ReplicateAck
+	err   error         // why the stream ended; set once, before done closes
+	done  chan struct{} // closed when the stream has ended
+}
+
+// openReplStream opens a ReplicateStream through p that lives until ctx
+// ends or the stream breaks.
+func openReplStream(ctx context.Context, p replicaStreamer) (*replStream, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	st, err := p.ReplicateStream(sctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	rs := &replStream{st: st, cancel: cancel, calls: map[uint64]chan *pb.ReplicateAck{}, done: make(chan struct{})}
+	go rs.receive()
+	return rs, nil
+}
+
+// receive hands each ack to its call until the stream breaks.
+func (rs *replStream) receive() {
+	for {
+		a, err := rs.st.Recv()
+		if err != nil {
+			rs.end(err)
+			return
+		}
+		rs.mu.Lock()
+		c := rs.calls[a.CallId]
+		delete(rs.calls, a.CallId)
+		rs.mu.Unlock()
+		if c != nil { // nil: a call that gave up waiting
+			c <- a
+		}
+	}
+}
+
+// end ends the stream with err, which every call waiting on it and every
+// later one returns.
+func (rs *replStream) end(err error) {
+	rs.mu.Lock()
+	if rs.err == nil {
+		rs.err = err
+		close(rs.done)
+	}
+	rs.mu.Unlock()
+	rs.cancel()
+}
+
+// ended reports whether the stream has ended.
+func (rs *replStream) ended() bool {
+	select {
+	case <-rs.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// call sends req as the next call and waits for its ack: nil when the
+// backup has the sends, else the status it answered, or the stream's error
+// if the stream ends first. A call not answered within timeout ends the
+// stream (the backup is stuck, or the connection): that call and every
+// call waiting fail with DEADLINE_EXCEEDED, and the next opens a new one.
+func (rs *replStream) call(req *pb.ReplicateRequest, timeout time.Duration) error {
+	c := make(chan *pb.ReplicateAck, 1)
+	rs.mu.Lock()
+	if rs.err != nil {
+		rs.mu.Unlock()
+		return rs.err
+	}
+	rs.next++
+	id := rs.next
+	rs.calls[id] = c
+	rs.mu.Unlock()
+	// The timer also bounds a Send that flow control blocks.
+	watchdog := time.AfterFunc(timeout, func() {
+		rs.end(status.Errorf(codes.DeadlineExceeded, "replication stream: no ack in %v", timeout))
+	})
+	defer watchdog.Stop()
+	req.CallId = id
+	rs.sendMu.Lock()
+	err := rs.st.Send(req)
+	rs.sendMu.Unlock()
+	if err != nil && !errors.Is(err, io.EOF) { // io.EOF: the stream ended, and Recv says why
+		rs.end(status.Errorf(codes.Unavailable, "replication stream: %v", err))
+	}
+	select {
+	case a := <-c:
+		return ackError(a)
+	case <-rs.done:
+		select {
+		case a := <-c: // answered as the stream ended
+			return ackError(a)
+		default:
+		}
+		rs.mu.Lock()
+		delete(rs.calls, id)
+		rs.mu.Unlock()
+		return rs.err
+	}
+}
+
+// ackError returns the status an ack carries, nil for OK.
+func ackError(a *pb.ReplicateAck) error {
+	if a.Code == 0 {
+		return nil
+	}
+	return status.Error(codes.Code(a.Code), a.Message)
+}
+
+// replicateOnStream makes the Replicate call req to the replicator's backup
+// on its stream, opening one if it has none. ok is false when it has no
+// stream to use: the peer is not a replicaStreamer, or the backup answered
+// UNIMPLEMENTED within noStreamFor (the caller then makes a unary call).
+func (rp *replicator) replicateOnStream(p Peer, req *pb.ReplicateRequest) (ok bool, err error) {
+	sp, isStreamer := p.(replicaStreamer)
+	if !isStreamer {
+		return false, nil
+	}
+	rp.stMu.Lock()
+	if time.Now().Before(rp.noStreamUntil) {
+		rp.stMu.Unlock()
+		return false, nil
+	}
+	st := rp.st
+	if st == nil || st.ended() {
+		if st, err = openReplStream(rp.n.moverCtx, sp); err != nil {
+			rp.stMu.Unlock()
+			return true, fmt.Errorf("opening a replication stream to %s (%s): %w", rp.member.Name, rp.member.Addr, err)
+		}
+		rp.st = st
+	}
+	rp.stMu.Unlock()
+	err = st.call(req, ForwardTimeout)
+	if status.Code(err) == codes.Unimplemented {
+		rp.stMu.Lock()
+		rp.noStreamUntil = time.Now().Add(noStreamFor)
+		rp.stMu.Unlock()
+		return false, nil
+	}
+	return true, err
+}
+
+// closeStream ends the replicator's stream, if any: its backup changed.
+func (rp *replicator) closeStream() {
+	rp.stMu.Lock()
+	defer rp.stMu.Unlock()
+	if rp.st != nil {
+		rp.st.end(status.Errorf(codes.Unavailable, "backup %s moved from %s", rp.member.Name, rp.member.Addr))
+	}
+}
