@@ -59,7 +59,7 @@ func (f *fakeReplStream) Recv() (*pb.ReplicateAck, error) {
 // the owner opened it with), and unary Replicate calls are counted and
 // succeed.
 type fakeStreamPeer struct {
-	Peer // unused
+	Peer    // unused
 	mu      sync.Mutex
 	streams []*fakeReplStream
 	opened  chan *fakeReplStream
