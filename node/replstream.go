@@ -138,10 +138,15 @@ type replStream struct {
 }
 
 // openReplStream opens a ReplicateStream through p that lives until ctx
-// ends or the stream breaks.
-func openReplStream(ctx context.Context, p replicaStreamer) (*replStream, error) {
+// ends or the stream breaks. Opening takes at most timeout (a connection
+// still being made holds it).
+func openReplStream(ctx context.Context, p replicaStreamer, timeout time.Duration) (*replStream, error) {
 	sctx, cancel := context.WithCancel(ctx)
+	giveUp := time.AfterFunc(timeout, cancel)
 	st, err := p.ReplicateStream(sctx)
+	if !giveUp.Stop() && err == nil {
+		err = status.Errorf(codes.DeadlineExceeded, "no stream in %v", timeout)
+	}
 	if err != nil {
 		cancel()
 		return nil, err
@@ -259,7 +264,7 @@ func (rp *replicator) replicateOnStream(p Peer, req *pb.ReplicateRequest) (ok bo
 	}
 	st := rp.st
 	if st == nil || st.ended() {
-		if st, err = openReplStream(rp.n.moverCtx, sp); err != nil {
+		if st, err = openReplStream(rp.n.moverCtx, sp, ForwardTimeout); err != nil {
 			rp.stMu.Unlock()
 			return true, fmt.Errorf("opening a replication stream to %s (%s): %w", rp.member.Name, rp.member.Addr, err)
 		}

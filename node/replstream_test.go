@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -64,9 +65,14 @@ type fakeStreamPeer struct {
 	streams []*fakeReplStream
 	opened  chan *fakeReplStream
 	unary   atomic.Int64
+	stuck   bool // ReplicateStream waits for its context to end
 }
 
 func (p *fakeStreamPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck], error) {
+	if p.stuck { // a connection that is never made
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	f := newFakeReplStream(ctx)
 	p.mu.Lock()
 	p.streams = append(p.streams, f)
@@ -240,4 +246,18 @@ func TestReplStreamEndsWithTheOwner(t *testing.T) {
 	if !errors.Is(f.ctx.Err(), context.Canceled) {
 		t.Fatal("the stream outlived its owner")
 	}
+}
+
+// TestReplStreamOpeningTimesOut reaches a backup whose connection is never
+// made: the call fails after ForwardTimeout, as a unary call would.
+func TestReplStreamOpeningTimesOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &fakeStreamPeer{stuck: true}
+		rp := replicatorTo(t, p)
+		start := time.Now()
+		err := <-call(rp)
+		if err == nil || time.Since(start) != ForwardTimeout || !strings.Contains(err.Error(), "opening a replication stream to backup") {
+			t.Fatalf("call: %v after %v, want a failure to open after %v", err, time.Since(start), ForwardTimeout)
+		}
+	})
 }
