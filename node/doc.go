@@ -59,6 +59,7 @@
 //	cluster.go    membership (gossip), Leave, the Ring and WatchRing RPCs
 //	handoff.go    partition moves: reconcile, acquire, fill, release, drain, majority
 //	replica.go    a backup per partition: Replicate, sync replication of a batch
+//	replstream.go ReplicateStream: an owner's Replicate calls to one backup on one stream
 //	durable.go    recovery, WAL appends, snapshots' schedule and fallback, retention
 //	snapshot.go   the snapshot file: partition images, older formats read, verification
 //	synth.go      synthetic state: a data directory of N recipients at steady state (freqring synth)
