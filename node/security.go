@@ -48,7 +48,7 @@ var peerService = "/" + pb.Peer_ServiceDesc.ServiceName + "/"
 var adminService = "/" + pb.Admin_ServiceDesc.ServiceName + "/"
 
 // unary refuses a call to the Peer service (Forward, Acquire, Release,
-// Replicate, Fill, Handback) that did not come over TLS with a client certificate
+// Replicate, ReplicateStream, Fill, Handback) that did not come over TLS with a client certificate
 // verified against the node's client CAs (and valid for pa.name):
 // UNAUTHENTICATED. Other services pass.
 func (pa peerAuth) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
