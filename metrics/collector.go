@@ -94,7 +94,7 @@ var (
 	descReplicateCalls = desc("freqring_replicate_calls_total",
 		"Replicate calls made to backups (each carries the sends of concurrent batches).")
 	descReplicateUnaryCalls = desc("freqring_replicate_unary_calls_total",
-		"Replicate calls made as unary calls instead of on a ReplicateStream: the backup has none (an older version).")
+		"Replicate calls made as unary calls instead of on a ReplicateStream: the backup has none (an older version), or the peer is in-process.")
 	descReplicationFailures = desc("freqring_replication_failures_total",
 		"Sends their partition's backup did not confirm.")
 	descReplicationLag = desc("freqring_replication_lag_sends",

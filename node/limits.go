@@ -41,9 +41,10 @@ type Limits struct {
 	// 4096. More fail with RESOURCE_EXHAUSTED.
 	MaxWatchers int
 	// MaxStreamRequests bounds the requests of one CheckStream call that the
-	// node decides at once: it reads no more from the stream until one is
-	// answered (HTTP/2 flow control then holds the sender back). 0 means 64;
-	// [1, 4096]. A stream counts as one of MaxStreams.
+	// node decides at once, and those of one ReplicateStream it has read and
+	// not answered (waiting for the WAL): it reads no more from the stream
+	// until one is answered (HTTP/2 flow control then holds the sender back).
+	// 0 means 64; [1, 4096]. A stream counts as one of MaxStreams.
 	MaxStreamRequests int
 }
 

@@ -144,9 +144,10 @@ type replicator struct {
 	next   *replCall  // gathering sends; nil when none wait
 	flying int
 
-	stMu          sync.Mutex  // guards st and noStreamUntil (replstream.go)
+	stMu          sync.Mutex  // guards the fields below (replstream.go)
 	st            *replStream // the stream to the backup; nil before the first call
 	noStreamUntil time.Time   // unary calls until then: the backup has no ReplicateStream
+	retired       bool        // the backup moved: no more streams (closeStream)
 }
 
 // replCall is one Replicate call and the batches waiting for it.
@@ -161,14 +162,17 @@ type replCall struct {
 // replicatorFor returns the replicator of backup m.
 func (n *Node) replicatorFor(m ring.Member) *replicator {
 	n.replMu.Lock()
-	defer n.replMu.Unlock()
 	rp := n.replicators[m.Name]
-	if rp == nil || rp.member != m {
-		if rp != nil {
-			rp.closeStream()
-		}
-		rp = &replicator{n: n, member: m}
-		n.replicators[m.Name] = rp
+	if rp != nil && rp.member == m {
+		n.replMu.Unlock()
+		return rp
+	}
+	old := rp
+	rp = &replicator{n: n, member: m}
+	n.replicators[m.Name] = rp
+	n.replMu.Unlock()
+	if old != nil {
+		old.closeStream()
 	}
 	return rp
 }
@@ -239,16 +243,18 @@ func (rp *replicator) call(c *replCall) error {
 	if err != nil {
 		return err
 	}
-	defer n.replicated.Add(int64(c.enc.n))
 	n.replCalls.Add(1)
 	req := &pb.ReplicateRequest{Node: n.cfg.Name, RingEpoch: c.epoch, Sends: c.enc.bytes()}
-	if ok, err := rp.replicateOnStream(cli, req); ok {
-		return err
+	ok, err := rp.replicateOnStream(cli, req)
+	if !ok {
+		n.replUnaryCalls.Add(1)
+		ctx, cancel := context.WithTimeout(n.moverCtx, ForwardTimeout)
+		defer cancel()
+		_, err = cli.Replicate(ctx, req)
 	}
-	n.replUnaryCalls.Add(1)
-	ctx, cancel := context.WithTimeout(n.moverCtx, ForwardTimeout)
-	defer cancel()
-	_, err = cli.Replicate(ctx, req)
+	if err == nil {
+		n.replicated.Add(int64(c.enc.n))
+	}
 	return err
 }
 

@@ -45,8 +45,12 @@ func (p grpcPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient
 // most Limits.MaxStreamRequests at once, so acks may come out of order. It
 // returns when recv fails (io.EOF: the caller closed its side; the error is
 // then nil), when ctx ends, or when the node shuts down (UNAVAILABLE), each
-// time after answering the requests it read. send is called by one
-// goroutine at a time.
+// time after answering every request it began to record; one it reads as
+// it returns is neither recorded nor answered, and the stream's end fails
+// it on the owner. A call that fails ends no other, but anything that
+// breaks the stream (a request above the node's size limit, a call its
+// owner stops waiting for) fails every call waiting on it. send is called
+// by one goroutine at a time.
 func (n *Node) ReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
 	var (
 		mu      sync.Mutex // serializes send; guards closed and sendErr
@@ -198,15 +202,16 @@ func (rs *replStream) ended() bool {
 
 // call sends req as the next call and waits for its ack: nil when the
 // backup has the sends, else the status it answered, or the stream's error
-// if the stream ends first. A call not answered within timeout ends the
+// if the stream ends first; sent is false when the request never left (the
+// stream had ended). A call not answered within timeout ends the
 // stream (the backup is stuck, or the connection): that call and every
 // call waiting fail with DEADLINE_EXCEEDED, and the next opens a new one.
-func (rs *replStream) call(req *pb.ReplicateRequest, timeout time.Duration) error {
+func (rs *replStream) call(req *pb.ReplicateRequest, timeout time.Duration) (sent bool, err error) {
 	c := make(chan *pb.ReplicateAck, 1)
 	rs.mu.Lock()
 	if rs.err != nil {
 		rs.mu.Unlock()
-		return rs.err
+		return false, rs.err
 	}
 	rs.next++
 	id := rs.next
@@ -219,24 +224,25 @@ func (rs *replStream) call(req *pb.ReplicateRequest, timeout time.Duration) erro
 	defer watchdog.Stop()
 	req.CallId = id
 	rs.sendMu.Lock()
-	err := rs.st.Send(req)
+	err = rs.st.Send(req)
 	rs.sendMu.Unlock()
+	sent = err == nil
 	if err != nil && !errors.Is(err, io.EOF) { // io.EOF: the stream ended, and Recv says why
 		rs.end(status.Errorf(codes.Unavailable, "replication stream: %v", err))
 	}
 	select {
 	case a := <-c:
-		return ackError(a)
+		return true, ackError(a)
 	case <-rs.done:
 		select {
 		case a := <-c: // answered as the stream ended
-			return ackError(a)
+			return true, ackError(a)
 		default:
 		}
 		rs.mu.Lock()
 		delete(rs.calls, id)
 		rs.mu.Unlock()
-		return rs.err
+		return sent, rs.err
 	}
 }
 
@@ -250,42 +256,79 @@ func ackError(a *pb.ReplicateAck) error {
 
 // replicateOnStream makes the Replicate call req to the replicator's backup
 // on its stream, opening one if it has none. ok is false when it has no
-// stream to use: the peer is not a replicaStreamer, or the backup answered
-// UNIMPLEMENTED within noStreamFor (the caller then makes a unary call).
+// stream to use: the peer is not a replicaStreamer, the replicator was
+// retired (its backup moved: closeStream), or the backup answered
+// UNIMPLEMENTED within noStreamFor; the caller then makes a unary call. A
+// call that never reached the backup (its stream had ended) is made once
+// more on a new stream, as gRPC retries a unary call that never left.
 func (rp *replicator) replicateOnStream(p Peer, req *pb.ReplicateRequest) (ok bool, err error) {
 	sp, isStreamer := p.(replicaStreamer)
 	if !isStreamer {
 		return false, nil
 	}
-	rp.stMu.Lock()
-	if time.Now().Before(rp.noStreamUntil) {
-		rp.stMu.Unlock()
-		return false, nil
-	}
-	st := rp.st
-	if st == nil || st.ended() {
-		if st, err = openReplStream(rp.n.moverCtx, sp, ForwardTimeout); err != nil {
-			rp.stMu.Unlock()
-			return true, fmt.Errorf("opening a replication stream to %s (%s): %w", rp.member.Name, rp.member.Addr, err)
+	for try := 0; ; try++ {
+		st, use, oerr := rp.stream(sp)
+		if !use || oerr != nil {
+			return use, oerr
 		}
-		rp.st = st
+		sent, err := st.call(req, ForwardTimeout)
+		switch {
+		case status.Code(err) == codes.Unimplemented:
+			rp.stMu.Lock()
+			rp.noStreamUntil = time.Now().Add(noStreamFor)
+			rp.stMu.Unlock()
+			return false, nil
+		case !sent && try == 0:
+			continue
+		}
+		return true, err
 	}
-	rp.stMu.Unlock()
-	err = st.call(req, ForwardTimeout)
-	if status.Code(err) == codes.Unimplemented {
-		rp.stMu.Lock()
-		rp.noStreamUntil = time.Now().Add(noStreamFor)
-		rp.stMu.Unlock()
-		return false, nil
-	}
-	return true, err
 }
 
-// closeStream ends the replicator's stream, if any: its backup changed.
+// stream returns the replicator's open stream, opening one through sp if
+// it has none (without holding stMu: opening may wait ForwardTimeout for a
+// connection); use is false when the replicator must make unary calls.
+func (rp *replicator) stream(sp replicaStreamer) (st *replStream, use bool, err error) {
+	rp.stMu.Lock()
+	st = rp.st
+	switch {
+	case rp.retired || time.Now().Before(rp.noStreamUntil):
+		rp.stMu.Unlock()
+		return nil, false, nil
+	case st != nil && !st.ended():
+		rp.stMu.Unlock()
+		return st, true, nil
+	}
+	rp.stMu.Unlock()
+	opened, err := openReplStream(rp.n.moverCtx, sp, ForwardTimeout)
+	if err != nil {
+		return nil, true, fmt.Errorf("opening a replication stream to %s (%s): %w", rp.member.Name, rp.member.Addr, err)
+	}
+	rp.stMu.Lock()
+	defer rp.stMu.Unlock()
+	switch {
+	case rp.retired:
+		opened.end(errRetired)
+		return nil, false, nil
+	case rp.st != nil && rp.st != st && !rp.st.ended(): // a concurrent call opened one first
+		opened.end(errRetired)
+		return rp.st, true, nil
+	}
+	rp.st = opened
+	return opened, true, nil
+}
+
+// errRetired ends the streams of a replicator that no longer serves.
+var errRetired = status.Error(codes.Unavailable, "replication stream closed: its backup moved")
+
+// closeStream retires the replicator, whose backup moved (a new address):
+// it ends its stream, if any, and opens no other; calls still queued on it
+// go to the old address as unary calls, as before streams.
 func (rp *replicator) closeStream() {
 	rp.stMu.Lock()
 	defer rp.stMu.Unlock()
+	rp.retired = true
 	if rp.st != nil {
-		rp.st.end(status.Errorf(codes.Unavailable, "backup %s moved from %s", rp.member.Name, rp.member.Addr))
+		rp.st.end(errRetired)
 	}
 }

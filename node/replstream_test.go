@@ -28,6 +28,7 @@ type fakeReplStream struct {
 	sent              chan *pb.ReplicateRequest
 	acks              chan *pb.ReplicateAck
 	fail              chan error
+	gone              bool // Send fails with io.EOF and ends the stream
 }
 
 func newFakeReplStream(ctx context.Context) *fakeReplStream {
@@ -39,6 +40,12 @@ func (f *fakeReplStream) Send(req *pb.ReplicateRequest) error {
 	case <-f.ctx.Done():
 		return io.EOF
 	default:
+	}
+	if f.gone {
+		// The backup went away before the request left: gRPC's Send says
+		// io.EOF, and Recv why.
+		f.fail <- status.Error(codes.Unavailable, "backup restarting")
+		return io.EOF
 	}
 	f.sent <- req
 	return nil
@@ -66,6 +73,7 @@ type fakeStreamPeer struct {
 	opened  chan *fakeReplStream
 	unary   atomic.Int64
 	stuck   bool // ReplicateStream waits for its context to end
+	gone    int  // the first gone streams fail their first Send
 }
 
 func (p *fakeStreamPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck], error) {
@@ -75,6 +83,7 @@ func (p *fakeStreamPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamin
 	}
 	f := newFakeReplStream(ctx)
 	p.mu.Lock()
+	f.gone = len(p.streams) < p.gone
 	p.streams = append(p.streams, f)
 	p.mu.Unlock()
 	p.opened <- f
@@ -258,6 +267,89 @@ func TestReplStreamOpeningTimesOut(t *testing.T) {
 		err := <-call(rp)
 		if err == nil || time.Since(start) != ForwardTimeout || !strings.Contains(err.Error(), "opening a replication stream to backup") {
 			t.Fatalf("call: %v after %v, want a failure to open after %v", err, time.Since(start), ForwardTimeout)
+		}
+	})
+}
+
+// TestReplStreamResendsWhatNeverLeft ends the stream as a call is sent
+// (Send says io.EOF: nothing reached the backup): the call goes once more,
+// on a new stream, and succeeds.
+func TestReplStreamResendsWhatNeverLeft(t *testing.T) {
+	p := &fakeStreamPeer{opened: make(chan *fakeReplStream, 4), gone: 1}
+	rp := replicatorTo(t, p)
+	done := call(rp)
+	<-p.opened
+	var g *fakeReplStream
+	select {
+	case g = <-p.opened:
+	case err := <-done:
+		t.Fatalf("call: %v without a second stream, want it sent again on a new one", err)
+	}
+	r := <-g.sent
+	g.acks <- &pb.ReplicateAck{CallId: r.CallId}
+	if err := <-done; err != nil {
+		t.Fatalf("call: %v, want it sent again on a new stream", err)
+	}
+}
+
+// TestReplicatorOfAMovedBackupIsRetired changes a backup's address: the old
+// replicator's stream ends, it opens no other (a call still queued on it
+// goes unary, to the old address, as before streams), and the new
+// replicator opens its own.
+func TestReplicatorOfAMovedBackupIsRetired(t *testing.T) {
+	p := &fakeStreamPeer{opened: make(chan *fakeReplStream, 4)}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	n := &Node{cfg: Config{Name: "owner"}, peers: fakePeers{p}, moverCtx: ctx, replicators: map[string]*replicator{}}
+	old := n.replicatorFor(ring.Member{Name: "backup", Addr: "backup:1"})
+	waiting := call(old)
+	f := <-p.opened
+	<-f.sent
+	moved := n.replicatorFor(ring.Member{Name: "backup", Addr: "backup:2"})
+	if moved == old {
+		t.Fatal("a backup at a new address kept its replicator")
+	}
+	if err := <-waiting; status.Code(err) != codes.Unavailable || f.ctx.Err() == nil {
+		t.Fatalf("call on the old stream: %v (stream context %v), want UNAVAILABLE and the stream ended", err, f.ctx.Err())
+	}
+	queued := call(old)
+	var err error
+	select {
+	case err = <-queued:
+	case <-p.opened:
+		t.Fatal("the retired replicator opened a stream")
+	}
+	if err != nil || len(p.opened) != 0 || p.unary.Load() != 1 {
+		t.Fatalf("queued call on the retired replicator: %v, %d streams opened, %d unary calls; want one unary call", err, len(p.opened), p.unary.Load())
+	}
+	done := call(moved)
+	g := <-p.opened
+	r := <-g.sent
+	g.acks <- &pb.ReplicateAck{CallId: r.CallId}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStuckOpeningHoldsNoOtherBackup opens a stream to a backup whose
+// connection is never made, then moves that backup: replacing its
+// replicator does not wait for the opening (replicatorFor serves every
+// backup's replication).
+func TestStuckOpeningHoldsNoOtherBackup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &fakeStreamPeer{stuck: true}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		n := &Node{cfg: Config{Name: "owner"}, peers: fakePeers{p}, moverCtx: ctx, replicators: map[string]*replicator{}}
+		stuck := call(n.replicatorFor(ring.Member{Name: "backup", Addr: "backup:1"}))
+		synctest.Wait() // the call waits in ReplicateStream
+		start := time.Now()
+		n.replicatorFor(ring.Member{Name: "backup", Addr: "backup:2"})
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("replacing the replicator waited %v for a stream being opened", d)
+		}
+		if err := <-stuck; err == nil {
+			t.Fatal("the call to a backup never reached succeeded")
 		}
 	})
 }

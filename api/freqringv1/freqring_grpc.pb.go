@@ -463,7 +463,8 @@ type PeerClient interface {
 	// call_id once Replicate would have returned (code 0), or with the code
 	// and message Replicate would have failed with; the stream goes on. Acks
 	// may come out of request order. The node ends its streams with
-	// UNAVAILABLE when it shuts down, after answering what it read. An owner
+	// UNAVAILABLE when it shuts down, after answering the requests it began
+	// to record (a request it reads as it stops is not recorded). An owner
 	// whose backup answers UNIMPLEMENTED (an older version) uses Replicate.
 	ReplicateStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateAck], error)
 	// Fill merges partition images from their owner into this node, their
@@ -589,7 +590,8 @@ type PeerServer interface {
 	// call_id once Replicate would have returned (code 0), or with the code
 	// and message Replicate would have failed with; the stream goes on. Acks
 	// may come out of request order. The node ends its streams with
-	// UNAVAILABLE when it shuts down, after answering what it read. An owner
+	// UNAVAILABLE when it shuts down, after answering the requests it began
+	// to record (a request it reads as it stops is not recorded). An owner
 	// whose backup answers UNIMPLEMENTED (an older version) uses Replicate.
 	ReplicateStream(grpc.BidiStreamingServer[ReplicateRequest, ReplicateAck]) error
 	// Fill merges partition images from their owner into this node, their
