@@ -37,12 +37,9 @@ func (g *fsyncGate) Fsync(time.Duration) {
 }
 func (g *fsyncGate) release() { g.once.Do(func() { close(g.open) }) }
 
-// TestReplicatedSendIsDurableBeforeItsAnswer holds back the WAL of a
-// partition's backup: with sync replication, the owner must not answer a
-// check admitted there until the backup's WAL has the send (its ack on the
-// replication stream waits for the append).
-func TestReplicatedSendIsDurableBeforeItsAnswer(t *testing.T) {
-	gate := &fsyncGate{hit: make(chan struct{}, 1), open: make(chan struct{})}
+// gatedPair starts two durable nodes, the backup's fsyncs behind gate, and
+// returns them and a recipient the owner owns (the backup backs it).
+func gatedPair(t *testing.T, gate *fsyncGate) (owner, backup *nodetest.Member, rcp string) {
 	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 2, DataDir: t.TempDir(),
 		Node: func(cfg *node.Config) {
 			if cfg.Name == "node-0" {
@@ -55,7 +52,6 @@ func TestReplicatedSendIsDurableBeforeItsAnswer(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	t.Cleanup(gate.release) // before Close
 	waitSettled(t, c)
-	var backup, owner *nodetest.Member
 	for _, m := range c.Members() {
 		if m.Name == "node-0" {
 			backup = m
@@ -64,7 +60,6 @@ func TestReplicatedSendIsDurableBeforeItsAnswer(t *testing.T) {
 		}
 	}
 	r := owner.Node.Ring()
-	rcp := ""
 	for i := 0; rcp == ""; i++ {
 		if s := fmt.Sprintf("+86138%08d", i); r.OwnerString(s).Name == owner.Name {
 			rcp = s
@@ -73,16 +68,40 @@ func TestReplicatedSendIsDurableBeforeItsAnswer(t *testing.T) {
 	if b, ok := r.ReplicaString(rcp); !ok || b.Name != backup.Name {
 		t.Fatalf("recipient %s: backup %v, want %s", rcp, b, backup.Name)
 	}
-	gate.armed.Store(true)
-	type answer struct {
-		resp *pb.CheckResponse
-		err  error
-	}
+	return owner, backup, rcp
+}
+
+type answer struct {
+	resp *pb.CheckResponse
+	err  error
+}
+
+// checkAsync checks rcp on m and sends the answer on the channel it returns.
+func checkAsync(m *nodetest.Member, rcp string) chan answer {
 	done := make(chan answer, 1)
 	go func() {
-		resp, err := owner.Node.Check(context.Background(), &pb.CheckRequest{Recipients: []string{rcp}})
+		resp, err := m.Node.Check(context.Background(), &pb.CheckRequest{Recipients: []string{rcp}})
 		done <- answer{resp, err}
 	}()
+	return done
+}
+
+func wantAdmitted(t *testing.T, what string, a answer) {
+	t.Helper()
+	if a.err != nil || len(a.resp.Errors) > 0 || !a.resp.Admitted[0] {
+		t.Fatalf("%s: %v, %v; want admitted", what, a.resp, a.err)
+	}
+}
+
+// TestReplicatedSendIsDurableBeforeItsAnswer holds back the WAL of a
+// partition's backup: with sync replication, the owner must not answer a
+// check admitted there until the backup's WAL has the send (its ack on the
+// replication stream waits for the append).
+func TestReplicatedSendIsDurableBeforeItsAnswer(t *testing.T) {
+	gate := &fsyncGate{hit: make(chan struct{}, 1), open: make(chan struct{})}
+	owner, _, rcp := gatedPair(t, gate)
+	gate.armed.Store(true)
+	done := checkAsync(owner, rcp)
 	<-gate.hit // the backup's WAL waits
 	select {
 	case a := <-done:
@@ -90,11 +109,33 @@ func TestReplicatedSendIsDurableBeforeItsAnswer(t *testing.T) {
 	case <-time.After(300 * time.Millisecond): // a wrong answer comes at once; a right one never
 	}
 	gate.release()
-	a := <-done
-	if a.err != nil || len(a.resp.Errors) > 0 || !a.resp.Admitted[0] {
-		t.Fatalf("after the backup's WAL: %v, %v; want admitted", a.resp, a.err)
-	}
+	wantAdmitted(t, "after the backup's WAL", <-done)
 	if st := owner.Node.Stats(); st.ReplicateCalls == 0 || st.ReplicateUnaryCalls != 0 {
 		t.Fatalf("%d Replicate calls, %d unary: want them on a stream", st.ReplicateCalls, st.ReplicateUnaryCalls)
+	}
+}
+
+// TestReplicationStreamDrainsAtShutdown stops a backup while its WAL holds
+// a replicated send back: its replication stream ends only after that call
+// is answered, so the owner's check is admitted, not failed.
+func TestReplicationStreamDrainsAtShutdown(t *testing.T) {
+	gate := &fsyncGate{hit: make(chan struct{}, 1), open: make(chan struct{})}
+	owner, backup, rcp := gatedPair(t, gate)
+	gate.armed.Store(true)
+	done := checkAsync(owner, rcp)
+	<-gate.hit
+	stopped := make(chan error, 1)
+	go func() { stopped <- backup.Node.Close() }()
+	// Close stops the node's streams (stopping) at once; a handler that
+	// returned then would fail the owner's call at once.
+	select {
+	case a := <-done:
+		t.Fatalf("the owner answered (%v, %v) before its stopping backup answered a call it had begun", a.resp, a.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	gate.release()
+	wantAdmitted(t, "after the backup's WAL", <-done)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
 	}
 }
