@@ -53,7 +53,7 @@
 //	node.go       Node, Config, New, the rules view, Stats, Sweep, Status
 //	lifecycle.go  Open, Close, the sweep loop
 //	batch.go      the single pass: decode, Check, Forward, decide
-//	stream.go     CheckStream: Check for the requests of one stream, decided concurrently
+//	stream.go     CheckStream: Check for the requests of one stream, decided concurrently; serveStream, the loop of both stream handlers
 //	forward.go    grouping by owner, forwarding, merging answers
 //	peer.go       Peer, Peers, GRPCPeers, LocalNetwork
 //	cluster.go    membership (gossip), Leave, the Ring and WatchRing RPCs

@@ -45,85 +45,39 @@ func (p grpcPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient
 // most Limits.MaxStreamRequests at once, so acks may come out of order. It
 // returns when recv fails (io.EOF: the caller closed its side; the error is
 // then nil), when ctx ends, or when the node shuts down (UNAVAILABLE), each
-// time after answering every request it began to record; one it reads as
-// it returns is neither recorded nor answered, and the stream's end fails
-// it on the owner. A call that fails ends no other, but anything that
+// time after answering every request it began to record (serveStream); one
+// it reads as it returns is neither recorded nor answered, and the stream's
+// end fails it on the owner. A call that fails ends no other, but anything that
 // breaks the stream (a request above the node's size limit, a call its
 // owner stops waiting for) fails every call waiting on it. send is called
 // by one goroutine at a time.
 func (n *Node) ReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
-	var (
-		mu      sync.Mutex // serializes send; guards closed and sendErr
-		closed  bool       // the handler is returning: nothing more is started
-		sendErr error
-		wg      sync.WaitGroup // requests read and not yet answered
-	)
+	var sendMu sync.Mutex // serializes send; guards sendErr
+	var sendErr error
 	ack := func(id uint64, err error) {
 		a := &pb.ReplicateAck{CallId: id}
 		if err != nil {
 			st := status.Convert(err)
 			a.Code, a.Message = uint32(st.Code()), st.Message()
 		}
-		mu.Lock()
-		defer mu.Unlock()
+		sendMu.Lock()
+		defer sendMu.Unlock()
 		if sendErr == nil {
 			sendErr = send(a) // a failed send breaks the stream: recv fails next
 		}
 	}
-	slots := make(chan struct{}, n.cfg.Limits.MaxStreamRequests)
-	ended := make(chan error, 1) // the reader's last recv error
-	go func() {
-		// The reader, which records: gRPC allows one receiver per stream,
-		// and the handler must be free to return when the node stops (its
-		// return cancels ctx, which fails recv).
-		for {
-			select {
-			case slots <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			req, err := recv()
-			if err != nil {
-				ended <- err
-				return
-			}
-			mu.Lock()
-			if closed {
-				mu.Unlock()
-				return
-			}
-			wg.Add(1)
-			mu.Unlock()
-			enc, err := n.recordReplicated(req)
-			if err != nil || enc == nil {
-				ack(req.CallId, err)
-				<-slots
-				wg.Done()
-				continue
-			}
-			go func() {
-				defer wg.Done()
-				defer func() { <-slots }()
-				ack(req.CallId, n.logReplicated(ctx, enc))
-			}()
+	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, func(req *pb.ReplicateRequest, done func()) {
+		enc, err := n.recordReplicated(req)
+		if err != nil || enc == nil {
+			ack(req.CallId, err)
+			done()
+			return
 		}
-	}()
-	var err error
-	select {
-	case err = <-ended:
-		if errors.Is(err, io.EOF) {
-			err = nil
-		}
-	case <-ctx.Done():
-		err = status.FromContextError(ctx.Err()).Err()
-	case <-n.stopping:
-		err = errStreamStopping
-	}
-	mu.Lock()
-	closed = true
-	mu.Unlock()
-	wg.Wait()
-	return err
+		go func() {
+			defer done()
+			ack(req.CallId, n.logReplicated(ctx, enc))
+		}()
+	})
 }
 
 // replStream is an owner's ReplicateStream to one backup: each call is a

@@ -19,12 +19,6 @@ import (
 // errStreamStopping ends check streams when the node shuts down.
 var errStreamStopping = status.Error(codes.Unavailable, "node is shutting down: send to the new owners")
 
-// received is one message read from a check stream, or the error that ended it.
-type received struct {
-	req *pb.CheckRequest
-	err error
-}
-
 // CheckStream answers Limiter.CheckStream: it reads requests through recv
 // and decides each in a goroutine of its own through the same pass as Check
 // (check), at most Limits.MaxStreamRequests at once, and sends each answer
@@ -32,70 +26,84 @@ type received struct {
 // request that Check would fail whole is answered with failed set. It
 // returns when recv fails (io.EOF: the caller closed its side; the error is
 // then nil), when ctx ends, or when the node shuts down (UNAVAILABLE), each
-// time after the requests it read are answered. send is called by one
-// goroutine at a time.
+// time after answering every request it began to decide (serveStream). send
+// is called by one goroutine at a time.
 func (n *Node) CheckStream(ctx context.Context, recv func() (*pb.CheckRequest, error), send func(*pb.CheckResponse) error) error {
 	if !n.ready.Load() {
 		return status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
 	}
-	done := make(chan struct{}) // closed when the handler returns: the reader stops
-	defer close(done)
-	in := make(chan received)
-	go func() {
-		// The reader: gRPC allows one receiver per stream. It ends with the
-		// stream (the handler's return cancels ctx, which fails recv).
-		for {
-			req, err := recv()
-			select {
-			case in <- received{req, err}:
-			case <-done:
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	slots := make(chan struct{}, n.cfg.Limits.MaxStreamRequests)
 	var sendMu sync.Mutex // serializes send; guards sendErr
 	var sendErr error
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		case <-n.stopping:
-			wg.Wait()
-			return errStreamStopping
-		}
-		var r received
-		select {
-		case r = <-in:
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		case <-n.stopping:
-			wg.Wait()
-			return errStreamStopping
-		}
-		if r.err != nil {
-			wg.Wait()
-			if errors.Is(r.err, io.EOF) {
-				return nil
-			}
-			return r.err
-		}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			resp := n.streamed(ctx, r.req)
+	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, func(req *pb.CheckRequest, done func()) {
+		go func() {
+			defer done()
+			resp := n.streamed(ctx, req)
 			sendMu.Lock()
 			defer sendMu.Unlock()
 			if sendErr == nil {
 				sendErr = send(resp) // a failed send breaks the stream: recv fails next
 			}
-		})
+		}()
+	})
+}
+
+// serveStream is the loop of a stream handler (CheckStream,
+// ReplicateStream). A goroutine of its own reads requests through recv
+// (gRPC allows one receiver per stream) and hands each to take, on that
+// goroutine, with one of limit slots held until take's work calls done,
+// which take may call itself or leave to a goroutine it starts; while every
+// slot is held it reads no more (HTTP/2 flow control then holds the sender
+// back). serveStream returns when recv fails (io.EOF: the caller closed its
+// side; the error is then nil), when ctx ends, or when stopping is closed
+// (errStreamStopping), each time after every request taken is done; a
+// request read as it returns is not taken. Its return ends the stream
+// (gRPC cancels ctx), which ends the reader.
+func serveStream[Req any](ctx context.Context, stopping <-chan struct{}, limit int, recv func() (Req, error), take func(req Req, done func())) error {
+	var (
+		mu     sync.Mutex // guards closed
+		closed bool       // serveStream is returning: nothing more is taken
+		wg     sync.WaitGroup
+	)
+	slots := make(chan struct{}, limit)
+	ended := make(chan error, 1) // the reader's last recv error
+	go func() {
+		for {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			req, err := recv()
+			if err != nil {
+				ended <- err
+				return
+			}
+			mu.Lock()
+			if closed {
+				mu.Unlock()
+				return
+			}
+			wg.Add(1)
+			mu.Unlock()
+			take(req, func() { <-slots; wg.Done() })
+		}
+	}()
+	var err error
+	select {
+	case err = <-ended:
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+	case <-ctx.Done():
+		err = status.FromContextError(ctx.Err()).Err()
+	case <-stopping:
+		err = errStreamStopping
 	}
+	mu.Lock()
+	closed = true
+	mu.Unlock()
+	wg.Wait()
+	return err
 }
 
 // streamed decides one request of a check stream.
