@@ -20,7 +20,8 @@ import (
 // handler goroutine per call. With single checks, an owner makes about one
 // Replicate call per check: as unary calls they raised the median latency
 // of a 3-node cluster's checks several times over, even with asynchronous
-// replication, which waits for none of them (README, "Single checks").
+// replication, which waits for none of them (README, "A replication
+// stream").
 
 // noStreamFor is how long an owner whose backup answered ReplicateStream
 // with UNIMPLEMENTED (an older version) replicates to it by unary calls
@@ -47,10 +48,10 @@ func (p grpcPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient
 // then nil), when ctx ends, or when the node shuts down (UNAVAILABLE), each
 // time after answering every request it began to record (serveStream); one
 // it reads as it returns is neither recorded nor answered, and the stream's
-// end fails it on the owner. A call that fails ends no other, but anything that
-// breaks the stream (a request above the node's size limit, a call its
-// owner stops waiting for) fails every call waiting on it. send is called
-// by one goroutine at a time.
+// end fails it on the owner. A call that fails ends no other, but anything
+// that breaks the stream (a request above the node's size limit, a call
+// its owner stops waiting for) fails every call waiting on it. send is
+// called by one goroutine at a time.
 func (n *Node) ReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
 	var sendMu sync.Mutex // serializes send; guards sendErr
 	var sendErr error
