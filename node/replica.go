@@ -324,7 +324,10 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		return nil, err
 	}
 	now := n.nowMs()
-	enc := new(walEncoder)
+	var enc *walEncoder // nil without a WAL
+	if n.dur != nil {
+		enc = new(walEncoder)
+	}
 	for _, s := range sends {
 		p := n.store.PartitionOf(s.key)
 		var seq uint64
@@ -343,12 +346,12 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		if dup {
 			continue // sent again with its request id: recorded (or refunded) already
 		}
-		if n.dur != nil {
+		if enc != nil {
 			s.seq = seq
 			enc.add(s)
 		}
 	}
-	if n.dur == nil || enc.n == 0 {
+	if enc == nil || enc.n == 0 {
 		return nil, nil
 	}
 	return enc, nil

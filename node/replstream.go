@@ -53,32 +53,25 @@ func (p grpcPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient
 // its owner stops waiting for) fails every call waiting on it. send is
 // called by one goroutine at a time.
 func (n *Node) ReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
-	var sendMu sync.Mutex // serializes send; guards sendErr
-	var sendErr error
-	ack := func(id uint64, err error) {
-		a := &pb.ReplicateAck{CallId: id}
-		if err != nil {
-			st := status.Convert(err)
-			a.Code, a.Message = uint32(st.Code()), st.Message()
-		}
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if sendErr == nil {
-			sendErr = send(a) // a failed send breaks the stream: recv fails next
-		}
-	}
-	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, func(req *pb.ReplicateRequest, done func()) {
+	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, send, func(req *pb.ReplicateRequest, reply func(*pb.ReplicateAck)) {
 		enc, err := n.recordReplicated(req)
 		if err != nil || enc == nil {
-			ack(req.CallId, err)
-			done()
+			reply(replicateAck(req.CallId, err))
 			return
 		}
-		go func() {
-			defer done()
-			ack(req.CallId, n.logReplicated(ctx, enc))
-		}()
+		go func() { reply(replicateAck(req.CallId, n.logReplicated(ctx, enc))) }()
 	})
+}
+
+// replicateAck is the ack of call id: its code and message are err's
+// status, OK for nil.
+func replicateAck(id uint64, err error) *pb.ReplicateAck {
+	a := &pb.ReplicateAck{CallId: id}
+	if err != nil {
+		st := status.Convert(err)
+		a.Code, a.Message = uint32(st.Code()), st.Message()
+	}
+	return a
 }
 
 // replStream is an owner's ReplicateStream to one backup: each call is a

@@ -32,37 +32,32 @@ func (n *Node) CheckStream(ctx context.Context, recv func() (*pb.CheckRequest, e
 	if !n.ready.Load() {
 		return status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
 	}
-	var sendMu sync.Mutex // serializes send; guards sendErr
-	var sendErr error
-	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, func(req *pb.CheckRequest, done func()) {
-		go func() {
-			defer done()
-			resp := n.streamed(ctx, req)
-			sendMu.Lock()
-			defer sendMu.Unlock()
-			if sendErr == nil {
-				sendErr = send(resp) // a failed send breaks the stream: recv fails next
-			}
-		}()
+	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, send, func(req *pb.CheckRequest, reply func(*pb.CheckResponse)) {
+		go func() { reply(n.streamed(ctx, req)) }()
 	})
 }
 
 // serveStream is the loop of a stream handler (CheckStream,
 // ReplicateStream). A goroutine of its own reads requests through recv
 // (gRPC allows one receiver per stream) and hands each to take, on that
-// goroutine, with one of limit slots held until take's work calls done,
-// which take may call itself or leave to a goroutine it starts; while every
-// slot is held it reads no more (HTTP/2 flow control then holds the sender
-// back). serveStream returns when recv fails (io.EOF: the caller closed its
-// side; the error is then nil), when ctx ends, or when stopping is closed
-// (errStreamStopping), each time after every request taken is done; a
-// request read as it returns is not taken. Its return ends the stream
-// (gRPC cancels ctx), which ends the reader.
-func serveStream[Req any](ctx context.Context, stopping <-chan struct{}, limit int, recv func() (Req, error), take func(req Req, done func())) error {
+// goroutine, with one of limit slots held until take's work calls reply
+// with the request's answer, once, which take may do itself or leave to a
+// goroutine it starts; while every slot is held it reads no more (HTTP/2
+// flow control then holds the sender back). reply sends the answer through
+// send, one call at a time; after a failed send (which breaks the stream:
+// recv fails next) it sends nothing more. serveStream returns when recv
+// fails (io.EOF: the caller closed its side; the error is then nil), when
+// ctx ends, or when stopping is closed (errStreamStopping), each time after
+// every request taken is answered; a request read as it returns is not
+// taken. Its return ends the stream (gRPC cancels ctx), which ends the
+// reader.
+func serveStream[Req, Resp any](ctx context.Context, stopping <-chan struct{}, limit int, recv func() (Req, error), send func(Resp) error, take func(req Req, reply func(Resp))) error {
 	var (
-		mu     sync.Mutex // guards closed
-		closed bool       // serveStream is returning: nothing more is taken
-		wg     sync.WaitGroup
+		mu      sync.Mutex // guards closed
+		closed  bool       // serveStream is returning: nothing more is taken
+		wg      sync.WaitGroup
+		sendMu  sync.Mutex // serializes send; guards sendErr
+		sendErr error
 	)
 	slots := make(chan struct{}, limit)
 	ended := make(chan error, 1) // the reader's last recv error
@@ -85,7 +80,15 @@ func serveStream[Req any](ctx context.Context, stopping <-chan struct{}, limit i
 			}
 			wg.Add(1)
 			mu.Unlock()
-			take(req, func() { <-slots; wg.Done() })
+			take(req, func(resp Resp) {
+				defer wg.Done()
+				defer func() { <-slots }()
+				sendMu.Lock()
+				defer sendMu.Unlock()
+				if sendErr == nil {
+					sendErr = send(resp)
+				}
+			})
 		}
 	}()
 	var err error
