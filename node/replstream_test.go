@@ -101,12 +101,19 @@ func (f fakePeers) Peer(ring.Member) (Peer, error) { return f.p, nil }
 func (fakePeers) Prune(*ring.Ring)                 {}
 func (fakePeers) Close() error                     { return nil }
 
+// bareOwner returns an owner node with nothing but what its replicators
+// use, whose peers are all p, and the cancel of its mover context (its
+// Close).
+func bareOwner(p Peer) (*Node, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Node{cfg: Config{Name: "owner"}, peers: fakePeers{p}, moverCtx: ctx, replicators: map[string]*replicator{}}, cancel
+}
+
 // replicatorTo returns a replicator of a bare owner node whose backup is p.
 func replicatorTo(t *testing.T, p Peer) *replicator {
-	ctx, cancel := context.WithCancel(context.Background())
+	n, cancel := bareOwner(p)
 	t.Cleanup(cancel)
-	n := &Node{cfg: Config{Name: "owner"}, peers: fakePeers{p}, moverCtx: ctx}
-	return &replicator{n: n, member: ring.Member{Name: "backup", Addr: "backup:1"}}
+	return n.replicatorFor(ring.Member{Name: "backup", Addr: "backup:1"})
 }
 
 func call(rp *replicator) chan error {
@@ -242,9 +249,8 @@ func TestReplicateFallsBackToUnary(t *testing.T) {
 // stream ends and a waiting call fails.
 func TestReplStreamEndsWithTheOwner(t *testing.T) {
 	p := &fakeStreamPeer{opened: make(chan *fakeReplStream, 4)}
-	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{cfg: Config{Name: "owner"}, peers: fakePeers{p}, moverCtx: ctx}
-	rp := &replicator{n: n, member: ring.Member{Name: "backup", Addr: "backup:1"}}
+	n, cancel := bareOwner(p)
+	rp := n.replicatorFor(ring.Member{Name: "backup", Addr: "backup:1"})
 	waiting := call(rp)
 	f := <-p.opened
 	<-f.sent
@@ -298,9 +304,8 @@ func TestReplStreamResendsWhatNeverLeft(t *testing.T) {
 // replicator opens its own.
 func TestReplicatorOfAMovedBackupIsRetired(t *testing.T) {
 	p := &fakeStreamPeer{opened: make(chan *fakeReplStream, 4)}
-	ctx, cancel := context.WithCancel(context.Background())
+	n, cancel := bareOwner(p)
 	t.Cleanup(cancel)
-	n := &Node{cfg: Config{Name: "owner"}, peers: fakePeers{p}, moverCtx: ctx, replicators: map[string]*replicator{}}
 	old := n.replicatorFor(ring.Member{Name: "backup", Addr: "backup:1"})
 	waiting := call(old)
 	f := <-p.opened
@@ -338,9 +343,8 @@ func TestReplicatorOfAMovedBackupIsRetired(t *testing.T) {
 func TestStuckOpeningHoldsNoOtherBackup(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &fakeStreamPeer{stuck: true}
-		ctx, cancel := context.WithCancel(context.Background())
+		n, cancel := bareOwner(p)
 		defer cancel()
-		n := &Node{cfg: Config{Name: "owner"}, peers: fakePeers{p}, moverCtx: ctx, replicators: map[string]*replicator{}}
 		stuck := call(n.replicatorFor(ring.Member{Name: "backup", Addr: "backup:1"}))
 		synctest.Wait() // the call waits in ReplicateStream
 		start := time.Now()
