@@ -38,15 +38,15 @@ func (c *Client) Check(ctx context.Context, it Item) (Decision, error) {
 	if pi.id == 0 {
 		pi.id = c.newID()
 	}
+	// No context is derived for the deadline: each attempt's timer ends
+	// at or before dl, which spares a context and its timer per call.
 	dl := c.deadline(ctx, time.Now())
-	ctx, cancel := context.WithDeadline(ctx, dl)
-	defer cancel()
 	var cause error
 	var avoid string
 	var began time.Time
 	for attempt := range 2 {
 		if attempt > 0 {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || !time.Now().Before(dl) {
 				break
 			}
 			c.st.retries.Add(1)
@@ -92,8 +92,8 @@ func (c *Client) checkOnce(ctx context.Context, pi *prepared, adl time.Time) (ou
 	if !b.enqueue(pd) {
 		return outcome{err: errMemberLeft}, m.Addr
 	}
-	t := time.NewTimer(time.Until(adl))
-	defer t.Stop()
+	t := getTimer(time.Until(adl))
+	defer putTimer(t)
 	select {
 	case o := <-pd.res:
 		return o, m.Addr
@@ -254,4 +254,27 @@ func (c *Client) sendBatch(ctx context.Context, ps []prepared, todo []int, decs 
 	wg.Wait()
 	slices.Sort(retry)
 	return retry, cause, failed
+}
+
+// attemptTimers holds stopped timers for checkOnce, one per waiting call
+// instead of one allocated per call. Since Go 1.23 a stopped or reset timer
+// delivers no stale tick, so a reused timer fires only for its new wait.
+var attemptTimers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+// getTimer returns a timer that fires after d.
+func getTimer(d time.Duration) *time.Timer {
+	t := attemptTimers.Get().(*time.Timer)
+	t.Reset(d)
+	return t
+}
+
+// putTimer stops t and keeps it for reuse; its channel must not be read
+// after.
+func putTimer(t *time.Timer) {
+	t.Stop()
+	attemptTimers.Put(t)
 }
