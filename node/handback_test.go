@@ -15,10 +15,19 @@ import (
 // 127.0.0.1 joining join, and waits until it serves.
 func startLocal(t *testing.T, ln *LocalNetwork, name string, join ...string) *Node {
 	t.Helper()
+	return startLocalCfg(t, ln, Config{Name: name, Peers: ln.Peers()}, join...)
+}
+
+// startLocalCfg is startLocal for cfg (its Name, Peers and
+// ForgetDeadAfter; the rest as startLocal sets it).
+func startLocalCfg(t *testing.T, ln *LocalNetwork, cfg Config, join ...string) *Node {
+	t.Helper()
 	g := gossip.Config{BindAddr: "127.0.0.1", Join: join, RejoinInterval: -1, DeadNodeReclaimTime: 200 * time.Millisecond,
 		ProbeInterval: 300 * time.Millisecond, ProbeTimeout: 250 * time.Millisecond, GossipInterval: 50 * time.Millisecond}
+	name := cfg.Name
 	addr := name + ".in-memory:1"
-	n, err := New(Config{Name: name, AdvertiseAddr: addr, Cluster: &g, Peers: ln.Peers(), SweepInterval: -1, Replication: ReplicationOff})
+	cfg.AdvertiseAddr, cfg.Cluster, cfg.SweepInterval, cfg.Replication = addr, &g, -1, ReplicationOff
+	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,8 @@ import (
 //     and waits until the new owners of its partitions have acquired them.
 //  5. A node decides only while its ring holds a majority of the members it
 //     has seen serving (members that left gracefully no longer count, nor do
-//     members gone for Config.ForgetDeadAfter): a node cut off from the
+//     members gone for Config.ForgetDeadAfter, counted from when they were
+//     last present, which the mover notes every ForgetDeadAfter/4): a node cut off from the
 //     majority closes every partition, so the two sides of a network
 //     partition shorter than ForgetDeadAfter never both decide for one; when
 //     it heals, the minority's partitions are acquired again (rule 2), which
@@ -64,13 +65,18 @@ import (
 //     saw it gone for ForgetDeadAfter and took its partitions over, then
 //     saw it back) would otherwise never ask for what they decided. Until
 //     the owner has acquired it, the node keeps the partition (a drain
-//     waits for it too) and tells the owner again after each failure and
-//     each new ring, from a loop of its own (handbackLoop), so that a slow
-//     owner never holds up the mover. A handback names the generation of each partition (how
+//     waits for it too) and tells the owner again after each failure, each
+//     new ring and every handbackResend until the owner has acquired it,
+//     from a loop of its own (handbackLoop), so that a slow owner never
+//     holds up the mover. A handback names the generation of each partition (how
 //     many times its sender opened it); an owner that merged the sender's
 //     copy at that generation and kept the partition open since skips it,
 //     so the usual race of a ring change (the old owner hands back what the
-//     new one is acquiring from it) costs no second move.
+//     new one is acquiring from it) costs no second move. A move that was
+//     under way when a handback came may not have asked its sender, who was
+//     perhaps not even a member when the move began: it does not open the
+//     partition (openIfNotHandedBack), and the mover acquires it again. A
+//     node never drops, on a Release, a partition it owes.
 
 // MoveWait bounds how long a check waits for its partition to be acquired
 // by this node, its new owner, before it fails as retryable.
@@ -96,11 +102,16 @@ type handoff struct {
 	handed  []bool            // per partition: an Acquire closed it here (drain watches this)
 	// owed is, per partition, whether this node decided for it under a ring
 	// that it no longer owns it in and its owner has not acquired it from
-	// here since (rule 7); handbackSent, whether the owner under the ring of
-	// handbackEpoch has been told.
+	// here since (rule 7); handbackAt, when the owner under the ring of
+	// handbackEpoch was last told (zero: not yet).
 	owed          []bool
-	handbackSent  []bool
+	handbackAt    []time.Time
 	handbackEpoch uint64
+	// handbacks counts, per partition, the handbacks this node took as its
+	// owner. A move that began before one arrived may not have asked its
+	// sender (it may not even have been a member then), so it must not
+	// open the partition (see openIfNotHandedBack).
+	handbacks []uint64
 	// gen counts, per partition, the times this node opened it, from a
 	// random start (so that a restarted node's counts do not repeat);
 	// pulledGen is, per partition and member, the gen of the member's copy
@@ -119,6 +130,8 @@ type handoff struct {
 	counted  map[string]time.Time
 	seen     int
 	majority atomic.Bool // the ring holds more than half of seen
+	// majorityLosses counts the times majority turned false (not leaving).
+	majorityLosses atomic.Int64
 
 	moves, movedRecords, movedBytes, releases atomic.Int64
 	closedAt                                  []time.Time  // per partition: since when it is owned here but closed (zero: open, or not owned)
@@ -128,7 +141,7 @@ type handoff struct {
 func newHandoff(parts int) *handoff {
 	h := &handoff{
 		opened: make([]chan struct{}, parts), pullAll: make([]bool, parts), from: make([]map[string]bool, parts),
-		fill: make([]bool, parts), handed: make([]bool, parts), owed: make([]bool, parts), handbackSent: make([]bool, parts),
+		fill: make([]bool, parts), handed: make([]bool, parts), owed: make([]bool, parts), handbackAt: make([]time.Time, parts), handbacks: make([]uint64, parts),
 		gen: make([]uint64, parts), pulledGen: make([]map[string]uint64, parts), open: make([]atomic.Bool, parts), boots: map[string]uint64{}, kick: make(chan struct{}, 1), hbKick: make(chan struct{}, 1),
 		counted: map[string]time.Time{}, closedAt: make([]time.Time, parts), changed: make(chan struct{}),
 	}
@@ -169,12 +182,33 @@ func (h *handoff) ringChanged() <-chan struct{} {
 	return h.changed
 }
 
-// open opens p in st and wakes its waiters.
+// openPartition opens p in the store and wakes its waiters.
 func (n *Node) openPartition(p int) {
+	n.ho.mu.Lock()
+	defer n.ho.mu.Unlock()
+	n.openLocked(p)
+}
+
+// openIfNotHandedBack opens p as openPartition does, unless this node has
+// taken a handback of p since handbacks was read from h.handbacks[p]: the
+// move that asked for p then may have missed the sender's copy, and p stays
+// closed, to be acquired again from every member. It reports whether p
+// opened. The check and the open are one hold of h.mu, as Handback's count.
+func (n *Node) openIfNotHandedBack(p int, handbacks uint64) bool {
+	n.ho.mu.Lock()
+	defer n.ho.mu.Unlock()
+	if n.ho.handbacks[p] != handbacks {
+		return false
+	}
+	n.openLocked(p)
+	return true
+}
+
+// openLocked opens p; h.mu is held.
+func (n *Node) openLocked(p int) {
 	n.store.Open(p)
 	h := n.ho
 	h.open[p].Store(true)
-	h.mu.Lock()
 	select {
 	case <-h.opened[p]:
 	default:
@@ -189,7 +223,6 @@ func (n *Node) openPartition(p int) {
 	h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
 	h.owed[p] = false // it decides here again, with what it held
 	h.gen[p]++
-	h.mu.Unlock()
 }
 
 // closePartition closes p in the store; checks on it wait for its next open.
@@ -222,6 +255,14 @@ func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
 			return
 		case <-tick.C:
 			if n.ho.majority.Load() {
+				// Keep the members present counted as of now, so that
+				// one that vanishes is forgotten ForgetDeadAfter later,
+				// not at the first reconcile after a quiet spell.
+				if c := n.clus.Load(); c != nil && c.ms != nil && cur != nil {
+					n.ho.mu.Lock()
+					n.ho.countPresent(c.ms.Members(), cur, time.Now())
+					n.ho.mu.Unlock()
+				}
 				continue
 			}
 		case r, ok := <-rings:
@@ -290,21 +331,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	// it is leaving; one that vanished without leaving still counts.
 	// A member gone for ForgetDeadAfter no longer counts either.
 	nowT := time.Now()
-	for _, m := range members {
-		switch m.State {
-		case gossip.StateServing:
-			h.counted[m.Name] = nowT
-		case gossip.StateLeaving:
-			delete(h.counted, m.Name)
-		default:
-			if _, ok := h.counted[m.Name]; ok {
-				h.counted[m.Name] = nowT // present, restarting
-			}
-		}
-	}
-	for _, m := range r.Members() {
-		h.counted[m.Name] = nowT
-	}
+	h.countPresent(members, r, nowT)
 	for name, at := range h.counted {
 		if nowT.Sub(at) > n.cfg.ForgetDeadAfter {
 			delete(h.counted, name)
@@ -320,6 +347,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 		if majority {
 			n.log.Info("majority regained: acquiring partitions again", "ring", r.Len(), "seen", h.seen)
 		} else if !h.leaving.Load() && r.Len() > 0 { // an empty ring: this node is closing
+			h.majorityLosses.Add(1)
 			n.log.Warn("majority lost: deciding nothing until the cluster heals", "ring", r.Len(), "seen", h.seen)
 		}
 	}
@@ -395,6 +423,28 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	return n.acquire(ctx, r, work, members)
 }
 
+// countPresent notes the members present at now for rule 5: serving ones
+// and ring members count from now on, members that announced leaving no
+// longer count, and counted ones still present (restarting) stay counted as
+// of now. h.mu is held.
+func (h *handoff) countPresent(members []gossip.MemberState, r *ring.Ring, now time.Time) {
+	for _, m := range members {
+		switch m.State {
+		case gossip.StateServing:
+			h.counted[m.Name] = now
+		case gossip.StateLeaving:
+			delete(h.counted, m.Name)
+		default:
+			if _, ok := h.counted[m.Name]; ok {
+				h.counted[m.Name] = now // present, restarting
+			}
+		}
+	}
+	for _, m := range r.Members() {
+		h.counted[m.Name] = now
+	}
+}
+
 // wakeHandback asks the handback loop to look for partitions to hand back.
 func (h *handoff) wakeHandback() {
 	select {
@@ -403,14 +453,22 @@ func (h *handoff) wakeHandback() {
 	}
 }
 
+// handbackResend is how long a node that told an owner of a partition it
+// owes (rule 7) waits for the owner to acquire it before telling it again
+// under the same ring: a handback the owner took can still be lost to it
+// (a move that began before it and could not ask this node), and a
+// partition never acquired from here is lost when this node leaves.
+const handbackResend = time.Second
+
 // handbackLoop sends the handbacks of rule 7 apart from the mover, so that a
 // slow or unreachable owner never holds up this node's own moves: on each
-// wake-up and new ring, and after a failure every acquireRetry, it tells
-// each owner under the current ring of the partitions this node owes it,
-// until ctx is done.
+// wake-up and new ring, after a failure every acquireRetry, and every
+// handbackResend while an owner has not acquired what it was told of, it
+// tells each owner under the current ring of the partitions this node owes
+// it, until ctx is done.
 func (n *Node) handbackLoop(ctx context.Context) {
 	h := n.ho
-	var retry <-chan time.Time
+	var retry, resend <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -418,18 +476,25 @@ func (n *Node) handbackLoop(ctx context.Context) {
 		case <-h.hbKick:
 		case <-h.ringChanged():
 		case <-retry:
+		case <-resend:
 		}
-		retry = nil
+		retry, resend = nil, nil
 		c := n.clus.Load()
 		r := c.ring()
 		owedTo := map[string][]uint32{}
+		waiting := false // told, not yet acquired
+		now := time.Now()
 		h.mu.Lock()
 		if h.handbackEpoch != r.Epoch() {
 			h.handbackEpoch = r.Epoch()
-			clear(h.handbackSent)
+			clear(h.handbackAt)
 		}
 		for p := range n.store.Partitions() {
-			if !h.owed[p] || h.handed[p] || h.handbackSent[p] {
+			if !h.owed[p] || h.handed[p] {
+				continue
+			}
+			if at := h.handbackAt[p]; !at.IsZero() && now.Sub(at) < handbackResend {
+				waiting = true
 				continue
 			}
 			if o := r.PartitionOwner(p).Name; o != "" && o != c.self.Name {
@@ -437,6 +502,9 @@ func (n *Node) handbackLoop(ctx context.Context) {
 			}
 		}
 		h.mu.Unlock()
+		if waiting || len(owedTo) > 0 {
+			resend = time.After(handbackResend)
+		}
 		if len(owedTo) == 0 {
 			continue
 		}
@@ -491,12 +559,19 @@ func (n *Node) handback(ctx context.Context, r *ring.Ring, owedTo map[string][]u
 				errs = append(errs, fmt.Errorf("handing %d partitions back to %s: %w", len(parts), name, err))
 				return
 			}
+			now := time.Now()
+			again := true // every partition was told before under this ring
 			n.ho.mu.Lock()
 			for _, p := range parts {
-				n.ho.handbackSent[p] = true
+				again = again && !n.ho.handbackAt[p].IsZero()
+				n.ho.handbackAt[p] = now
 			}
 			n.ho.mu.Unlock()
-			n.log.Info("partitions handed back: decided here under another ring", "to", name, "partitions", parts, "epoch", r.Epoch())
+			level := slog.LevelInfo
+			if again {
+				level = slog.LevelDebug
+			}
+			n.log.Log(ctx, level, "partitions handed back: decided here under another ring", "to", name, "partitions", parts, "epoch", r.Epoch(), "again", again)
 		})
 	}
 	wg.Wait()
@@ -597,6 +672,10 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 	return nil
 }
 
+// errHandedBackDuringMove fails a partition whose move a handback overtook
+// (see openIfNotHandedBack); the mover acquires it again from every member.
+var errHandedBackDuringMove = errors.New("handed back during its move: acquiring it again from every member")
+
 // moveWorkers is the number of chunks of partitions acquired at once.
 const moveWorkers = 4
 
@@ -610,8 +689,10 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 	failed := map[int]error{}
 	ask := map[string][]int{}
 	fillTo := map[string][]int{}
+	handbacks := map[int]uint64{} // h.handbacks as the chunk decided whom to ask
 	for _, p := range chunk {
 		h.mu.Lock()
+		handbacks[p] = h.handbacks[p]
 		for name := range targets {
 			if h.pullAll[p] || h.from[p][name] {
 				ask[name] = append(ask[name], p)
@@ -683,11 +764,16 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 		}
 		if n.store.IsOpen(p) {
 			h.mu.Lock()
-			h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
+			if h.handbacks[p] == handbacks[p] {
+				h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
+			}
 			h.mu.Unlock()
 			continue
 		}
-		n.openPartition(p)
+		if !n.openIfNotHandedBack(p, handbacks[p]) {
+			failed[p] = errHandedBackDuringMove
+			continue
+		}
 		opened.Add(1)
 	}
 	pulled := map[string][]uint32{}
@@ -952,7 +1038,7 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 }
 
 // Release answers Peer.Release: it drops its copy of each partition it
-// neither owns nor backs under its ring.
+// neither owns nor backs under its ring, nor owes its owner (rule 7).
 func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
 	r, err := n.peerRing(req.Node, req.RingEpoch, true)
 	if err != nil {
@@ -967,6 +1053,15 @@ func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Release
 			continue
 		}
 		if b, ok := r.PartitionReplica(int(p)); ok && b.Name == n.cfg.Name {
+			continue
+		}
+		n.ho.mu.Lock()
+		owed := n.ho.owed[p] && !n.ho.handed[p]
+		n.ho.mu.Unlock()
+		if owed {
+			// Decided here since the caller pulled it (a Release may
+			// arrive late, under an epoch that came back): the owner has
+			// not acquired those sends yet (rule 7).
 			continue
 		}
 		if dropped := n.store.Drop(int(p)); dropped > 0 {
@@ -1014,6 +1109,7 @@ func (n *Node) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.Handb
 		}
 		taken = append(taken, p)
 		h.pullAll[p] = true
+		h.handbacks[p]++
 		if h.closedAt[p].IsZero() {
 			h.closedAt[p] = time.Now()
 		}
@@ -1076,9 +1172,11 @@ func (n *Node) drain(ctx context.Context) {
 			n.ho.handed[p] = false
 		} else if n.ho.owed[p] && !n.ho.handed[p] {
 			owned = append(owned, p) // rule 7: its owner acquires it from here first
+			n.ho.handbackAt[p] = time.Time{}
 		}
 	}
 	n.ho.mu.Unlock()
+	n.ho.wakeHandback() // tell the owners of what it owes again, now
 	n.ho.leaving.Store(true)
 	if err := c.ms.SetState(ctx, gossip.StateLeaving); err != nil {
 		n.log.Warn("announcing leaving", "err", err)

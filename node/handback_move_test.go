@@ -1,0 +1,285 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/window"
+)
+
+// These tests replay, one step at a time, what a starved test run of
+// TestRulesChangeRollsThrough did (0.05 of a core: node-1 saw node-0 gone
+// for a second), where the oracle found thousands of admitted sends
+// forgotten and some over-admitted.
+
+// gatedPeers wraps Peers: while armed, the first Acquire sent to member
+// name waits at the gate (entered receives) until release is closed, and
+// the first Handback sent to it is dropped unsent while dropHandback is set.
+type gatedPeers struct {
+	Peers
+	name         string
+	armed        chan struct{}
+	entered      chan struct{}
+	release      chan struct{}
+	gated        atomic.Bool
+	dropHandback atomic.Bool
+	dropped      atomic.Int64
+}
+
+type gatedPeer struct {
+	Peer
+	g *gatedPeers
+}
+
+func (g *gatedPeers) Peer(m ring.Member) (Peer, error) {
+	p, err := g.Peers.Peer(m)
+	if err != nil || m.Name != g.name {
+		return p, err
+	}
+	return gatedPeer{p, g}, nil
+}
+
+func (p gatedPeer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+	select {
+	case <-p.g.armed:
+		if p.g.gated.CompareAndSwap(false, true) {
+			p.g.entered <- struct{}{}
+			<-p.g.release
+		}
+	default:
+	}
+	return p.Peer.Acquire(ctx, req)
+}
+
+func (p gatedPeer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
+	if p.g.dropHandback.CompareAndSwap(true, false) {
+		p.g.dropped.Add(1)
+		return &pb.HandbackResponse{}, nil // lost on its way: the owner never took it
+	}
+	return p.Peer.Handback(ctx, req)
+}
+
+func newGatedPeers(ln *LocalNetwork, name string) *gatedPeers {
+	return &gatedPeers{Peers: ln.Peers(), name: name, armed: make(chan struct{}), entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+// threeLocal starts node-a (with peers pa, nil for the network's own),
+// node-b (with pb) and node-c, and waits until every partition is open on
+// its owner under one ring of the three. It returns them and that check.
+func threeLocal(t *testing.T, ln *LocalNetwork, pa, pbPeers Peers) (a, b, c *Node, settled func() error) {
+	t.Helper()
+	if pa == nil {
+		pa = ln.Peers()
+	}
+	if pbPeers == nil {
+		pbPeers = ln.Peers()
+	}
+	a = startLocalCfg(t, ln, Config{Name: "node-a", Peers: pa})
+	b = startLocalCfg(t, ln, Config{Name: "node-b", Peers: pbPeers}, a.clus.Load().ms.GossipAddr())
+	c = startLocal(t, ln, "node-c", a.clus.Load().ms.GossipAddr())
+	nodes := map[string]*Node{"node-a": a, "node-b": b, "node-c": c}
+	settled = func() error {
+		r := a.Ring()
+		for _, n := range nodes {
+			if n.Ring().Len() != 3 || n.Ring().Epoch() != r.Epoch() {
+				return fmt.Errorf("%s: a ring of %d, epoch %x", n.cfg.Name, n.Ring().Len(), n.Ring().Epoch())
+			}
+		}
+		for p := range a.store.Partitions() {
+			if o := nodes[r.PartitionOwner(p).Name]; !o.store.IsOpen(p) {
+				return fmt.Errorf("partition %d is not open on its owner %s", p, o.cfg.Name)
+			}
+		}
+		return nil
+	}
+	poll(t, "three nodes settle", settled)
+	return a, b, c, settled
+}
+
+// sendOwedBy has a admit one send to a recipient of a partition p that a
+// owns (and, with backedBy, that member backs), then has b record another
+// send of that recipient as b does while it decides for p under a ring of
+// its own, close p and owe it to a (rule 7). It returns p and a function
+// that peeks at what a counts for the recipient.
+func sendOwedBy(t *testing.T, a, b *Node, backedBy string) (int, func() uint32) {
+	t.Helper()
+	r := a.Ring()
+	var rcp string
+	var p int
+	for i := 0; rcp == ""; i++ {
+		k := fmt.Sprintf("+86151%08d", i)
+		key, _ := KeyOf(k)
+		p = r.PartitionHash(key)
+		bk, _ := r.PartitionReplica(p)
+		if r.PartitionOwner(p).Name == "node-a" && (backedBy == "" || bk.Name == backedBy) {
+			rcp = k
+		}
+	}
+	ctx := context.Background()
+	if resp, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}}); err != nil || !resp.Admitted[0] {
+		t.Fatalf("first send: %v %v", err, resp)
+	}
+	b.openPartition(p)
+	key, tag := KeyOf(rcp)
+	dv := b.view.Load().domains[DefaultDomain]
+	// A second earlier: records merge as a union of sends per millisecond.
+	if _, _, err := b.store.Record(p, dv.ref, key, tag, b.nowMs()-1000, window.Item{Cost: 1}, 0, b.nowMs()); err != nil {
+		t.Fatal(err)
+	}
+	b.closePartition(p)
+	b.ho.mu.Lock()
+	b.ho.owed[p], b.ho.handed[p] = true, false
+	b.ho.mu.Unlock()
+	used := func() uint32 {
+		resp, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+		if err != nil || len(resp.Errors) > 0 {
+			return 0 // closed for a move: asked again
+		}
+		return resp.Used[0]
+	}
+	return p, used
+}
+
+// wantCounted polls until a counts want sends of the recipient.
+func wantCounted(t *testing.T, used func() uint32, want uint32, why string) {
+	t.Helper()
+	poll(t, why, func() error {
+		if got := used(); got != want {
+			return fmt.Errorf("a counts %d sends, want %d", got, want)
+		}
+		return nil
+	})
+}
+
+// TestHandbackDuringAcquisition: a is moving partition p, asking node-c
+// only (as for a member that appeared while p stayed open), when b's
+// handback of p arrives. The move decided whom to ask before the handback,
+// so it must not open p as if it had asked b: a must still pull b's copy.
+// Before the fix the move opened p and cleared the handback's "ask every
+// member", b never told a again under that ring, and its send was lost
+// when b left.
+func TestHandbackDuringAcquisition(t *testing.T) {
+	ln := NewLocalNetwork()
+	gp := newGatedPeers(ln, "node-c")
+	a, b, _, _ := threeLocal(t, ln, gp, nil)
+	p, used := sendOwedBy(t, a, b, "")
+
+	close(gp.armed)
+	a.ho.mu.Lock()
+	a.ho.from[p] = map[string]bool{"node-c": true}
+	a.ho.mu.Unlock()
+	a.ho.wake()
+	<-gp.entered // the move asks node-c, and waits there
+	if err := b.handback(context.Background(), a.Ring(), map[string][]uint32{"node-a": {uint32(p)}}); err != nil {
+		t.Fatal(err)
+	}
+	// Only that handback may bring the send: b tells a nothing again.
+	b.ho.mu.Lock()
+	b.ho.handbackAt[p] = time.Now().Add(time.Hour)
+	b.ho.mu.Unlock()
+	close(gp.release)
+	wantCounted(t, used, 2, "a counts b's send after the handback")
+}
+
+// TestHandbackToldAgainUntilAcquired: b's handback of p never reaches a
+// (here it is dropped on its way; in the starved run a move that could not
+// ask b consumed it). b must tell a again under the same ring until a
+// acquires p from it, not once per ring.
+func TestHandbackToldAgainUntilAcquired(t *testing.T) {
+	ln := NewLocalNetwork()
+	gp := newGatedPeers(ln, "node-a")
+	a, b, _, _ := threeLocal(t, ln, nil, gp)
+	gp.dropHandback.Store(true)
+	p, used := sendOwedBy(t, a, b, "")
+	b.ho.wakeHandback()
+	wantCounted(t, used, 2, "a counts b's send after b tells it again")
+	if gp.dropped.Load() != 1 {
+		t.Fatalf("%d handbacks dropped, want 1: the test did not lose the first", gp.dropped.Load())
+	}
+	b.ho.mu.Lock()
+	owed := b.ho.owed[p]
+	b.ho.mu.Unlock()
+	if owed {
+		t.Fatal("b still owes p after a acquired it")
+	}
+}
+
+// TestLateReleaseKeepsWhatIsOwed: b holds a send of partition p (owned by
+// a, backed by c) that it decided after a's last pull from it, and owes p.
+// A Release from a for p, sent after that earlier pull and arriving now
+// under the same epoch, must not drop b's copy: b's handback must still
+// bring the send to a.
+func TestLateReleaseKeepsWhatIsOwed(t *testing.T) {
+	ln := NewLocalNetwork()
+	a, b, _, _ := threeLocal(t, ln, nil, nil)
+	p, used := sendOwedBy(t, a, b, "node-c")
+	ctx := context.Background()
+	rr, err := b.Release(ctx, &pb.ReleaseRequest{Node: "node-a", RingEpoch: a.Ring().Epoch(), Partitions: []uint32{uint32(p)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rr.Dropped) != 0 {
+		t.Fatalf("b dropped %v, which it owes a", rr.Dropped)
+	}
+	if err := b.handback(ctx, a.Ring(), map[string][]uint32{"node-a": {uint32(p)}}); err != nil {
+		t.Fatal(err)
+	}
+	wantCounted(t, used, 2, "a counts b's send after the handback")
+}
+
+// TestVanishedMembersCountForForgetDeadAfter: rule 5 forgets a member
+// ForgetDeadAfter after it vanished, not at the first reconcile after a
+// quiet spell. a has seen b and c serving, nothing changes for longer than
+// ForgetDeadAfter, then both vanish without leaving: a, alone, must lose
+// its majority (and decide nothing) rather than forget them at once.
+// Before the fix a's count of them dated from its last reconcile, so it
+// forgot them as soon as they went, and decided alone while they, alive
+// but cut off, might decide too.
+func TestVanishedMembersCountForForgetDeadAfter(t *testing.T) {
+	const forget = 4 * time.Second
+	ln := NewLocalNetwork()
+	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers(), ForgetDeadAfter: forget})
+	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers(), ForgetDeadAfter: forget}, a.clus.Load().ms.GossipAddr())
+	c := startLocalCfg(t, ln, Config{Name: "node-c", Peers: ln.Peers(), ForgetDeadAfter: forget}, a.clus.Load().ms.GossipAddr())
+	poll(t, "a ring of three", func() error {
+		if n := a.Ring().Len(); n != 3 {
+			return fmt.Errorf("a's ring has %d members", n)
+		}
+		return nil
+	})
+	// A quiet spell longer than ForgetDeadAfter: no ring change, so no
+	// reconcile; only the mover's ticks see the members.
+	epoch := a.Ring().Epoch()
+	quiet := time.Now().Add(forget + forget/2)
+	poll(t, "a quiet spell", func() error {
+		if a.Ring().Epoch() != epoch {
+			epoch, quiet = a.Ring().Epoch(), time.Now().Add(forget+forget/2)
+		}
+		if time.Now().Before(quiet) {
+			return fmt.Errorf("the ring has been still for less than %v", forget+forget/2)
+		}
+		return nil
+	})
+	losses := a.ho.majorityLosses.Load()
+	for _, n := range []*Node{b, c} { // as a crash: no leave
+		ln.Unregister(n.cfg.AdvertiseAddr)
+		n.Close()
+	}
+	poll(t, "a's ring shrinks to itself", func() error {
+		if n := a.Ring().Len(); n != 1 {
+			return fmt.Errorf("a's ring has %d members", n)
+		}
+		return nil
+	})
+	poll(t, "a loses its majority", func() error {
+		if a.ho.majorityLosses.Load() == losses {
+			return fmt.Errorf("a kept its majority alone: it forgot b and c as they vanished")
+		}
+		return nil
+	})
+}
