@@ -3,9 +3,13 @@ package node
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
@@ -79,8 +83,8 @@ func threeLocal(t *testing.T, ln *LocalNetwork, pa, pbPeers Peers) (a, b, c *Nod
 	if pbPeers == nil {
 		pbPeers = ln.Peers()
 	}
-	a = startLocalCfg(t, ln, Config{Name: "node-a", Peers: pa})
-	b = startLocalCfg(t, ln, Config{Name: "node-b", Peers: pbPeers}, a.clus.Load().ms.GossipAddr())
+	a = startLocalCfg(t, ln, Config{Name: "node-a", Peers: pa, Replication: ReplicationOff})
+	b = startLocalCfg(t, ln, Config{Name: "node-b", Peers: pbPeers, Replication: ReplicationOff}, a.clus.Load().ms.GossipAddr())
 	c = startLocal(t, ln, "node-c", a.clus.Load().ms.GossipAddr())
 	nodes := map[string]*Node{"node-a": a, "node-b": b, "node-c": c}
 	settled = func() error {
@@ -245,9 +249,9 @@ func TestVanishedMembersCountForForgetDeadAfter(t *testing.T) {
 	// within it (its tick is ForgetDeadAfter/4) on a loaded machine.
 	const forget = 8 * time.Second
 	ln := NewLocalNetwork()
-	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers(), ForgetDeadAfter: forget})
-	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers(), ForgetDeadAfter: forget}, a.clus.Load().ms.GossipAddr())
-	c := startLocalCfg(t, ln, Config{Name: "node-c", Peers: ln.Peers(), ForgetDeadAfter: forget}, a.clus.Load().ms.GossipAddr())
+	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers(), ForgetDeadAfter: forget, Replication: ReplicationOff})
+	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers(), ForgetDeadAfter: forget, Replication: ReplicationOff}, a.clus.Load().ms.GossipAddr())
+	c := startLocalCfg(t, ln, Config{Name: "node-c", Peers: ln.Peers(), ForgetDeadAfter: forget, Replication: ReplicationOff}, a.clus.Load().ms.GossipAddr())
 	poll(t, "a ring of three", func() error {
 		if n := a.Ring().Len(); n != 3 {
 			return fmt.Errorf("a's ring has %d members", n)
@@ -283,4 +287,129 @@ func TestVanishedMembersCountForForgetDeadAfter(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestBackupRefusesWhatItDecidedElsewhere: a backup takes no sends of a
+// partition it has open (it decides for it under a ring its gossip has not
+// replaced yet) or owes (it decided for it under another ring, and the
+// owner has not acquired it since): the owner decided them from a record
+// without what the backup admitted. In a starved run node-1 saw node-2 gone
+// for 0.4 s, decided alone for node-2's partitions, and then took node-2's
+// replicated sends again: 106 sends over-admitted.
+func TestBackupRefusesWhatItDecidedElsewhere(t *testing.T) {
+	ln := NewLocalNetwork()
+	a, b, _, _ := threeLocal(t, ln, nil, nil)
+	r := a.Ring()
+	var key uint64
+	var tag uint16
+	var p int
+	for i := 0; ; i++ {
+		key, tag = KeyOf(fmt.Sprintf("+86151%08d", i))
+		p = r.PartitionHash(key)
+		if bk, _ := r.PartitionReplica(p); r.PartitionOwner(p).Name == "node-a" && bk.Name == "node-b" {
+			break
+		}
+	}
+	ctx := context.Background()
+	replicate := func() error {
+		var enc walEncoder
+		enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: a.nowMs(), cost: 1})
+		_, err := b.Replicate(ctx, &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes()})
+		return err
+	}
+	if err := replicate(); err != nil {
+		t.Fatalf("a send of a partition b backs: %v", err)
+	}
+	want := func(what, msg string) {
+		t.Helper()
+		err := replicate()
+		if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), msg) {
+			t.Fatalf("%s: %v, want FailedPrecondition saying %q", what, err, msg)
+		}
+	}
+	b.ho.mu.Lock()
+	b.ho.owed[p], b.ho.handed[p] = true, false
+	b.ho.mu.Unlock()
+	want("owed", "has not acquired yet")
+	b.ho.mu.Lock()
+	b.ho.handed[p] = true // acquired from b since
+	b.ho.mu.Unlock()
+	if err := replicate(); err != nil {
+		t.Fatalf("after the owner acquired it: %v", err)
+	}
+	b.openPartition(p)
+	want("open", "decides for it under another ring")
+	b.closePartition(p)
+	if err := replicate(); err != nil {
+		t.Fatalf("closed again: %v", err)
+	}
+}
+
+// TestRetryOfUnconfirmedSendIsDecidedAgain: a send whose backup refused it
+// fails (the owner answers UNAVAILABLE, and its record keeps counting it);
+// its retry with the same request id must be decided and recorded again,
+// not answered as admitted with the first decision, which the owner made
+// from a record that may lack what the backup admitted under another ring.
+func TestRetryOfUnconfirmedSendIsDecidedAgain(t *testing.T) {
+	ln := NewLocalNetwork()
+	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers()}) // synchronous replication
+	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
+	poll(t, "two nodes settle", func() error {
+		r := a.Ring()
+		if r.Len() != 2 || b.Ring().Epoch() != r.Epoch() {
+			return fmt.Errorf("rings of %d and %d members", r.Len(), b.Ring().Len())
+		}
+		for p := range a.store.Partitions() {
+			owner := a
+			if r.PartitionOwner(p).Name == "node-b" {
+				owner = b
+			}
+			if !owner.store.IsOpen(p) {
+				return fmt.Errorf("partition %d is not open on its owner %s", p, owner.cfg.Name)
+			}
+		}
+		return nil
+	})
+	r := a.Ring()
+	var rcp string
+	var p int
+	for i := 0; rcp == ""; i++ {
+		k := fmt.Sprintf("+86151%08d", i)
+		key, _ := KeyOf(k)
+		if p = r.PartitionHash(key); r.PartitionOwner(p).Name == "node-a" {
+			rcp = k
+		}
+	}
+	ctx := context.Background()
+	check := func(mode pb.Mode) *pb.CheckResponse {
+		t.Helper()
+		resp, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{mode}, RequestIds: []uint64{42}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	b.ho.mu.Lock()
+	b.ho.owed[p], b.ho.handed[p] = true, false // b refuses p's sends (rule 7)
+	b.ho.mu.Unlock()
+	if resp := check(pb.Mode_MODE_CHECK_AND_RECORD); len(resp.Errors) != 1 || resp.Errors[0].Code != uint32(codes.Unavailable) {
+		t.Fatalf("with its backup refusing: %v, want UNAVAILABLE", resp)
+	}
+	b.ho.mu.Lock()
+	b.ho.handed[p] = true
+	b.ho.mu.Unlock()
+	resp := check(pb.Mode_MODE_CHECK_AND_RECORD)
+	if len(resp.Errors) != 0 || !resp.Admitted[0] || !resp.Recorded[0] {
+		t.Fatalf("the retry: %v", resp)
+	}
+	// Decided again: it counts besides the failed attempt, which a's
+	// record keeps (denying early, never admitting beyond a limit). Had it
+	// been answered as a duplicate, a would count 1.
+	peek, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+	if err != nil || len(peek.Errors) > 0 {
+		t.Fatal(err, peek.GetErrors())
+	}
+	if peek.Used[0] != 2 {
+		t.Fatalf("a counts %d sends, want 2: the retry was answered as a duplicate of the unconfirmed send", peek.Used[0])
+	}
 }

@@ -15,10 +15,10 @@ import (
 // 127.0.0.1 joining join, and waits until it serves.
 func startLocal(t *testing.T, ln *LocalNetwork, name string, join ...string) *Node {
 	t.Helper()
-	return startLocalCfg(t, ln, Config{Name: name, Peers: ln.Peers()}, join...)
+	return startLocalCfg(t, ln, Config{Name: name, Peers: ln.Peers(), Replication: ReplicationOff}, join...)
 }
 
-// startLocalCfg is startLocal for cfg (its Name, Peers and
+// startLocalCfg is startLocal for cfg (its Name, Peers, Replication and
 // ForgetDeadAfter; the rest as startLocal sets it).
 func startLocalCfg(t *testing.T, ln *LocalNetwork, cfg Config, join ...string) *Node {
 	t.Helper()
@@ -26,7 +26,7 @@ func startLocalCfg(t *testing.T, ln *LocalNetwork, cfg Config, join ...string) *
 		ProbeInterval: 300 * time.Millisecond, ProbeTimeout: 250 * time.Millisecond, GossipInterval: 50 * time.Millisecond}
 	name := cfg.Name
 	addr := name + ".in-memory:1"
-	cfg.AdvertiseAddr, cfg.Cluster, cfg.SweepInterval, cfg.Replication = addr, &g, -1, ReplicationOff
+	cfg.AdvertiseAddr, cfg.Cluster, cfg.SweepInterval = addr, &g, -1
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

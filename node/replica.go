@@ -270,6 +270,15 @@ func (n *Node) failUnreplicated(resp *pb.CheckResponse, rs *replicaSet) {
 			n.log.Warn("backup did not confirm: items fail", "backup", rb.member.Name, "items", len(rb.items), "err", rb.err)
 		}
 		n.replicationFailures.Add(int64(len(rb.items)))
+		// A retry of a failed item is decided again, not answered with
+		// this decision, which this node may have made from a record that
+		// lacks what the backup admitted while it saw another ring.
+		v := n.view.Load()
+		for k, s := range rb.sends {
+			if dv := v.domains[s.domain]; dv != nil && s.id != 0 && !s.refund {
+				n.store.Unconfirmed(rb.parts[k], dv.ref, s.key, s.id)
+			}
+		}
 		for _, j := range rb.items {
 			resp.Admitted[j], resp.Recorded[j] = false, false
 			resp.Errors = append(resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(codes.Unavailable),
@@ -311,6 +320,12 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		if b, ok := r.PartitionReplica(p); !ok || b.Name != n.cfg.Name {
 			return n.refuse("partition %d is not backed by %s under epoch %d", p, n.cfg.Name, r.Epoch())
 		}
+		if n.ho.isOpen(p) {
+			// This node decides for p, under a ring of its own that its
+			// gossip has not yet replaced: the owner's record lacks what
+			// it admits here, so the owner must not admit either.
+			return n.refuse("partition %d is open on %s, which decides for it under another ring; %s must acquire it first", p, n.cfg.Name, req.Node)
+		}
 		if v.domains[s.domain] == nil {
 			return status.Errorf(codes.FailedPrecondition, "node %s: unknown domain %s (this node serves %v)", n.cfg.Name, quote(s.domain), v.names)
 		}
@@ -321,6 +336,9 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		if errors.Is(err, ErrBadPayload) {
 			return nil, status.Errorf(codes.InvalidArgument, "node %s: sends: %v", n.cfg.Name, err)
 		}
+		return nil, err
+	}
+	if err := n.refuseOwed(sends, req.Node); err != nil {
 		return nil, err
 	}
 	now := n.nowMs()
@@ -377,4 +395,26 @@ func (n *Node) ackSends(p int, k int64) {
 			return
 		}
 	}
+}
+
+// refuseOwed refuses, as a backup, sends of a partition this node decided
+// for under another ring and has not handed to owner yet (rule 7): the
+// owner decided them from a record without what this node admitted, so
+// they must fail until the owner has acquired the partition from here.
+func (n *Node) refuseOwed(sends []walSend, owner string) error {
+	h := n.ho
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	last := -1
+	for _, s := range sends {
+		p := n.store.PartitionOf(s.key)
+		if p == last {
+			continue
+		}
+		last = p
+		if h.owed[p] && !h.handed[p] {
+			return n.refuse("partition %d holds sends %s decided under another ring, which %s has not acquired yet", p, n.cfg.Name, owner)
+		}
+	}
+	return nil
 }

@@ -126,3 +126,21 @@ func (s *Store) unrecord(pt *partition, sp *space, ws *window.Scratch, r Ref, ke
 	}
 	return nil
 }
+
+// Unconfirmed notes that the send request id recorded for the recipient with
+// key hash key in domain r, in partition p, was not confirmed to its caller
+// (its backup refused it, say): a retry of id is then decided and recorded
+// afresh, as after a refund, instead of answered as recorded with the first
+// decision, which may have been made from a record that lacked sends
+// admitted elsewhere. The record keeps counting the send, which can only
+// deny early. It reports whether the store remembered id.
+func (s *Store) Unconfirmed(p int, r Ref, key, id uint64) bool {
+	if id == 0 {
+		return false
+	}
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	sp := pt.space(r.id, false)
+	return sp != nil && sp.ids.markRefunded(idKey(id, key))
+}
