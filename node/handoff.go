@@ -38,7 +38,9 @@ import (
 //     missing sends.
 //  3. With replication, every send the owner admits is on p's backup, in its
 //     store and WAL, before the reply (replica.go); a backup takes sends only
-//     from p's owner under its own ring. So when the owner dies,
+//     from p's owner under its own ring, and none of a partition it has
+//     open or owes (rule 7): the owner's record lacks what it decided.
+//     So when the owner dies,
 //     the backup, which becomes the owner, already holds every admitted send,
 //     and an old owner that has not heard of a new ring cannot admit once the
 //     backup has (the backup checks ownership under its own ring).
