@@ -178,7 +178,11 @@ func TestHandbackDuringAcquisition(t *testing.T) {
 	a.ho.from[p] = map[string]bool{"node-c": true}
 	a.ho.mu.Unlock()
 	a.ho.wake()
-	<-gp.entered // the move asks node-c, and waits there
+	select { // the move asks node-c, and waits there
+	case <-gp.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a's move never asked node-c")
+	}
 	if err := b.handback(context.Background(), a.Ring(), map[string][]uint32{"node-a": {uint32(p)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -411,5 +415,59 @@ func TestRetryOfUnconfirmedSendIsDecidedAgain(t *testing.T) {
 	}
 	if peek.Used[0] != 2 {
 		t.Fatalf("a counts %d sends, want 2: the retry was answered as a duplicate of the unconfirmed send", peek.Used[0])
+	}
+}
+
+// TestAcquiredBeforeClosedIsNotOwed: b decided for p (it had p open) when
+// the ring moved p to a; a's Acquire reached b before b's own reconcile
+// closed p. b must end up having handed p over, not owing it: a pulled
+// everything b decided, would skip b's handback as merged already, and a
+// backup that owes a partition refuses its owner's sends, so a debt here
+// would stop p from admitting until the next ring change.
+func TestAcquiredBeforeClosedIsNotOwed(t *testing.T) {
+	ln := NewLocalNetwork()
+	a, b, _, _ := threeLocal(t, ln, nil, nil)
+	r := a.Ring()
+	var key uint64
+	var tag uint16
+	var p int
+	for i := 0; ; i++ {
+		key, tag = KeyOf(fmt.Sprintf("+86151%08d", i))
+		p = r.PartitionHash(key)
+		if bk, _ := r.PartitionReplica(p); r.PartitionOwner(p).Name == "node-a" && bk.Name == "node-b" {
+			break
+		}
+	}
+	b.openPartition(p) // b decides for p, as under a ring of its own
+	var bm ring.Member
+	for _, m := range r.Members() {
+		if m.Name == "node-b" {
+			bm = m
+		}
+	}
+	ctx := context.Background()
+	if _, _, err := a.pullFrom(ctx, r, bm, []int{p}); err != nil {
+		t.Fatal(err)
+	}
+	b.closeOwing(p) // b's reconcile, late
+	b.ho.mu.Lock()
+	owed, handed := b.ho.owed[p], b.ho.handed[p]
+	b.ho.mu.Unlock()
+	if owed && !handed {
+		t.Fatal("b owes p, which a acquired from it")
+	}
+	var enc walEncoder
+	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: a.nowMs(), cost: 1})
+	if _, err := b.Replicate(ctx, &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes()}); err != nil {
+		t.Fatalf("b, p's backup, refuses a's send: %v", err)
+	}
+	// Closed by b itself while open, p is owed.
+	b.openPartition(p)
+	b.closeOwing(p)
+	b.ho.mu.Lock()
+	owed, handed = b.ho.owed[p], b.ho.handed[p]
+	b.ho.mu.Unlock()
+	if !owed || handed {
+		t.Fatalf("b closed p, which it had open, and owes it: owed %v, handed %v", owed, handed)
 	}
 }

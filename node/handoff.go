@@ -229,16 +229,38 @@ func (n *Node) openLocked(p int) {
 
 // closePartition closes p in the store; checks on it wait for its next open.
 func (n *Node) closePartition(p int) {
+	n.ho.mu.Lock()
+	defer n.ho.mu.Unlock()
+	n.closeLocked(p)
+}
+
+// closeOwing closes p if it is open and then owes it (rule 7): this node
+// decided for it, and no owner has acquired it since. The check, the close
+// and the debt are one hold of h.mu, as Acquire's record of a hand-over
+// and recordReplicated's check: an Acquire that closed p first leaves it
+// handed over, never owed (an owner that pulled it would skip the handback
+// as already merged, and the backup would refuse its sends for good).
+func (n *Node) closeOwing(p int) {
+	h := n.ho
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !n.store.IsOpen(p) {
+		return
+	}
+	n.closeLocked(p)
+	h.owed[p], h.handed[p] = true, false
+}
+
+// closeLocked closes p; h.mu is held.
+func (n *Node) closeLocked(p int) {
 	n.store.Close(p)
 	h := n.ho
 	h.open[p].Store(false)
-	h.mu.Lock()
 	select {
 	case <-h.opened[p]:
 		h.opened[p] = make(chan struct{})
 	default:
 	}
-	h.mu.Unlock()
 }
 
 // moverLoop reconciles the node's partitions with each new ring, and again
@@ -355,12 +377,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	}
 	if !majority {
 		for p := range n.store.Partitions() {
-			if n.store.IsOpen(p) {
-				n.closePartition(p)
-				h.mu.Lock()
-				h.owed[p], h.handed[p] = true, false // rule 7, if another owns it once the cluster heals
-				h.mu.Unlock()
-			}
+			n.closeOwing(p) // rule 7, if another owns it once the cluster heals
 		}
 		return nil
 	}
@@ -370,15 +387,9 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	for p := range n.store.Partitions() {
 		owner := r.PartitionOwner(p).Name == self
 		if !owner {
-			wasOpen := n.store.IsOpen(p)
-			if wasOpen {
-				n.closePartition(p)
-			}
+			n.closeOwing(p)
 			h.mu.Lock()
 			h.closedAt[p] = time.Time{}
-			if wasOpen {
-				h.owed[p], h.handed[p] = true, false
-			}
 			owes = owes || h.owed[p] && !h.handed[p]
 			h.mu.Unlock()
 			continue

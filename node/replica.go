@@ -320,12 +320,6 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		if b, ok := r.PartitionReplica(p); !ok || b.Name != n.cfg.Name {
 			return n.refuse("partition %d is not backed by %s under epoch %d", p, n.cfg.Name, r.Epoch())
 		}
-		if n.ho.isOpen(p) {
-			// This node decides for p, under a ring of its own that its
-			// gossip has not yet replaced: the owner's record lacks what
-			// it admits here, so the owner must not admit either.
-			return n.refuse("partition %d is open on %s, which decides for it under another ring; %s must acquire it first", p, n.cfg.Name, req.Node)
-		}
 		if v.domains[s.domain] == nil {
 			return status.Errorf(codes.FailedPrecondition, "node %s: unknown domain %s (this node serves %v)", n.cfg.Name, quote(s.domain), v.names)
 		}
@@ -397,10 +391,13 @@ func (n *Node) ackSends(p int, k int64) {
 	}
 }
 
-// refuseOwed refuses, as a backup, sends of a partition this node decided
-// for under another ring and has not handed to owner yet (rule 7): the
-// owner decided them from a record without what this node admitted, so
-// they must fail until the owner has acquired the partition from here.
+// refuseOwed refuses, as a backup, sends of a partition this node decides
+// for (open here, under a ring of its own that its gossip has not replaced
+// yet) or decided for under another ring and has not handed to owner yet
+// (rule 7): the owner decided them from a record without what this node
+// admitted, so they must fail until the owner has acquired the partition
+// from here. It reads both under h.mu, where closeOwing closes a partition
+// and records the debt in one hold.
 func (n *Node) refuseOwed(sends []walSend, owner string) error {
 	h := n.ho
 	h.mu.Lock()
@@ -412,6 +409,9 @@ func (n *Node) refuseOwed(sends []walSend, owner string) error {
 			continue
 		}
 		last = p
+		if h.open[p].Load() {
+			return n.refuse("partition %d is open on %s, which decides for it under another ring; %s must acquire it first", p, n.cfg.Name, owner)
+		}
 		if h.owed[p] && !h.handed[p] {
 			return n.refuse("partition %d holds sends %s decided under another ring, which %s has not acquired yet", p, n.cfg.Name, owner)
 		}
