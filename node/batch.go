@@ -228,7 +228,10 @@ func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*
 	b := decode(req, n.view.Load(), r)
 	defer b.put()
 	var groups []*group
-	if r.Len() > 1 {
+	if r.Len() > 1 || r.Len() == 1 && !r.Has(n.cfg.Name) {
+		// A ring of one other member (this node left out of it, or seeing
+		// only that member for a moment) owns everything elsewhere: this
+		// node decides nothing it does not own under its ring (rule 1).
 		groups = n.route(b, r)
 	}
 	var resp *pb.CheckResponse

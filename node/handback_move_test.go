@@ -471,3 +471,52 @@ func TestAcquiredBeforeClosedIsNotOwed(t *testing.T) {
 		t.Fatalf("b closed p, which it had open, and owes it: owed %v, handed %v", owed, handed)
 	}
 }
+
+// TestRingOfAnotherDecidesNothingHere: a node whose ring holds one member,
+// not itself (left out of it, or seeing only that member for a moment under
+// load), routes every item to that member, even for a partition still open
+// here. In a starved run node-2's ring was {node-0} for 0.4 s while it went
+// on deciding locally for the partitions it had open: two sends it and
+// node-0 admitted in the same millisecond merged into one (forgotten).
+func TestRingOfAnotherDecidesNothingHere(t *testing.T) {
+	ln := NewLocalNetwork()
+	start := func(name string) *Node {
+		addr := name + ".in-memory:1"
+		n, err := New(Config{Name: name, AdvertiseAddr: addr, Peers: ln.Peers(), SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.Register(addr, n)
+		if err := n.Open(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Unregister(addr); n.Close() })
+		return n
+	}
+	a, b := start("node-a"), start("node-b")
+	// a sees a ring of b alone; every partition is still open on a.
+	c := a.clus.Load()
+	rb := b.clus.Load().static
+	a.clus.Store(&cluster{self: c.self, static: rb})
+	ctx := context.Background()
+	const rcp = "+8615100000001"
+	resp, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}})
+	if err != nil || len(resp.Errors) > 0 || !resp.Admitted[0] {
+		t.Fatalf("a check through a: %v %v", err, resp)
+	}
+	peek := func(n *Node) uint32 {
+		t.Helper()
+		resp, err := n.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+		if err != nil || len(resp.Errors) > 0 {
+			t.Fatal(err, resp.GetErrors())
+		}
+		return resp.Used[0]
+	}
+	if got := peek(b); got != 1 {
+		t.Fatalf("b, the ring's only member, counts %d sends, want 1", got)
+	}
+	a.clus.Store(c) // a's own ring again
+	if got := peek(a); got != 0 {
+		t.Fatalf("a counts %d sends, want 0: it decided for a partition it does not own under its ring", got)
+	}
+}
