@@ -520,3 +520,64 @@ func TestRingOfAnotherDecidesNothingHere(t *testing.T) {
 		t.Fatalf("a counts %d sends, want 0: it decided for a partition it does not own under its ring", got)
 	}
 }
+
+// TestTieWinnerIsAskedBeforeOpening: b loses a tie to a (two members
+// counted, a's name first, a not in b's ring), so a may decide alone, with
+// no backup. c then joins b, and b holds a majority again (2 of the 3 it
+// counts) while a is still out of its sight: b must not open its partitions
+// without asking a. In a starved run node-2 did, at the millisecond node-0
+// (the winner, which never lost its majority) admitted its fifth send of a
+// second: 6 > 5.
+func TestTieWinnerIsAskedBeforeOpening(t *testing.T) {
+	ln := NewLocalNetwork()
+	cfg := func(name string) Config {
+		return Config{Name: name, Peers: ln.Peers(), Replication: ReplicationOff, ForgetDeadAfter: 10 * time.Minute}
+	}
+	a := startLocalCfg(t, ln, cfg("node-a"))
+	join := a.clus.Load().ms.GossipAddr()
+	b := startLocalCfg(t, ln, cfg("node-b"), join)
+	poll(t, "a ring of two", func() error {
+		if n := b.Ring().Len(); n != 2 || a.Ring().Len() != 2 {
+			return fmt.Errorf("rings of %d and %d", a.Ring().Len(), n)
+		}
+		return nil
+	})
+	ln.Unregister(a.cfg.AdvertiseAddr) // a vanishes from b's sight, as if cut off
+	a.Close()
+	poll(t, "b loses the tie to a", func() error {
+		b.ho.mu.Lock()
+		defer b.ho.mu.Unlock()
+		if b.ho.tieWinner != "node-a" {
+			return fmt.Errorf("b's tie winner is %q", b.ho.tieWinner)
+		}
+		return nil
+	})
+	c := startLocalCfg(t, ln, cfg("node-c"), b.clus.Load().ms.GossipAddr())
+	poll(t, "b waits for a before it acquires", func() error {
+		if b.ho.tieWaits.Load() == 0 {
+			return fmt.Errorf("b's ring has %d members; no acquisition waited", b.Ring().Len())
+		}
+		return nil
+	})
+	r := b.Ring()
+	for p := range b.store.Partitions() {
+		if r.PartitionOwner(p).Name == "node-b" && b.store.IsOpen(p) {
+			t.Fatalf("b opened partition %d without asking a, the tie's winner", p)
+		}
+	}
+	// a comes back (a new process under its name): b asks it and opens.
+	a2 := startLocalCfg(t, ln, cfg("node-a"), b.clus.Load().ms.GossipAddr())
+	nodes := map[string]*Node{"node-a": a2, "node-b": b, "node-c": c}
+	poll(t, "every partition open on its owner", func() error {
+		r := b.Ring()
+		if r.Len() != 3 {
+			return fmt.Errorf("b's ring has %d members", r.Len())
+		}
+		for p := range b.store.Partitions() {
+			if o := nodes[r.PartitionOwner(p).Name]; o.Ring().Epoch() != r.Epoch() || !o.store.IsOpen(p) {
+				return fmt.Errorf("partition %d is not open on its owner %s", p, o.cfg.Name)
+			}
+		}
+		return nil
+	})
+}

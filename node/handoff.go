@@ -134,6 +134,16 @@ type handoff struct {
 	majority atomic.Bool // the ring holds more than half of seen
 	// majorityLosses counts the times majority turned false (not leaving).
 	majorityLosses atomic.Int64
+	// tieWinner is the member that won the last tie this node lost (rule 5:
+	// half of seen, and the first name out of this node's ring), while it is
+	// still counted. It may have decided alone since, with no backup: until
+	// it is forgotten or leaves, a partition that must be asked of every
+	// member is acquired only with it among those asked (tieWaits counts the
+	// acquisitions that waited for it). The two halves of a tie need not
+	// count the same members: one may count again a member that left and
+	// rejoined before the other has, and hold a majority beside the winner.
+	tieWinner string
+	tieWaits  atomic.Int64
 
 	moves, movedRecords, movedBytes, releases atomic.Int64
 	closedAt                                  []time.Time  // per partition: since when it is owned here but closed (zero: open, or not owned)
@@ -366,6 +376,12 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	// sorts first among those counted: both halves of an even split count
 	// the same members, so at most one of them decides.
 	majority := r.Len()*2 > h.seen || r.Len()*2 == h.seen && r.Has(minKey(h.counted))
+	if w := minKey(h.counted); !majority && r.Len()*2 == h.seen && w != self {
+		h.tieWinner = w
+	}
+	if _, ok := h.counted[h.tieWinner]; !ok {
+		h.tieWinner = "" // forgotten, or left gracefully
+	}
 	h.mu.Unlock()
 	if h.majority.Swap(majority) != majority {
 		if majority {
@@ -621,6 +637,26 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 		nbytes     atomic.Int64
 		opened     atomic.Int64
 	)
+	n.ho.mu.Lock()
+	if w := n.ho.tieWinner; w != "" && w != self {
+		if _, asked := targets[w]; !asked {
+			// Rule 5's tie: the partitions to be asked of every member
+			// wait until the winner is here to be asked, or forgotten.
+			kept := ps[:0:0]
+			for _, p := range ps {
+				if n.ho.pullAll[p] {
+					failed[p] = fmt.Errorf("waiting for %s, which won the last tie this node lost (rule 5) and may have decided alone since: it must be asked, or forgotten after ForgetDeadAfter", w)
+				} else {
+					kept = append(kept, p)
+				}
+			}
+			if len(kept) < len(ps) {
+				n.ho.tieWaits.Add(1)
+			}
+			ps = kept
+		}
+	}
+	n.ho.mu.Unlock()
 	chunks := make(chan []int)
 	var workers sync.WaitGroup
 	for range moveWorkers {
@@ -653,7 +689,7 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 		n.ho.movedRecords.Add(records.Load())
 		n.ho.movedBytes.Add(nbytes.Load())
 		slices.Sort(done)
-		n.log.Info("partitions acquired", "epoch", r.Epoch(), "partitions", len(ps)-len(failed), "list", done, "opened", o,
+		n.log.Info("partitions acquired", "epoch", r.Epoch(), "partitions", len(done), "list", done, "opened", o,
 			"records", records.Load(), "bytes", nbytes.Load(), "took", time.Since(start), "from", len(pulledFrom))
 	}
 	// Tell the members we pulled from that we hold it now (best effort).
