@@ -112,18 +112,7 @@ func threeLocal(t *testing.T, ln *LocalNetwork, pa, pbPeers Peers) (a, b, c *Nod
 // that peeks at what a counts for the recipient.
 func sendOwedBy(t *testing.T, a, b *Node, backedBy string) (int, func() uint32) {
 	t.Helper()
-	r := a.Ring()
-	var rcp string
-	var p int
-	for i := 0; rcp == ""; i++ {
-		k := fmt.Sprintf("+86151%08d", i)
-		key, _ := KeyOf(k)
-		p = r.PartitionHash(key)
-		bk, _ := r.PartitionReplica(p)
-		if r.PartitionOwner(p).Name == "node-a" && (backedBy == "" || bk.Name == backedBy) {
-			rcp = k
-		}
-	}
+	rcp, p := recipientOwnedBy(a.Ring(), "node-a", backedBy)
 	ctx := context.Background()
 	if resp, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}}); err != nil || !resp.Admitted[0] {
 		t.Fatalf("first send: %v %v", err, resp)
@@ -147,6 +136,40 @@ func sendOwedBy(t *testing.T, a, b *Node, backedBy string) (int, func() uint32) 
 		return resp.Used[0]
 	}
 	return p, used
+}
+
+// recipientOwnedBy returns a recipient whose partition owner owns under r,
+// backed by backup ("" for any), and that partition.
+func recipientOwnedBy(r *ring.Ring, owner, backup string) (string, int) {
+	for i := 0; ; i++ {
+		rcp := fmt.Sprintf("+86151%08d", i)
+		key, _ := KeyOf(rcp)
+		p := r.PartitionHash(key)
+		if bk, _ := r.PartitionReplica(p); r.PartitionOwner(p).Name == owner && (backup == "" || bk.Name == backup) {
+			return rcp, p
+		}
+	}
+}
+
+// settledTwo returns the check that a and b share a ring of the two and
+// every partition is open on its owner.
+func settledTwo(a, b *Node) func() error {
+	return func() error {
+		ra, rb := a.Ring(), b.Ring()
+		if ra.Len() != 2 || ra.Epoch() != rb.Epoch() {
+			return fmt.Errorf("rings of %d and %d members, epochs %x and %x", ra.Len(), rb.Len(), ra.Epoch(), rb.Epoch())
+		}
+		for p := range a.store.Partitions() {
+			owner := a
+			if ra.PartitionOwner(p).Name == "node-b" {
+				owner = b
+			}
+			if !owner.store.IsOpen(p) {
+				return fmt.Errorf("partition %d is not open on its owner %s", p, owner.cfg.Name)
+			}
+		}
+		return nil
+	}
 }
 
 // wantCounted polls until a counts want sends of the recipient.
@@ -304,16 +327,8 @@ func TestBackupRefusesWhatItDecidedElsewhere(t *testing.T) {
 	ln := NewLocalNetwork()
 	a, b, _, _ := threeLocal(t, ln, nil, nil)
 	r := a.Ring()
-	var key uint64
-	var tag uint16
-	var p int
-	for i := 0; ; i++ {
-		key, tag = KeyOf(fmt.Sprintf("+86151%08d", i))
-		p = r.PartitionHash(key)
-		if bk, _ := r.PartitionReplica(p); r.PartitionOwner(p).Name == "node-a" && bk.Name == "node-b" {
-			break
-		}
-	}
+	rcp, p := recipientOwnedBy(r, "node-a", "node-b")
+	key, tag := KeyOf(rcp)
 	ctx := context.Background()
 	replicate := func() error {
 		var enc walEncoder
@@ -358,32 +373,8 @@ func TestRetryOfUnconfirmedSendIsDecidedAgain(t *testing.T) {
 	ln := NewLocalNetwork()
 	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers()}) // synchronous replication
 	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
-	poll(t, "two nodes settle", func() error {
-		r := a.Ring()
-		if r.Len() != 2 || b.Ring().Epoch() != r.Epoch() {
-			return fmt.Errorf("rings of %d and %d members", r.Len(), b.Ring().Len())
-		}
-		for p := range a.store.Partitions() {
-			owner := a
-			if r.PartitionOwner(p).Name == "node-b" {
-				owner = b
-			}
-			if !owner.store.IsOpen(p) {
-				return fmt.Errorf("partition %d is not open on its owner %s", p, owner.cfg.Name)
-			}
-		}
-		return nil
-	})
-	r := a.Ring()
-	var rcp string
-	var p int
-	for i := 0; rcp == ""; i++ {
-		k := fmt.Sprintf("+86151%08d", i)
-		key, _ := KeyOf(k)
-		if p = r.PartitionHash(key); r.PartitionOwner(p).Name == "node-a" {
-			rcp = k
-		}
-	}
+	poll(t, "two nodes settle", settledTwo(a, b))
+	rcp, p := recipientOwnedBy(a.Ring(), "node-a", "")
 	ctx := context.Background()
 	check := func(mode pb.Mode) *pb.CheckResponse {
 		t.Helper()
@@ -428,16 +419,8 @@ func TestAcquiredBeforeClosedIsNotOwed(t *testing.T) {
 	ln := NewLocalNetwork()
 	a, b, _, _ := threeLocal(t, ln, nil, nil)
 	r := a.Ring()
-	var key uint64
-	var tag uint16
-	var p int
-	for i := 0; ; i++ {
-		key, tag = KeyOf(fmt.Sprintf("+86151%08d", i))
-		p = r.PartitionHash(key)
-		if bk, _ := r.PartitionReplica(p); r.PartitionOwner(p).Name == "node-a" && bk.Name == "node-b" {
-			break
-		}
-	}
+	rcp, p := recipientOwnedBy(r, "node-a", "node-b")
+	key, tag := KeyOf(rcp)
 	b.openPartition(p) // b decides for p, as under a ring of its own
 	var bm ring.Member
 	for _, m := range r.Members() {

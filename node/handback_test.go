@@ -72,22 +72,7 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 	ln := NewLocalNetwork()
 	a := startLocal(t, ln, "node-a")
 	b := startLocal(t, ln, "node-b", a.clus.Load().ms.GossipAddr())
-	settled := func() error {
-		ra, rb := a.Ring(), b.Ring()
-		if ra.Len() != 2 || ra.Epoch() != rb.Epoch() {
-			return fmt.Errorf("rings of %d and %d members, epochs %x and %x", ra.Len(), rb.Len(), ra.Epoch(), rb.Epoch())
-		}
-		for p := range a.store.Partitions() {
-			owner := a
-			if ra.PartitionOwner(p).Name == "node-b" {
-				owner = b
-			}
-			if !owner.store.IsOpen(p) {
-				return fmt.Errorf("partition %d is not open on its owner %s", p, owner.cfg.Name)
-			}
-		}
-		return nil
-	}
+	settled := settledTwo(a, b)
 	poll(t, "two nodes settle", settled)
 	r := a.Ring()
 	var rcp string
