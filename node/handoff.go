@@ -205,18 +205,22 @@ func (n *Node) openPartition(p int) {
 }
 
 // openIfNotHandedBack opens p as openPartition does, unless this node has
-// taken a handback of p since handbacks was read from h.handbacks[p]: the
-// move that asked for p then may have missed the sender's copy, and p stays
-// closed, to be acquired again from every member. It reports whether p
-// opened. The check and the open are one hold of h.mu, as Handback's count.
-func (n *Node) openIfNotHandedBack(p int, handbacks uint64) bool {
+// taken a handback of p since handbacks was read from h.handbacks[p] (the
+// move that asked for p then may have missed the sender's copy:
+// errHandedBackDuringMove), or its ring is no longer the ring of epoch, under
+// which the move asked (errRingMoved). Then p stays closed, to be acquired
+// again. The checks and the open are one hold of h.mu, as Handback's count.
+func (n *Node) openIfNotHandedBack(p int, handbacks, epoch uint64) error {
 	n.ho.mu.Lock()
 	defer n.ho.mu.Unlock()
 	if n.ho.handbacks[p] != handbacks {
-		return false
+		return errHandedBackDuringMove
+	}
+	if e := n.clus.Load().ring().Epoch(); e != epoch {
+		return fmt.Errorf("%w: from epoch %d to %d", errRingMoved, epoch, e)
 	}
 	n.openLocked(p)
-	return true
+	return nil
 }
 
 // openLocked opens p; h.mu is held.
@@ -724,6 +728,10 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 	return nil
 }
 
+// errRingMoved fails a partition whose move the ring overtook before it
+// opened: the move asked the members of a ring that is gone.
+var errRingMoved = errors.New("the ring changed during its move")
+
 // errHandedBackDuringMove fails a partition whose move a handback overtook
 // (see openIfNotHandedBack); the mover acquires it again from every member.
 var errHandedBackDuringMove = errors.New("handed back during its move: acquiring it again from every member")
@@ -822,8 +830,8 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 			h.mu.Unlock()
 			continue
 		}
-		if !n.openIfNotHandedBack(p, handbacks[p]) {
-			failed[p] = errHandedBackDuringMove
+		if err := n.openIfNotHandedBack(p, handbacks[p], r.Epoch()); err != nil {
+			failed[p] = err
 			continue
 		}
 		opened.Add(1)
