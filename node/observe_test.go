@@ -260,22 +260,7 @@ func TestForwardFailuresCountedByCode(t *testing.T) {
 	ln := NewLocalNetwork()
 	a := startLocal(t, ln, "node-a")
 	b := startLocal(t, ln, "node-b", a.clus.Load().ms.GossipAddr())
-	poll(t, "two nodes settle", func() error {
-		ra, rb := a.Ring(), b.Ring()
-		if ra.Len() != 2 || ra.Epoch() != rb.Epoch() {
-			return fmt.Errorf("rings of %d and %d members", ra.Len(), rb.Len())
-		}
-		for p := range a.store.Partitions() {
-			owner := a
-			if ra.PartitionOwner(p).Name == "node-b" {
-				owner = b
-			}
-			if !owner.store.IsOpen(p) {
-				return fmt.Errorf("partition %d is not open on its owner %s", p, owner.cfg.Name)
-			}
-		}
-		return nil
-	})
+	poll(t, "two nodes settle", settledTwo(a, b))
 	r := a.Ring()
 	req := &pb.CheckRequest{}
 	onB := 0
