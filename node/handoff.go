@@ -80,7 +80,7 @@ import (
 //     new one is acquiring from it) costs no second move. A move that was
 //     under way when a handback came may not have asked its sender, who was
 //     perhaps not even a member when the move began: it does not open the
-//     partition (openIfNotHandedBack), and the mover acquires it again. A
+//     partition (finishMove), and the mover acquires it again. A
 //     node never drops, on a Release, a partition it owes.
 
 // MoveWait bounds how long a check waits for its partition to be acquired
@@ -115,7 +115,7 @@ type handoff struct {
 	// handbacks counts, per partition, the handbacks this node took as its
 	// owner. A move that began before one arrived may not have asked its
 	// sender (it may not even have been a member then), so it must not
-	// open the partition (see openIfNotHandedBack).
+	// open the partition (see finishMove).
 	handbacks []uint64
 	// gen counts, per partition, the times this node opened it, from a
 	// random start (so that a restarted node's counts do not repeat);
@@ -204,23 +204,30 @@ func (n *Node) openPartition(p int) {
 	n.openLocked(p)
 }
 
-// openIfNotHandedBack opens p as openPartition does, unless this node has
-// taken a handback of p since handbacks was read from h.handbacks[p] (the
-// move that asked for p then may have missed the sender's copy:
-// errHandedBackDuringMove), or its ring is no longer the ring of epoch, under
-// which the move asked (errRingMoved). Then p stays closed, to be acquired
-// again. The checks and the open are one hold of h.mu, as Handback's count.
-func (n *Node) openIfNotHandedBack(p int, handbacks, epoch uint64) error {
-	n.ho.mu.Lock()
-	defer n.ho.mu.Unlock()
-	if n.ho.handbacks[p] != handbacks {
-		return errHandedBackDuringMove
+// finishMove ends the move of p that asked under the ring of epoch, with
+// handbacks read from h.handbacks[p] as it chose whom to ask: it opens p
+// (reporting true), or, if p stayed open, clears what was left to do for
+// it. It fails, changing nothing, if this node has taken a handback of p
+// since (the move may have missed the sender's copy:
+// errHandedBackDuringMove) or its ring is no longer that of epoch
+// (errRingMoved); the mover then acquires p again. The checks and the open
+// are one hold of h.mu, as Handback's count.
+func (n *Node) finishMove(p int, handbacks, epoch uint64) (bool, error) {
+	h := n.ho
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.handbacks[p] != handbacks {
+		return false, errHandedBackDuringMove
 	}
 	if e := n.clus.Load().ring().Epoch(); e != epoch {
-		return fmt.Errorf("%w: from epoch %d to %d", errRingMoved, epoch, e)
+		return false, fmt.Errorf("%w: from epoch %d to %d", errRingMoved, epoch, e)
+	}
+	if n.store.IsOpen(p) {
+		h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
+		return false, nil
 	}
 	n.openLocked(p)
-	return nil
+	return true, nil
 }
 
 // openLocked opens p; h.mu is held.
@@ -733,7 +740,7 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 var errRingMoved = errors.New("the ring changed during its move")
 
 // errHandedBackDuringMove fails a partition whose move a handback overtook
-// (see openIfNotHandedBack); the mover acquires it again from every member.
+// (see finishMove); the mover acquires it again from every member.
 var errHandedBackDuringMove = errors.New("handed back during its move: acquiring it again from every member")
 
 // moveWorkers is the number of chunks of partitions acquired at once.
@@ -813,28 +820,16 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 		})
 	}
 	wg.Wait()
-	same := n.clus.Load().ring().Epoch() == r.Epoch()
 	for _, p := range chunk {
 		if failed[p] != nil {
 			continue
 		}
-		if !same {
-			failed[p] = fmt.Errorf("the ring changed from epoch %d", r.Epoch())
-			continue
-		}
-		if n.store.IsOpen(p) {
-			h.mu.Lock()
-			if h.handbacks[p] == handbacks[p] {
-				h.pullAll[p], h.from[p], h.fill[p] = false, nil, false
-			}
-			h.mu.Unlock()
-			continue
-		}
-		if err := n.openIfNotHandedBack(p, handbacks[p], r.Epoch()); err != nil {
+		switch did, err := n.finishMove(p, handbacks[p], r.Epoch()); {
+		case err != nil:
 			failed[p] = err
-			continue
+		case did:
+			opened.Add(1)
 		}
-		opened.Add(1)
 	}
 	pulled := map[string][]uint32{}
 	for name, parts := range ask {
