@@ -58,6 +58,9 @@ func (n *Node) startCluster(ctx context.Context) error {
 	if gc.Logger == nil {
 		gc.Logger = n.log.With("component", "gossip")
 	}
+	if err := n.loadMembers(); err != nil {
+		return err
+	}
 	ms, err := gossip.Start(ctx, gc)
 	if err != nil {
 		return fmt.Errorf("node: joining the cluster: %w", err)

@@ -3,6 +3,9 @@ package node
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +16,7 @@ import (
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/window"
 )
 
@@ -563,4 +567,90 @@ func TestTieWinnerIsAskedBeforeOpening(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRestartedNodeRemembersWhomItCounted: a node that restarts and sees
+// nobody (its peers unreachable, or marked failed by its own starved
+// gossip before its first reconcile) must not hold a majority of one and
+// decide alone for every partition: it counts the members it counted
+// before it stopped (rule 5, members.go) until it sees them again or
+// ForgetDeadAfter passes. A starved run of TestRulesChangeRollsThrough
+// over-admitted 305 sends so.
+func TestRestartedNodeRemembersWhomItCounted(t *testing.T) {
+	ln := NewLocalNetwork()
+	dir := t.TempDir()
+	a := startLocal(t, ln, "node-a")
+	b := startLocal(t, ln, "node-b", a.clus.Load().ms.GossipAddr())
+	c := startLocalCfg(t, ln, Config{Name: "node-c", Peers: ln.Peers(), DataDir: dir, Replication: ReplicationOff}, a.clus.Load().ms.GossipAddr())
+	want := []string{"node-a", "node-b", "node-c"}
+	poll(t, "c keeps the three members it counts", func() error {
+		b, err := os.ReadFile(filepath.Join(dir, membersFile))
+		if err != nil {
+			return err
+		}
+		if got, err := decodeMembers(b); err != nil || !slices.Equal(got, want) {
+			return fmt.Errorf("%s holds %q (%v), want %q", membersFile, got, err, want)
+		}
+		return nil
+	})
+	for _, n := range []*Node{a, b, c} { // as a crash: no leave
+		ln.Unregister(n.cfg.AdvertiseAddr)
+		n.Close()
+	}
+
+	// c alone again, joining nobody, from the same data directory.
+	const forget = 2 * time.Second
+	start := time.Now() // before c counts anyone
+	c = startLocalCfg(t, ln, Config{Name: "node-c", Peers: ln.Peers(), DataDir: dir, Replication: ReplicationOff, ForgetDeadAfter: forget})
+	// c decides nothing until it forgets a and b (rule 5, as before: members
+	// gone for ForgetDeadAfter no longer count); alone, it would decide
+	// at once.
+	poll(t, "c decides again, alone", func() error {
+		for p := range c.store.Partitions() {
+			if !c.store.IsOpen(p) {
+				return fmt.Errorf("partition %d is closed on c", p)
+			}
+		}
+		return nil
+	})
+	if d := time.Since(start); d < forget {
+		t.Fatalf("c decided alone %v after its start, before ForgetDeadAfter (%v): it forgot whom it counted before it stopped", d, forget)
+	}
+	poll(t, "c keeps only itself", func() error {
+		b, err := os.ReadFile(filepath.Join(dir, membersFile))
+		if err != nil {
+			return err
+		}
+		if got, err := decodeMembers(b); err != nil || !slices.Equal(got, []string{"node-c"}) {
+			return fmt.Errorf("%s holds %q (%v), want [node-c]", membersFile, got, err)
+		}
+		return nil
+	})
+}
+
+// TestDamagedMembersFileStopsOpen: a members file that cannot be read
+// stops the node with an error that names it, rather than letting it count
+// nobody and decide alone.
+func TestDamagedMembersFileStopsOpen(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, membersFile)
+	if err := os.WriteFile(path, []byte(`{"format":1,"members":["node-a","node-a"]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := gossip.Config{BindAddr: "127.0.0.1", RejoinInterval: -1}
+	ln := NewLocalNetwork()
+	n, err := New(Config{Name: "node-a", AdvertiseAddr: "node-a.in-memory:1", Peers: ln.Peers(), Cluster: &g, DataDir: dir, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = n.Open(context.Background())
+	if err == nil {
+		n.Close()
+		t.Fatal("Open succeeded with a damaged members file")
+	}
+	for _, s := range []string{path, `members[1] = "node-a": listed twice`} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("Open's error %q does not name %q", err, s)
+		}
+	}
 }

@@ -147,6 +147,9 @@ type handoff struct {
 	// rejoined before the other has, and hold a majority beside the winner.
 	tieWinner string
 	tieWaits  atomic.Int64
+	// savedMembers is what the data directory last got of counted's names,
+	// sorted (members.go); only the mover uses it.
+	savedMembers []string
 
 	moves, movedRecords, movedBytes, releases atomic.Int64
 	closedAt                                  []time.Time  // per partition: since when it is owned here but closed (zero: open, or not owned)
@@ -310,6 +313,7 @@ func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
 					n.ho.mu.Lock()
 					n.ho.countPresent(c.ms.Members(), cur, time.Now())
 					n.ho.mu.Unlock()
+					n.saveMembers()
 				}
 				continue
 			}
@@ -325,7 +329,9 @@ func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
 		if cur == nil {
 			continue
 		}
-		if err := n.reconcile(ctx, cur); err != nil {
+		err := n.reconcile(ctx, cur)
+		n.saveMembers()
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}

@@ -121,7 +121,13 @@ func (n *Node) saveOverrides(list []rules.Override, tombs map[string]int64) erro
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, overridesFile+".tmp")
+	return writeFileAtomic(dir, overridesFile, b)
+}
+
+// writeFileAtomic replaces dir/name with b: temp file, fsync, rename, fsync
+// the directory, so that a crash leaves the old file or the new one whole.
+func writeFileAtomic(dir, name string, b []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -137,7 +143,7 @@ func (n *Node) saveOverrides(list []rules.Override, tombs map[string]int64) erro
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, overridesFile)); err != nil {
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		return err
 	}
 	d, err := os.Open(dir)
