@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -652,5 +653,30 @@ func TestDamagedMembersFileStopsOpen(t *testing.T) {
 		if !strings.Contains(err.Error(), s) {
 			t.Errorf("Open's error %q does not name %q", err, s)
 		}
+	}
+}
+
+// TestDepartedMembersCount: members that gossip saw serving and then lost
+// count for rule 5 as of when they vanished, even if this node never looked
+// while they were present: a new node whose starved gossip marks every
+// member failed between its join and its first reconcile must not hold a
+// majority of one.
+func TestDepartedMembersCount(t *testing.T) {
+	h := newHandoff(4)
+	r, err := ring.New([]ring.Member{{Name: "node-d", Addr: "d:1"}}, ring.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	gone := now.Add(-time.Second)
+	h.countPresent(nil, map[string]time.Time{"node-a": gone, "node-b": gone}, r, now)
+	want := map[string]time.Time{"node-a": gone, "node-b": gone, "node-d": now}
+	if !maps.EqualFunc(h.counted, want, time.Time.Equal) {
+		t.Fatalf("counted %v, want %v", h.counted, want)
+	}
+	// A member seen present later than it departed keeps the later time.
+	h.countPresent(nil, map[string]time.Time{"node-d": gone}, r, now)
+	if !h.counted["node-d"].Equal(now) {
+		t.Fatalf("node-d counted as of %v, want %v", h.counted["node-d"], now)
 	}
 }

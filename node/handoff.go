@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -49,8 +50,10 @@ import (
 //  5. A node decides only while its ring holds a majority of the members it
 //     has seen serving (members that left gracefully no longer count, nor do
 //     members gone for Config.ForgetDeadAfter, counted from when they were
-//     last present, which the mover notes every ForgetDeadAfter/4): a node cut off from the
-//     majority closes every partition, so the two sides of a network
+//     last present, which the mover notes every ForgetDeadAfter/4; seen
+//     by its gossip, even if this node had not looked yet, and remembered
+//     across restarts in the data directory, members.go): a node cut off
+//     from the majority closes every partition, so the two sides of a network
 //     partition shorter than ForgetDeadAfter never both decide for one; when
 //     it heals, the minority's partitions are acquired again (rule 2), which
 //     merges what both sides hold. Exactly half is a majority for the half
@@ -310,8 +313,9 @@ func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
 				// one that vanishes is forgotten ForgetDeadAfter later,
 				// not at the first reconcile after a quiet spell.
 				if c := n.clus.Load(); c != nil && c.ms != nil && cur != nil {
+					now := time.Now()
 					n.ho.mu.Lock()
-					n.ho.countPresent(c.ms.Members(), cur, time.Now())
+					n.ho.countPresent(c.ms.Members(), n.departedSince(c, now), cur, now)
 					n.ho.mu.Unlock()
 					n.saveMembers()
 				}
@@ -385,7 +389,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	// it is leaving; one that vanished without leaving still counts.
 	// A member gone for ForgetDeadAfter no longer counts either.
 	nowT := time.Now()
-	h.countPresent(members, r, nowT)
+	h.countPresent(members, n.departedSince(c, nowT), r, nowT)
 	for name, at := range h.counted {
 		if nowT.Sub(at) > n.cfg.ForgetDeadAfter {
 			delete(h.counted, name)
@@ -475,8 +479,16 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 // countPresent notes the members present at now for rule 5: serving ones
 // and ring members count from now on, members that announced leaving no
 // longer count, and counted ones still present (restarting) stay counted as
-// of now. h.mu is held.
-func (h *handoff) countPresent(members []gossip.MemberState, r *ring.Ring, now time.Time) {
+// of now. Members that gossip saw serving and then lose (departed, with
+// when) count as of then, even if this node never saw them present: a
+// starved node's gossip can mark every member failed between its join and
+// the node's first look. h.mu is held.
+func (h *handoff) countPresent(members []gossip.MemberState, departed map[string]time.Time, r *ring.Ring, now time.Time) {
+	for name, at := range departed {
+		if last, ok := h.counted[name]; !ok || last.Before(at) {
+			h.counted[name] = at
+		}
+	}
 	for _, m := range members {
 		switch m.State {
 		case gossip.StateServing:
@@ -492,6 +504,14 @@ func (h *handoff) countPresent(members []gossip.MemberState, r *ring.Ring, now t
 	for _, m := range r.Members() {
 		h.counted[m.Name] = now
 	}
+}
+
+// departedSince returns the members c's gossip saw vanish while serving
+// (gossip.Membership.Departed) less than ForgetDeadAfter before now.
+func (n *Node) departedSince(c *cluster, now time.Time) map[string]time.Time {
+	d := c.ms.Departed()
+	maps.DeleteFunc(d, func(_ string, at time.Time) bool { return now.Sub(at) > n.cfg.ForgetDeadAfter })
+	return d
 }
 
 // wakeHandback asks the handback loop to look for partitions to hand back.

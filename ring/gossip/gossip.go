@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -244,6 +245,9 @@ type Membership struct {
 	// from event callbacks, which run under memberlist's lock, because the
 	// *Node values that Members() returns are updated in place without it.
 	nodes map[string]nodeInfo
+	// departed holds, for each member that vanished (left or failed) while
+	// serving and has not come back since, when it vanished.
+	departed map[string]time.Time
 	// excluded is, for each serving member left out of the ring because it
 	// disagrees with it, why; written by rebuild.
 	excluded map[string]string
@@ -291,6 +295,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		meta: meta{State: cfg.State, Boot: rand.Uint64(), GRPC: cfg.GRPCAddr, Agreed: true, Version: cfg.Agreement.Version,
 			Key: agreementKey{rules: cfg.Agreement.Rules, protocol: cfg.Agreement.Protocol, placement: effectivePlacement(cfg.Placement)}},
 		nodes:     make(map[string]nodeInfo),
+		departed:  make(map[string]time.Time),
 		changedCh: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		watchers:  make(map[chan *ring.Ring]struct{}),
@@ -558,6 +563,18 @@ func (m *Membership) Members() []MemberState {
 	return out
 }
 
+// Departed returns the members that vanished (left or failed) while
+// serving since Start and have not come back since, with when each
+// vanished. A member that announced StateLeaving before it left is not
+// among them. A node counting who may still decide (a majority rule) uses
+// it to count members its own gossip saw serving and then lost before the
+// node looked, as a starved node's gossip can at its first join.
+func (m *Membership) Departed() map[string]time.Time {
+	m.nodesMu.Lock()
+	defer m.nodesMu.Unlock()
+	return maps.Clone(m.departed)
+}
+
 // Name returns the local node name.
 func (m *Membership) Name() string { return m.cfg.NodeName }
 
@@ -712,6 +729,9 @@ func (d delegate) NotifyUpdate(n *memberlist.Node) {
 
 func (d delegate) NotifyLeave(n *memberlist.Node) {
 	d.m.nodesMu.Lock()
+	if md, err := decodeMeta(d.m.nodes[n.Name].meta); err == nil && md.State == StateServing {
+		d.m.departed[n.Name] = time.Now()
+	}
 	delete(d.m.nodes, n.Name)
 	d.m.nodesMu.Unlock()
 	d.m.changed()
@@ -729,6 +749,7 @@ func (d delegate) put(n *memberlist.Node) nodeInfo {
 	info := nodeInfo{gossipAddr: n.Address(), meta: bytes.Clone(n.Meta)}
 	d.m.nodesMu.Lock()
 	d.m.nodes[n.Name] = info
+	delete(d.m.departed, n.Name)
 	d.m.nodesMu.Unlock()
 	d.m.changed()
 	return info

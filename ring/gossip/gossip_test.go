@@ -418,3 +418,44 @@ func cmpTime(a slog.Attr) slog.Attr {
 	}
 	return a
 }
+
+// TestDeparted: Departed lists a member that failed while serving, not one
+// that announced StateLeaving before it left, and forgets one that comes
+// back under its name.
+func TestDeparted(t *testing.T) {
+	log := newTestLogger(t)
+	a := start(t, testConfig(log, "node-a"))
+	b := start(t, testConfig(log, "node-b", a.GossipAddr()))
+	c := start(t, testConfig(log, "node-c", a.GossipAddr()))
+	eventually(t, 10*time.Second, "three members converge", converged([]*Membership{a, b, c}, "node-a", "node-b", "node-c"))
+
+	if err := c.SetState(wait5s(t), StateLeaving); err != nil {
+		t.Fatalf("SetState: %v", err)
+	}
+	eventually(t, 10*time.Second, "a sees c leaving", func() error {
+		if s, _ := member(a, "node-c"); s.State != StateLeaving {
+			return fmt.Errorf("a sees c in state %v", s.State)
+		}
+		return nil
+	})
+	if err := c.Leave(wait5s(t)); err != nil {
+		t.Fatalf("Leave: %v", err)
+	}
+	c.Close()
+	before := time.Now()
+	b.Close() // a crash: no leave
+	eventually(t, 20*time.Second, "a sees b gone", converged([]*Membership{a}, "node-a"))
+	d := a.Departed()
+	if _, ok := d["node-c"]; ok {
+		t.Errorf("Departed lists node-c, which announced leaving: %v", d)
+	}
+	if at, ok := d["node-b"]; !ok || at.Before(before) {
+		t.Errorf("Departed = %v, want node-b at or after %v", d, before)
+	}
+
+	b = start(t, testConfig(log, "node-b", a.GossipAddr()))
+	eventually(t, 10*time.Second, "b back", converged([]*Membership{a, b}, "node-a", "node-b"))
+	if d := a.Departed(); len(d) != 0 {
+		t.Errorf("Departed = %v after b came back, want none", d)
+	}
+}
