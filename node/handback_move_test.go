@@ -658,9 +658,10 @@ func TestDamagedMembersFileStopsOpen(t *testing.T) {
 
 // TestDepartedMembersCount: members that gossip saw serving and then lost
 // count for rule 5 as of when they vanished, even if this node never looked
-// while they were present: a new node whose starved gossip marks every
+// while they were present (a new node whose starved gossip marks every
 // member failed between its join and its first reconcile must not hold a
-// majority of one.
+// majority of one), and members that announced leaving and left no longer
+// count, even if this node never looked while they were leaving.
 func TestDepartedMembersCount(t *testing.T) {
 	h := newHandoff(4)
 	r, err := ring.New([]ring.Member{{Name: "node-d", Addr: "d:1"}}, ring.Config{})
@@ -669,13 +670,14 @@ func TestDepartedMembersCount(t *testing.T) {
 	}
 	now := time.Now()
 	gone := now.Add(-time.Second)
-	h.countPresent(nil, map[string]time.Time{"node-a": gone, "node-b": gone}, r, now)
+	h.counted["node-c"] = gone.Add(-time.Second)
+	h.countPresent(nil, map[string]gossip.Departure{"node-a": {At: gone}, "node-b": {At: gone}, "node-c": {At: gone, Leaving: true}}, r, now)
 	want := map[string]time.Time{"node-a": gone, "node-b": gone, "node-d": now}
 	if !maps.EqualFunc(h.counted, want, time.Time.Equal) {
 		t.Fatalf("counted %v, want %v", h.counted, want)
 	}
 	// A member seen present later than it departed keeps the later time.
-	h.countPresent(nil, map[string]time.Time{"node-d": gone}, r, now)
+	h.countPresent(nil, map[string]gossip.Departure{"node-d": {At: gone}}, r, now)
 	if !h.counted["node-d"].Equal(now) {
 		t.Fatalf("node-d counted as of %v, want %v", h.counted["node-d"], now)
 	}

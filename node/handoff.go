@@ -479,14 +479,17 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 // countPresent notes the members present at now for rule 5: serving ones
 // and ring members count from now on, members that announced leaving no
 // longer count, and counted ones still present (restarting) stay counted as
-// of now. Members that gossip saw serving and then lose (departed, with
-// when) count as of then, even if this node never saw them present: a
-// starved node's gossip can mark every member failed between its join and
-// the node's first look. h.mu is held.
-func (h *handoff) countPresent(members []gossip.MemberState, departed map[string]time.Time, r *ring.Ring, now time.Time) {
-	for name, at := range departed {
-		if last, ok := h.counted[name]; !ok || last.Before(at) {
-			h.counted[name] = at
+// of now. What gossip saw between two looks counts too (departed): a member
+// it saw serving and then lost counts as of then, even if this node never
+// saw it present (a starved node's gossip can mark every member failed
+// between its join and the node's first look), and one that announced
+// leaving and left no longer counts. h.mu is held.
+func (h *handoff) countPresent(members []gossip.MemberState, departed map[string]gossip.Departure, r *ring.Ring, now time.Time) {
+	for name, d := range departed {
+		if d.Leaving {
+			delete(h.counted, name)
+		} else if last, ok := h.counted[name]; !ok || last.Before(d.At) {
+			h.counted[name] = d.At
 		}
 	}
 	for _, m := range members {
@@ -506,11 +509,11 @@ func (h *handoff) countPresent(members []gossip.MemberState, departed map[string
 	}
 }
 
-// departedSince returns the members c's gossip saw vanish while serving
+// departedSince returns the members c's gossip saw vanish
 // (gossip.Membership.Departed) less than ForgetDeadAfter before now.
-func (n *Node) departedSince(c *cluster, now time.Time) map[string]time.Time {
+func (n *Node) departedSince(c *cluster, now time.Time) map[string]gossip.Departure {
 	d := c.ms.Departed()
-	maps.DeleteFunc(d, func(_ string, at time.Time) bool { return now.Sub(at) > n.cfg.ForgetDeadAfter })
+	maps.DeleteFunc(d, func(_ string, g gossip.Departure) bool { return now.Sub(g.At) > n.cfg.ForgetDeadAfter })
 	return d
 }
 

@@ -245,9 +245,9 @@ type Membership struct {
 	// from event callbacks, which run under memberlist's lock, because the
 	// *Node values that Members() returns are updated in place without it.
 	nodes map[string]nodeInfo
-	// departed holds, for each member that vanished (left or failed) while
-	// serving and has not come back since, when it vanished.
-	departed map[string]time.Time
+	// departed holds the members that vanished (left or failed) while
+	// serving or leaving and have not come back since.
+	departed map[string]Departure
 	// excluded is, for each serving member left out of the ring because it
 	// disagrees with it, why; written by rebuild.
 	excluded map[string]string
@@ -295,7 +295,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		meta: meta{State: cfg.State, Boot: rand.Uint64(), GRPC: cfg.GRPCAddr, Agreed: true, Version: cfg.Agreement.Version,
 			Key: agreementKey{rules: cfg.Agreement.Rules, protocol: cfg.Agreement.Protocol, placement: effectivePlacement(cfg.Placement)}},
 		nodes:     make(map[string]nodeInfo),
-		departed:  make(map[string]time.Time),
+		departed:  make(map[string]Departure),
 		changedCh: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		watchers:  make(map[chan *ring.Ring]struct{}),
@@ -563,13 +563,19 @@ func (m *Membership) Members() []MemberState {
 	return out
 }
 
-// Departed returns the members that vanished (left or failed) while
-// serving since Start and have not come back since, with when each
-// vanished. A member that announced StateLeaving before it left is not
-// among them. A node counting who may still decide (a majority rule) uses
-// it to count members its own gossip saw serving and then lost before the
-// node looked, as a starved node's gossip can at its first join.
-func (m *Membership) Departed() map[string]time.Time {
+// Departure is how and when a member vanished (see Membership.Departed).
+type Departure struct {
+	At      time.Time // when this member's gossip saw it vanish
+	Leaving bool      // it had announced StateLeaving: it left gracefully
+}
+
+// Departed returns the members that vanished (left or failed) since Start
+// while serving or leaving, and have not come back since. A node counting
+// who may still decide (a majority rule) uses it rather than sampling
+// Members: its own gossip can see a member serve and vanish, or announce
+// leaving and leave, between two samples, as a starved node's can at its
+// first join.
+func (m *Membership) Departed() map[string]Departure {
 	m.nodesMu.Lock()
 	defer m.nodesMu.Unlock()
 	return maps.Clone(m.departed)
@@ -729,8 +735,8 @@ func (d delegate) NotifyUpdate(n *memberlist.Node) {
 
 func (d delegate) NotifyLeave(n *memberlist.Node) {
 	d.m.nodesMu.Lock()
-	if md, err := decodeMeta(d.m.nodes[n.Name].meta); err == nil && md.State == StateServing {
-		d.m.departed[n.Name] = time.Now()
+	if md, err := decodeMeta(d.m.nodes[n.Name].meta); err == nil && (md.State == StateServing || md.State == StateLeaving) {
+		d.m.departed[n.Name] = Departure{At: time.Now(), Leaving: md.State == StateLeaving}
 	}
 	delete(d.m.nodes, n.Name)
 	d.m.nodesMu.Unlock()

@@ -419,9 +419,9 @@ func cmpTime(a slog.Attr) slog.Attr {
 	return a
 }
 
-// TestDeparted: Departed lists a member that failed while serving, not one
-// that announced StateLeaving before it left, and forgets one that comes
-// back under its name.
+// TestDeparted: Departed lists a member that failed while serving, one
+// that announced StateLeaving before it left as leaving, and forgets one
+// that comes back under its name.
 func TestDeparted(t *testing.T) {
 	log := newTestLogger(t)
 	a := start(t, testConfig(log, "node-a"))
@@ -446,16 +446,16 @@ func TestDeparted(t *testing.T) {
 	b.Close() // a crash: no leave
 	eventually(t, 20*time.Second, "a sees b gone", converged([]*Membership{a}, "node-a"))
 	d := a.Departed()
-	if _, ok := d["node-c"]; ok {
-		t.Errorf("Departed lists node-c, which announced leaving: %v", d)
+	if c, ok := d["node-c"]; !ok || !c.Leaving {
+		t.Errorf("Departed = %v, want node-c leaving", d)
 	}
-	if at, ok := d["node-b"]; !ok || at.Before(before) {
+	if b, ok := d["node-b"]; !ok || b.Leaving || b.At.Before(before) {
 		t.Errorf("Departed = %v, want node-b at or after %v", d, before)
 	}
 
 	b = start(t, testConfig(log, "node-b", a.GossipAddr()))
 	eventually(t, 10*time.Second, "b back", converged([]*Membership{a, b}, "node-a", "node-b"))
-	if d := a.Departed(); len(d) != 0 {
-		t.Errorf("Departed = %v after b came back, want none", d)
+	if d := a.Departed(); len(d) != 1 {
+		t.Errorf("Departed = %v after b came back, want node-c only", d)
 	}
 }
