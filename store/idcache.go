@@ -145,3 +145,17 @@ func (c *idCache) markRefunded(k uint64) bool {
 }
 
 func (c *idCache) len() int { return len(c.cur) + len(c.prev) }
+
+// unrefunded counts the ids whose send was not refunded: those an image
+// carries.
+func (c *idCache) unrefunded() int {
+	n := 0
+	for _, gen := range []map[uint64]idEntry{c.prev, c.cur} {
+		for _, e := range gen {
+			if !e.refunded {
+				n++
+			}
+		}
+	}
+	return n
+}

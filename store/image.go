@@ -26,6 +26,13 @@ var ErrBadImage = errors.New("store: bad partition image")
 //	            algorithms' states, 2 and 1 are read from older releases)
 //	  ids       u32 count, then each: mixed key u64 (id ^ key*φ), decision time u64 (unix ms)
 //
+// An image carries no request id whose send was refunded (taken back, or
+// marked unconfirmed): to the store that merges it such an id is unknown,
+// so a new attempt under it is decided afresh and a repeated refund of it
+// fails as unknown, as on the store that wrote the image. Carried as
+// recorded, a retry would be answered as admitted and sent uncounted, and
+// a repeated refund would take back a send it never recorded.
+//
 // An image has no checksum of its own: it travels inside framed, checksummed
 // containers (snapshot sections, peer messages). Versions may only be added;
 // MergeImage reads every version, and AppendImageVersion writes any, for
@@ -75,15 +82,19 @@ func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.parts)))
 	dst = binary.LittleEndian.AppendUint64(dst, pt.seq)
 	var n uint16
-	for _, sp := range pt.spaces {
-		if sp != nil && (sp.records > 0 || sp.ids.len() > 0) {
+	ids := make([]int, len(pt.spaces)) // per domain: the ids the image carries
+	for i, sp := range pt.spaces {
+		if sp != nil {
+			ids[i] = sp.ids.unrefunded()
+		}
+		if sp != nil && (sp.records > 0 || ids[i] > 0) {
 			n++
 		}
 	}
 	dst = binary.LittleEndian.AppendUint16(dst, n)
 	var records int64
 	for id, sp := range pt.spaces {
-		if sp == nil || (sp.records == 0 && sp.ids.len() == 0) {
+		if sp == nil || (sp.records == 0 && ids[id] == 0) {
 			continue
 		}
 		name := s.domainName(id)
@@ -111,9 +122,12 @@ func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64
 			dst = append(dst, rec...)
 		}
 		records += sp.records
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(sp.ids.len()))
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(ids[id]))
 		for _, gen := range []map[uint64]idEntry{sp.ids.prev, sp.ids.cur} {
 			for k, e := range gen {
+				if e.refunded {
+					continue
+				}
 				dst = binary.LittleEndian.AppendUint64(dst, k)
 				dst = binary.LittleEndian.AppendUint64(dst, uint64(e.at))
 			}

@@ -123,3 +123,74 @@ func TestRefundFreesExactlyOneSend(t *testing.T) {
 		t.Fatalf("replayed: used %d, content %d, seq %d; want 2, 1, 4", dec.Rules[0].Used, dec.Rules[1].Used, st2.Seq(p))
 	}
 }
+
+// TestImageCarriesNoRefundedIDs: a store that merges an image of a
+// partition treats a request id whose send was refunded, or marked
+// unconfirmed, as the writer does: a new attempt under it is decided and
+// recorded afresh, and a repeated refund of it takes back nothing. Before,
+// the image carried such ids as recorded: after a snapshot and restart, or
+// a handoff, the attempt was answered as admitted without counting, and a
+// repeated refund took back another send of the same millisecond.
+func TestImageCarriesNoRefundedIDs(t *testing.T) {
+	d, err := window.NewDomain("d", []window.Rule{{Name: "r-5-1h", Scope: window.ScopeRecipient, Limit: 5, Window: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newStore := func() (*Store, Ref) {
+		st, err := New(Config{Partitions: 4, IDHorizon: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st, st.Bind(d)
+	}
+	src, ref := newStore()
+	key, tag := keyOf("+1")
+	p := src.PartitionOf(storedKey(key))
+	for id := uint64(1); id <= 4; id++ { // four sends in one ms
+		if _, dup, err := src.Record(p, ref, key, tag, t0, window.Item{Cost: 1}, id, t0); err != nil || dup {
+			t.Fatalf("record id %d: dup %v, err %v", id, dup, err)
+		}
+	}
+	var dec window.Decision
+	if _, _, _, err := src.Refund(p, ref, key, tag, t0+1, window.Item{}, 1, &dec); err != nil {
+		t.Fatal(err)
+	}
+	if !src.Unconfirmed(p, ref, storedKey(key), 2) {
+		t.Fatal("Unconfirmed: id 2 unknown")
+	}
+	img, _ := src.AppendImage(nil, p)
+	dst, dref := newStore()
+	if _, _, err := dst.MergeImage(img, t0+2, func(string) (Ref, bool) { return dref, true }); err != nil {
+		t.Fatal(err)
+	}
+	used := func() int {
+		var dec window.Decision
+		if _, _, err := dst.Apply(p, dref, key, tag, t0+3, window.Item{Mode: window.Peek}, 0, &dec); err != nil {
+			t.Fatal(err)
+		}
+		return dec.Rules[0].Used
+	}
+	if u := used(); u != 3 {
+		t.Fatalf("after the merge: %d sends counted, want 3", u)
+	}
+	// A repeated refund of id 1 takes back nothing.
+	if _, _, _, err := dst.Refund(p, dref, key, tag, t0+4, window.Item{}, 1, &dec); !errors.Is(err, ErrRefundUnknown) {
+		t.Fatalf("a repeated refund of id 1 after the merge: %v, want ErrRefundUnknown", err)
+	}
+	if u := used(); u != 3 {
+		t.Fatalf("after a repeated refund: %d sends counted, want 3", u)
+	}
+	// New attempts under ids 1 and 2 are decided and recorded afresh; a
+	// retry of id 3 is still a retry.
+	for _, c := range []struct {
+		id  uint64
+		dup bool
+	}{{1, false}, {2, false}, {3, true}} {
+		if _, dup, err := dst.Record(p, dref, key, tag, t0+5, window.Item{Cost: 1}, c.id, t0+5); err != nil || dup != c.dup {
+			t.Fatalf("id %d after the merge: dup %v, err %v; want dup %v", c.id, dup, err, c.dup)
+		}
+	}
+	if u := used(); u != 5 {
+		t.Fatalf("at the end: %d sends counted, want 5", u)
+	}
+}
