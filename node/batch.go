@@ -496,7 +496,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	}
 	if replicated != nil {
 		<-replicated
-		n.failUnreplicated(resp, rs)
+		n.failUnreplicated(ctx, resp, rs)
 	}
 	if walErr != nil {
 		n.log.Error("WAL append failed: the batch was decided in memory but is not durable", "err", walErr)

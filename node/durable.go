@@ -149,6 +149,14 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 		return decodeWAL(p, func(s walSend) error {
 			dv := v.domains[s.domain]
 			part := n.store.PartitionOf(s.key)
+			if s.unconfirmed {
+				// Not covered by a snapshot taken between the send and
+				// the mark: marking an id the store lacks does nothing.
+				if dv != nil {
+					n.store.Unconfirmed(part, dv.ref, s.key, s.id)
+				}
+				return nil
+			}
 			switch {
 			case dv == nil:
 				if removed.sends == nil {

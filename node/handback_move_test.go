@@ -682,3 +682,51 @@ func TestDepartedMembersCount(t *testing.T) {
 		t.Fatalf("node-d counted as of %v, want %v", h.counted["node-d"], now)
 	}
 }
+
+// TestUnconfirmedSendIsDecidedAgainAfterRestart: the owner's mark that a
+// send was not confirmed (TestRetryOfUnconfirmedSendIsDecidedAgain) is in
+// its WAL, so that a node restarted from the WAL alone (a crash: no final
+// snapshot) also decides the retry afresh rather than answer it as a
+// duplicate of the unconfirmed send.
+func TestUnconfirmedSendIsDecidedAgainAfterRestart(t *testing.T) {
+	ln := NewLocalNetwork()
+	dir := t.TempDir()
+	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers(), DataDir: dir}) // synchronous replication
+	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
+	poll(t, "two nodes settle", settledTwo(a, b))
+	rcp, p := recipientOwnedBy(a.Ring(), "node-a", "")
+	b.ho.mu.Lock()
+	b.ho.owed[p], b.ho.handed[p] = true, false // b refuses p's sends (rule 7)
+	b.ho.mu.Unlock()
+	ctx := context.Background()
+	req := &pb.CheckRequest{Recipients: []string{rcp}, RequestIds: []uint64{42}}
+	if resp, err := a.Check(ctx, req); err != nil || len(resp.Errors) != 1 || resp.Errors[0].Code != uint32(codes.Unavailable) {
+		t.Fatalf("with its backup refusing: %v %v, want UNAVAILABLE", resp, err)
+	}
+	// A crash now: a copy of the data directory as it stands, the WAL
+	// holding the send and its mark (both appended before the answer).
+	crashed := t.TempDir()
+	if err := os.CopyFS(crashed, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(crashed, LockFile))
+	c, err := New(Config{Name: "node-a", DataDir: crashed, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	resp, err := c.Check(ctx, req)
+	if err != nil || len(resp.Errors) != 0 || !resp.Admitted[0] || !resp.Recorded[0] {
+		t.Fatalf("the retry after the restart: %v %v", resp, err)
+	}
+	peek, err := c.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+	if err != nil || len(peek.Errors) > 0 {
+		t.Fatal(err, peek.GetErrors())
+	}
+	if peek.Used[0] != 2 {
+		t.Fatalf("the restarted node counts %d sends, want 2: the retry was answered as a duplicate of the unconfirmed send", peek.Used[0])
+	}
+}

@@ -261,7 +261,20 @@ func (rp *replicator) call(c *replCall) error {
 // failUnreplicated turns the answers of items whose backup did not confirm
 // into UNAVAILABLE errors: they are recorded here, not on their backup, and
 // were not admitted as far as the caller knows.
-func (n *Node) failUnreplicated(resp *pb.CheckResponse, rs *replicaSet) {
+//
+// With a WAL it writes the unconfirmed marks there before it returns, so
+// that a restart does not answer a retry with the first decision either.
+func (n *Node) failUnreplicated(ctx context.Context, resp *pb.CheckResponse, rs *replicaSet) {
+	var marks *walEncoder
+	defer func() {
+		if marks == nil {
+			return
+		}
+		// The caller may have left: the marks go to the WAL all the same.
+		if _, err := n.dur.log.Append(context.WithoutCancel(ctx), marks.bytes()); err != nil {
+			n.log.Error("WAL append of unconfirmed sends failed: after a restart, a retry of one is answered with its first decision", "sends", marks.n, "err", err)
+		}
+	}()
 	for _, rb := range rs.backups {
 		if rb.err == nil {
 			continue
@@ -275,8 +288,12 @@ func (n *Node) failUnreplicated(resp *pb.CheckResponse, rs *replicaSet) {
 		// lacks what the backup admitted while it saw another ring.
 		v := n.view.Load()
 		for k, s := range rb.sends {
-			if dv := v.domains[s.domain]; dv != nil && s.id != 0 && !s.refund {
-				n.store.Unconfirmed(rb.parts[k], dv.ref, s.key, s.id)
+			if dv := v.domains[s.domain]; dv != nil && s.id != 0 && !s.refund && n.store.Unconfirmed(rb.parts[k], dv.ref, s.key, s.id) && n.dur != nil {
+				if marks == nil {
+					marks = new(walEncoder)
+				}
+				s.unconfirmed = true
+				marks.add(s)
 			}
 		}
 		for _, j := range rb.items {

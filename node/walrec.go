@@ -22,15 +22,19 @@ var ErrBadPayload = errors.New("node: bad wal payload")
 //	  seq     the send's sequence number in its shard
 //	  at      zigzag varint: decision time - base, ms
 //	  flags   byte: bit 0 = a content hash follows, bit 1 = a request id follows,
-//	          bit 2 = a refund (version 3 on): the send at that time is taken back
+//	          bit 2 = a refund (version 3 on): the send at that time is taken back,
+//	          bit 3 = unconfirmed (version 4 on): the send of this request id
+//	          was not confirmed to its caller (its backup refused it), so a
+//	          retry is decided afresh (store.Unconfirmed); nothing is counted
 //	  content 8 bytes LE, if flagged
 //	  id      8 bytes LE, if flagged (version 2 on)
 //	  cost
 //
 // Fields may only be added under a new version; the decoder reads every
 // version up to its own. A payload is written in version 2 unless it holds a
-// refund, so that a binary of the previous release still reads everything
-// but refunds (which it refuses by version rather than misread).
+// refund (version 3) or an unconfirmed mark (version 4), so that a binary of
+// an earlier release still reads everything but those (which it refuses by
+// version rather than misread).
 //
 // A payload whose first byte is walImages instead holds partition images
 // this node merged (taken over from a peer, or filled as a backup):
@@ -41,7 +45,7 @@ var ErrBadPayload = errors.New("node: bad wal payload")
 // Replaying one merges the images again, which changes nothing that is
 // already there (a merge is a set union).
 const (
-	walVersion = 3 // the newest version this node reads
+	walVersion = 4 // the newest version this node reads
 	walImages  = 0x80
 )
 
@@ -86,6 +90,9 @@ type walSend struct {
 	cost    int
 	id      uint64 // request id, 0 for none
 	refund  bool   // takes back the send at at instead (MODE_REFUND)
+	// unconfirmed marks the send of request id as not confirmed to its
+	// caller instead (store.Unconfirmed): it counts nothing.
+	unconfirmed bool
 }
 
 // walEncoder builds one payload. The zero value is ready; reset reuses it.
@@ -95,11 +102,11 @@ type walEncoder struct {
 	n       int
 	base    int64
 	out     []byte
-	refunds bool // a refund is in: the payload is version 3
+	version byte // the payload's version: 2, 3 with a refund, 4 with an unconfirmed mark
 }
 
 func (e *walEncoder) reset() {
-	e.domains, e.sends, e.n, e.out, e.refunds = e.domains[:0], e.sends[:0], 0, e.out[:0], false
+	e.domains, e.sends, e.n, e.out, e.version = e.domains[:0], e.sends[:0], 0, e.out[:0], 0
 }
 
 func (e *walEncoder) add(s walSend) {
@@ -129,9 +136,14 @@ func (e *walEncoder) add(s walSend) {
 	if s.id != 0 {
 		flags |= 2
 	}
+	e.version = max(e.version, 2)
 	if s.refund {
 		flags |= 4
-		e.refunds = true
+		e.version = max(e.version, 3)
+	}
+	if s.unconfirmed {
+		flags |= 8
+		e.version = max(e.version, 4)
 	}
 	b = append(b, flags)
 	if s.content != 0 {
@@ -146,11 +158,7 @@ func (e *walEncoder) add(s walSend) {
 
 // bytes returns the payload; it is valid until the next reset.
 func (e *walEncoder) bytes() []byte {
-	v := byte(2)
-	if e.refunds {
-		v = 3
-	}
-	b := append(e.out[:0], v)
+	b := append(e.out[:0], max(e.version, 2))
 	b = binary.AppendUvarint(b, uint64(e.base))
 	b = binary.AppendUvarint(b, uint64(len(e.domains)))
 	for _, d := range e.domains {
@@ -199,6 +207,7 @@ func decodeWAL(p []byte, fn func(s walSend) error) error {
 			s.id = r.u64()
 		}
 		s.refund = flags&4 != 0 && v >= 3
+		s.unconfirmed = flags&8 != 0 && v >= 4
 		cost := r.uvarint()
 		if r.err != nil {
 			return fmt.Errorf("%w: send %d: %v", ErrBadPayload, i, r.err)

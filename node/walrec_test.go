@@ -24,6 +24,12 @@ func randomSends(rng *rand.Rand, n int) []walSend {
 		if rng.IntN(2) == 0 {
 			s.id = rng.Uint64() | 1
 		}
+		switch rng.IntN(16) {
+		case 0:
+			s.refund = true
+		case 1:
+			s.unconfirmed = s.id != 0
+		}
 		out[i] = s
 	}
 	return out
