@@ -353,7 +353,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	resp := newResponse(cnt)
 	resp.RingEpoch = r.Epoch()
 	clustered := n.clus.Load().ms != nil
-	noMajority := clustered && !n.ho.majority.Load()
+	noMajority := clustered && !n.ho.majorityUnder(r)
 	if clustered && !noMajority {
 		n.waitMoving(ctx, b, idx, r)
 	}

@@ -730,3 +730,45 @@ func TestUnconfirmedSendIsDecidedAgainAfterRestart(t *testing.T) {
 		t.Fatalf("the restarted node counts %d sends, want 2: the retry was answered as a duplicate of the unconfirmed send", peek.Used[0])
 	}
 }
+
+// TestShrunkRingNotYetJudgedDecidesNothing: gossip hands a new ring to the
+// deciding goroutines before the mover judges rule 5 on it. In a starved
+// run node-1's ring shrank to itself (node-0 out of its sight, and node-0
+// deciding alone as a tie's winner) while its mover lagged: node-1 still
+// held its majority flag, decided for its open partitions under a ring of
+// one, with no backup to fence it, and over-admitted. A node must judge
+// the majority on the ring it decides under.
+func TestShrunkRingNotYetJudgedDecidesNothing(t *testing.T) {
+	ln := NewLocalNetwork()
+	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers()}) // synchronous replication
+	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
+	poll(t, "two nodes settle", settledTwo(a, b))
+	rcp, _ := recipientOwnedBy(b.Ring(), "node-b", "")
+	alone, err := ring.New([]ring.Member{b.clus.Load().self}, b.cfg.Placement)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := &pb.CheckRequest{Recipients: []string{rcp}}
+	// Under the ring its mover judged, b decides (and a backs the send).
+	if resp, err := b.decide(ctx, decode(req, b.view.Load(), b.Ring()), nil, b.Ring(), true, nil); err != nil || len(resp.Errors) > 0 || !resp.Admitted[0] {
+		t.Fatalf("under the ring judged: %v %v", resp, err)
+	}
+	// Under a ring of b alone, not yet judged: b holds 1 of the 2 it
+	// counts, and a sorts first.
+	resp, err := b.decide(ctx, decode(req, b.view.Load(), alone), nil, alone, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Errors) != 1 || resp.Errors[0].Code != uint32(codes.Unavailable) || resp.Admitted[0] {
+		t.Fatalf("under a ring of b alone, not judged: %v; want UNAVAILABLE", resp)
+	}
+	// A ring that grew keeps the majority: b with a and a newcomer.
+	grown, err := ring.New([]ring.Member{b.clus.Load().self, {Name: "node-a", Addr: "node-a.in-memory:1"}, {Name: "node-c", Addr: "node-c.in-memory:1"}}, b.cfg.Placement)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.ho.majorityUnder(grown) {
+		t.Fatal("a ring that grew lost the majority")
+	}
+}

@@ -53,7 +53,8 @@ import (
 //     last present, which the mover notes every ForgetDeadAfter/4; seen
 //     by its gossip, even if this node had not looked yet, and remembered
 //     across restarts in the data directory, members.go): a node cut off
-//     from the majority closes every partition, so the two sides of a network
+//     from the majority closes every partition (and a ring the mover has
+//     not judged yet is judged where it is decided under, majorityUnder), so the two sides of a network
 //     partition shorter than ForgetDeadAfter never both decide for one; when
 //     it heals, the minority's partitions are acquired again (rule 2), which
 //     merges what both sides hold. Exactly half is a majority for the half
@@ -138,6 +139,9 @@ type handoff struct {
 	counted  map[string]time.Time
 	seen     int
 	majority atomic.Bool // the ring holds more than half of seen
+	// judged is the last reconcile's verdict on rule 5 and what it judged
+	// on (see majorityUnder); majority is the same verdict.
+	judged atomic.Pointer[judgement]
 	// majorityLosses counts the times majority turned false (not leaving).
 	majorityLosses atomic.Int64
 	// tieWinner is the member that won the last tie this node lost (rule 5:
@@ -406,6 +410,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	if _, ok := h.counted[h.tieWinner]; !ok {
 		h.tieWinner = "" // forgotten, or left gracefully
 	}
+	h.judged.Store(&judgement{ok: majority, epoch: r.Epoch(), seen: h.seen, first: minKey(h.counted)})
 	h.mu.Unlock()
 	if h.majority.Swap(majority) != majority {
 		if majority {
@@ -474,6 +479,36 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 		return nil
 	}
 	return n.acquire(ctx, r, work, members)
+}
+
+// judgement is what a reconcile judged rule 5 on, and its verdict.
+type judgement struct {
+	ok    bool   // a majority: the node may decide
+	epoch uint64 // the ring's
+	seen  int    // members counted
+	first string // the counted member whose name sorts first
+}
+
+// majorityUnder reports whether this node may decide under ring r (rule 5).
+// Gossip hands a new ring to deciding goroutines before the mover judges
+// it, and on a starved machine the mover can lag: a node whose ring shrank
+// to itself would decide for the partitions it has open, with no backup to
+// fence it, while the rest of the cluster has taken them over. So under a
+// ring the last reconcile did not judge, it judges again against the
+// members that reconcile counted: a ring that lost members may have lost
+// the majority. Members that joined since count on both sides, so a
+// growing ring keeps it. Safe for concurrent use.
+func (h *handoff) majorityUnder(r *ring.Ring) bool {
+	j := h.judged.Load()
+	switch {
+	case j == nil: // no reconcile yet: every partition is closed
+		return h.majority.Load()
+	case !j.ok:
+		return false
+	case j.epoch == r.Epoch():
+		return true
+	}
+	return r.Len()*2 > j.seen || r.Len()*2 == j.seen && r.Has(j.first)
 }
 
 // countPresent notes the members present at now for rule 5: serving ones
