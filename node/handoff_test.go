@@ -325,7 +325,7 @@ func churn(t *testing.T, c *nodetest.Cluster, rec *loadRecord, k int64, settle b
 		if err := c.WaitConverged(context.Background(), st.size); err != nil {
 			t.Fatalf("%s: %v", st.name, err)
 		}
-		t.Logf("%s: rings converged on %d members in %v", st.name, st.size, time.Since(start))
+		t.Logf("%s (from unix ms %d): rings converged on %d members in %v", st.name, start.UnixMilli(), st.size, time.Since(start))
 		if settle {
 			waitSettled(t, c)
 		}

@@ -3,7 +3,7 @@
 # (a cgroup), to reproduce what a loaded machine does to a cluster in one
 # process: restarts that take seconds, members falsely declared dead for a
 # second, one-sided failure detection. It keeps the nodes' debug log
-# (FREQRING_TEST_LOG) and the test output of every failing run, and prints
+# (FREQRING_TEST_LOG, FREQRING_NODETEST_LOG) and the test output of every failing run, and prints
 # one line per run and a count at the end.
 #
 #   deploy/scale/starve.sh                      # 20 runs at 0.05 of a core
@@ -76,7 +76,7 @@ for i in $(seq 1 "$runs"); do
   (
     echo "$BASHPID" >"$cg/cgroup.procs" 2>/dev/null || echo "$BASHPID" >"$cg/tasks"
     cd "$root/node"
-    FREQRING_TEST_LOG="$log" exec timeout 240 "$bin" -test.run "^${test}\$" -test.count 1 -test.v -test.timeout 230s
+    FREQRING_TEST_LOG="$log" FREQRING_NODETEST_LOG="$log" exec timeout 240 "$bin" -test.run "^${test}\$" -test.count 1 -test.v -test.timeout 230s
   ) >"$out" 2>&1
   rc=$?
   set -e
