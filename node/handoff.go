@@ -1281,7 +1281,20 @@ func (n *Node) drain(ctx context.Context) {
 	}
 	r := c.ring()
 	if r.Len() == 0 || (r.Len() == 1 && r.Has(n.cfg.Name)) {
-		return // nobody to hand over to
+		// Nobody to hand over to. What it owes (rule 7) is lost unless a
+		// backup holds it: say so, to read a loss by.
+		n.ho.mu.Lock()
+		owes := 0
+		for p := range n.ho.owed {
+			if n.ho.owed[p] && !n.ho.handed[p] {
+				owes++
+			}
+		}
+		n.ho.mu.Unlock()
+		if owes > 0 {
+			n.log.Warn("leaving alone in its ring while it owes partitions: what it decided for them is lost unless a backup holds it", "owed", owes)
+		}
+		return
 	}
 	var owned []int
 	n.ho.mu.Lock()

@@ -373,7 +373,10 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 			return nil, status.Errorf(codes.Internal, "node %s: recording a replicated send: %v", n.cfg.Name, err)
 		}
 		if dup {
-			continue // sent again with its request id: recorded (or refunded) already
+			// Sent again with its request id: recorded (or refunded)
+			// already. Logged, to read a loss by: the id is known here.
+			n.log.Debug("replicated send skipped: its request id is recorded here already", "partition", p, "id", s.id, "at", s.at, "from", req.Node)
+			continue
 		}
 		if enc != nil {
 			s.seq = seq
