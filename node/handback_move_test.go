@@ -772,3 +772,26 @@ func TestShrunkRingNotYetJudgedDecidesNothing(t *testing.T) {
 		t.Fatal("a ring that grew lost the majority")
 	}
 }
+
+// TestReplicatedUnconfirmedMarkIsRefused: an unconfirmed mark is a WAL
+// record only; a Replicate that carries one is bad input, refused whole,
+// and records nothing.
+func TestReplicatedUnconfirmedMarkIsRefused(t *testing.T) {
+	ln := NewLocalNetwork()
+	a, b, _, _ := threeLocal(t, ln, nil, nil)
+	r := a.Ring()
+	rcp, _ := recipientOwnedBy(r, "node-a", "node-b")
+	key, tag := KeyOf(rcp)
+	var enc walEncoder
+	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: a.nowMs(), cost: 1, id: 7})
+	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: a.nowMs(), cost: 1, id: 7, unconfirmed: true})
+	ref := b.view.Load().domains[DefaultDomain].ref
+	before := b.store.Stats(ref).Records
+	_, err := b.Replicate(context.Background(), &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes()})
+	if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "unconfirmed mark") {
+		t.Fatalf("a Replicate carrying an unconfirmed mark: %v, want InvalidArgument naming it", err)
+	}
+	if after := b.store.Stats(ref).Records; after != before {
+		t.Fatalf("b holds %d records after the refused Replicate, %d before", after, before)
+	}
+}

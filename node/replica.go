@@ -330,6 +330,9 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	v := n.view.Load()
 	var sends []walSend
 	err = decodeWAL(req.Sends, func(s walSend) error {
+		if s.unconfirmed {
+			return fmt.Errorf("%w: an unconfirmed mark, which only a WAL holds", ErrBadPayload)
+		}
 		p := n.store.PartitionOf(s.key)
 		if o := r.PartitionOwner(p); o.Name != req.Node {
 			return n.refuse("partition %d is owned by %s under epoch %d, not by %s", p, o.Name, r.Epoch(), req.Node)
