@@ -156,6 +156,16 @@ func recipientOwnedBy(r *ring.Ring, owner, backup string) (string, int) {
 	}
 }
 
+// twoLocal starts node-a (with data directory dir, "" for none) and node-b,
+// replicating synchronously, and waits until they have settled.
+func twoLocal(t *testing.T, ln *LocalNetwork, dir string) (a, b *Node) {
+	t.Helper()
+	a = startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers(), DataDir: dir})
+	b = startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
+	poll(t, "two nodes settle", settledTwo(a, b))
+	return a, b
+}
+
 // settledTwo returns the check that a and b share a ring of the two and
 // every partition is open on its owner.
 func settledTwo(a, b *Node) func() error {
@@ -376,9 +386,7 @@ func TestBackupRefusesWhatItDecidedElsewhere(t *testing.T) {
 // from a record that may lack what the backup admitted under another ring.
 func TestRetryOfUnconfirmedSendIsDecidedAgain(t *testing.T) {
 	ln := NewLocalNetwork()
-	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers()}) // synchronous replication
-	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
-	poll(t, "two nodes settle", settledTwo(a, b))
+	a, b := twoLocal(t, ln, "")
 	rcp, p := recipientOwnedBy(a.Ring(), "node-a", "")
 	ctx := context.Background()
 	check := func(mode pb.Mode) *pb.CheckResponse {
@@ -398,19 +406,25 @@ func TestRetryOfUnconfirmedSendIsDecidedAgain(t *testing.T) {
 	b.ho.mu.Lock()
 	b.ho.handed[p] = true
 	b.ho.mu.Unlock()
-	resp := check(pb.Mode_MODE_CHECK_AND_RECORD)
+	wantDecidedAgain(t, a, rcp, check(pb.Mode_MODE_CHECK_AND_RECORD))
+}
+
+// wantDecidedAgain checks that resp, n's answer to the retry of a send
+// whose backup refused it, admitted and recorded it, and that n counts
+// both: the retry was decided again, besides the failed attempt, which n's
+// record keeps (denying early, never admitting beyond a limit). Had it
+// been answered as a duplicate, n would count 1.
+func wantDecidedAgain(t *testing.T, n *Node, rcp string, resp *pb.CheckResponse) {
+	t.Helper()
 	if len(resp.Errors) != 0 || !resp.Admitted[0] || !resp.Recorded[0] {
 		t.Fatalf("the retry: %v", resp)
 	}
-	// Decided again: it counts besides the failed attempt, which a's
-	// record keeps (denying early, never admitting beyond a limit). Had it
-	// been answered as a duplicate, a would count 1.
-	peek, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+	peek, err := n.Check(context.Background(), &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
 	if err != nil || len(peek.Errors) > 0 {
 		t.Fatal(err, peek.GetErrors())
 	}
 	if peek.Used[0] != 2 {
-		t.Fatalf("a counts %d sends, want 2: the retry was answered as a duplicate of the unconfirmed send", peek.Used[0])
+		t.Fatalf("%s counts %d sends, want 2: the retry was answered as a duplicate of the unconfirmed send", n.cfg.Name, peek.Used[0])
 	}
 }
 
@@ -691,9 +705,7 @@ func TestDepartedMembersCount(t *testing.T) {
 func TestUnconfirmedSendIsDecidedAgainAfterRestart(t *testing.T) {
 	ln := NewLocalNetwork()
 	dir := t.TempDir()
-	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers(), DataDir: dir}) // synchronous replication
-	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
-	poll(t, "two nodes settle", settledTwo(a, b))
+	a, b := twoLocal(t, ln, dir)
 	rcp, p := recipientOwnedBy(a.Ring(), "node-a", "")
 	b.ho.mu.Lock()
 	b.ho.owed[p], b.ho.handed[p] = true, false // b refuses p's sends (rule 7)
@@ -719,16 +731,10 @@ func TestUnconfirmedSendIsDecidedAgainAfterRestart(t *testing.T) {
 	}
 	defer c.Close()
 	resp, err := c.Check(ctx, req)
-	if err != nil || len(resp.Errors) != 0 || !resp.Admitted[0] || !resp.Recorded[0] {
-		t.Fatalf("the retry after the restart: %v %v", resp, err)
+	if err != nil {
+		t.Fatal(err)
 	}
-	peek, err := c.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
-	if err != nil || len(peek.Errors) > 0 {
-		t.Fatal(err, peek.GetErrors())
-	}
-	if peek.Used[0] != 2 {
-		t.Fatalf("the restarted node counts %d sends, want 2: the retry was answered as a duplicate of the unconfirmed send", peek.Used[0])
-	}
+	wantDecidedAgain(t, c, rcp, resp)
 }
 
 // TestShrunkRingNotYetJudgedDecidesNothing: gossip hands a new ring to the
@@ -740,9 +746,7 @@ func TestUnconfirmedSendIsDecidedAgainAfterRestart(t *testing.T) {
 // the majority on the ring it decides under.
 func TestShrunkRingNotYetJudgedDecidesNothing(t *testing.T) {
 	ln := NewLocalNetwork()
-	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: ln.Peers()}) // synchronous replication
-	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
-	poll(t, "two nodes settle", settledTwo(a, b))
+	_, b := twoLocal(t, ln, "")
 	rcp, _ := recipientOwnedBy(b.Ring(), "node-b", "")
 	alone, err := ring.New([]ring.Member{b.clus.Load().self}, b.cfg.Placement)
 	if err != nil {
