@@ -54,10 +54,10 @@ import (
 //     by its gossip, even if this node had not looked yet, and remembered
 //     across restarts in the data directory, members.go): a node cut off
 //     from the majority closes every partition (and a ring the mover has
-//     not judged yet is judged where it is decided under, majorityUnder), so the two sides of a network
-//     partition shorter than ForgetDeadAfter never both decide for one; when
-//     it heals, the minority's partitions are acquired again (rule 2), which
-//     merges what both sides hold. Exactly half is a majority for the half
+//     not judged yet is judged where it is decided under, majorityUnder),
+//     so the two sides of a network partition shorter than ForgetDeadAfter
+//     never both decide for one; when it heals, the minority's partitions
+//     are acquired again (rule 2), which merges what both sides hold. Exactly half is a majority for the half
 //     that holds the member whose name sorts first among those counted. The
 //     halves may not count the same members for a moment (one counts a
 //     member that rejoined before the other does), so a node that lost a
