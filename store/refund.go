@@ -138,6 +138,7 @@ func (s *Store) Unconfirmed(p int, r Ref, key, id uint64) bool {
 	if id == 0 {
 		return false
 	}
+	key = storedKey(key)
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()

@@ -155,7 +155,7 @@ func TestImageCarriesNoRefundedIDs(t *testing.T) {
 	if _, _, _, err := src.Refund(p, ref, key, tag, t0+1, window.Item{}, 1, &dec); err != nil {
 		t.Fatal(err)
 	}
-	if !src.Unconfirmed(p, ref, storedKey(key), 2) {
+	if !src.Unconfirmed(p, ref, key, 2) {
 		t.Fatal("Unconfirmed: id 2 unknown")
 	}
 	img, _ := src.AppendImage(nil, p)
