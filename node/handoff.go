@@ -435,7 +435,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			n.closeOwing(p)
 			h.mu.Lock()
 			h.closedAt[p] = time.Time{}
-			owes = owes || h.owed[p] && !h.handed[p]
+			owes = owes || h.owes(p)
 			h.mu.Unlock()
 			continue
 		}
@@ -552,6 +552,11 @@ func (n *Node) departedSince(c *cluster, now time.Time) map[string]gossip.Depart
 	return d
 }
 
+// owes reports whether this node owes partition p to its owner (rule 7):
+// it decided for p under a ring that no longer makes it the owner, and the
+// owner has not acquired p from here since. h.mu is held.
+func (h *handoff) owes(p int) bool { return h.owed[p] && !h.handed[p] }
+
 // wakeHandback asks the handback loop to look for partitions to hand back.
 func (h *handoff) wakeHandback() {
 	select {
@@ -597,7 +602,7 @@ func (n *Node) handbackLoop(ctx context.Context) {
 			clear(h.handbackAt)
 		}
 		for p := range n.store.Partitions() {
-			if !h.owed[p] || h.handed[p] {
+			if !h.owes(p) {
 				continue
 			}
 			if at := h.handbackAt[p]; !at.IsZero() && now.Sub(at) < handbackResend {
@@ -632,7 +637,7 @@ func (n *Node) handback(ctx context.Context, r *ring.Ring, owedTo map[string][]u
 	)
 	for name, parts := range owedTo {
 		n.ho.mu.Lock()
-		parts = slices.DeleteFunc(parts, func(p uint32) bool { return n.ho.handed[p] || !n.ho.owed[p] })
+		parts = slices.DeleteFunc(parts, func(p uint32) bool { return !n.ho.owes(int(p)) })
 		n.ho.mu.Unlock()
 		if len(parts) == 0 {
 			continue
@@ -1175,7 +1180,7 @@ func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Release
 			continue
 		}
 		n.ho.mu.Lock()
-		owed := n.ho.owed[p] && !n.ho.handed[p]
+		owed := n.ho.owes(int(p))
 		n.ho.mu.Unlock()
 		if owed {
 			// Decided here since the caller pulled it (a Release may
@@ -1286,7 +1291,7 @@ func (n *Node) drain(ctx context.Context) {
 		n.ho.mu.Lock()
 		owes := 0
 		for p := range n.ho.owed {
-			if n.ho.owed[p] && !n.ho.handed[p] {
+			if n.ho.owes(p) {
 				owes++
 			}
 		}
@@ -1302,7 +1307,7 @@ func (n *Node) drain(ctx context.Context) {
 		if r.PartitionOwner(p).Name == n.cfg.Name {
 			owned = append(owned, p)
 			n.ho.handed[p] = false
-		} else if n.ho.owed[p] && !n.ho.handed[p] {
+		} else if n.ho.owes(p) {
 			owned = append(owned, p) // rule 7: its owner acquires it from here first
 			n.ho.handbackAt[p] = time.Time{}
 		}

@@ -435,7 +435,7 @@ func (n *Node) refuseOwed(sends []walSend, owner string) error {
 		if h.open[p].Load() {
 			return n.refuse("partition %d is open on %s, which decides for it under another ring; %s must acquire it first", p, n.cfg.Name, owner)
 		}
-		if h.owed[p] && !h.handed[p] {
+		if h.owes(p) {
 			return n.refuse("partition %d holds sends %s decided under another ring, which %s has not acquired yet", p, n.cfg.Name, owner)
 		}
 	}
