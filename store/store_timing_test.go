@@ -71,6 +71,19 @@ var benchMode = func() window.Mode {
 	return window.CheckAndRecord
 }()
 
+// benchIDs reports whether the items of BenchmarkStoreCheck and
+// BenchmarkStoreBatch carry request ids, as every item from the client
+// does: FREQRING_BENCH_IDS=1. Without, they measure the records alone.
+var benchIDs = os.Getenv("FREQRING_BENCH_IDS") == "1"
+
+// benchID returns a random request id when benchIDs asks for them, else 0.
+func benchID(rng *rand.Rand) uint64 {
+	if !benchIDs {
+		return 0
+	}
+	return rng.Uint64() | 1
+}
+
 // benchPartitions is the partition count of BenchmarkStoreBatch's stores:
 // FREQRING_BENCH_PARTITIONS, or the default (0) when unset.
 func benchPartitions(tb testing.TB) int {
@@ -126,7 +139,7 @@ func BenchmarkStoreCheck(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				key, tag := benchKey(rng.IntN(n))
 				at := now + int64(float64(i)*step)
-				if _, _, err := apply(st, ref, key, tag, at, window.Item{Content: uint64(i&7) + 1, Mode: benchMode}, 0, &dec); err != nil {
+				if _, _, err := apply(st, ref, key, tag, at, window.Item{Content: uint64(i&7) + 1, Mode: benchMode}, benchID(rng), &dec); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -341,7 +354,7 @@ func BenchmarkStoreBatch(b *testing.B) {
 					for j := range items {
 						key, tag := benchKey(rng.IntN(n))
 						items[j] = BatchItem{Part: st.PartitionOf(key), Ref: ref, Key: key, Tag: tag,
-							Item: window.Item{Content: uint64((i+j)&7) + 1, Mode: benchMode}}
+							Item: window.Item{Content: uint64((i+j)&7) + 1, Mode: benchMode}, ID: benchID(rng)}
 					}
 					start := time.Now()
 					if i%2 == 0 {
