@@ -89,9 +89,9 @@
 // # Memory limit
 //
 // A store counts the memory it holds (Memory): every index table, slab chunk
-// and free list as it is allocated and freed, and its request ids at an
-// estimated idBytes each, in one atomic counter that changes only when
-// memory does (a chunk, a resize, 64 ids), so checks do not contend on it.
+// and free list as it is allocated and freed, and the tables of its request
+// ids, in one atomic counter that changes only when memory does (a chunk, a
+// resize, a rebuild), so checks do not contend on it.
 // With Config.MaxBytes, Apply refuses, with ErrMemoryLimit and changing
 // nothing, an item that would create a record (its recipient has none in
 // the domain) once the store holds MaxBytes or more (counting the free

@@ -123,12 +123,9 @@ func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64
 		}
 		records += sp.records
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(ids[id]))
-		for _, gen := range []map[uint64]idEntry{sp.ids.prev, sp.ids.cur} {
-			for k, e := range gen {
-				if e.refunded {
-					continue
-				}
-				dst = binary.LittleEndian.AppendUint64(dst, k)
+		for i := range sp.ids.slots {
+			if e := &sp.ids.slots[i]; e.key != 0 && !e.refunded {
+				dst = binary.LittleEndian.AppendUint64(dst, e.key)
 				dst = binary.LittleEndian.AppendUint64(dst, uint64(e.at))
 			}
 		}

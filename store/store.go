@@ -23,8 +23,8 @@ type Config struct {
 	// 0 means 1 minute.
 	IDHorizon time.Duration
 	// IDCapacity bounds the request ids one domain remembers across all
-	// partitions (about 55 bytes each, with the print of its item); 0 means
-	// 1,048,576.
+	// partitions (32 to 48 bytes each, with the print of its item); 0 means
+	// 1,048,576. Past it, the oldest are forgotten before IDHorizon.
 	IDCapacity int
 	// MaxBytes bounds the heap the store holds (Store.Memory) that Apply
 	// may grow for a recipient with no record: past it, Apply refuses to
@@ -621,17 +621,17 @@ const moveCost = 4
 
 // Stats are one domain's counters in a store at one moment.
 type Stats struct {
-	Records          int64 // recipients with a record
-	Collisions       int64 // records created beside another recipient's with the same 64-bit key hash
-	Expired          int64 // records reclaimed because nothing in them was inside any window
-	Moved            int64 // records the sweep moved to lower slots so as to give sparse slab chunks back
-	Compacted        int64 // records whose content logs the sweep dropped because no rule could count them
-	Unreadable       int64 // records the current or latest sweep pass could not decode to compact, left as they were
-	IDs              int64 // request ids remembered
-	EarlyIDRotations int64 // id generations retired before half the horizon because full
-	IndexBytes       int64 // heap held by the index
-	SlabBytes        int64 // heap held by record slabs, free slots included
-	LiveBytes        int64 // bytes of slots in use
+	Records    int64 // recipients with a record
+	Collisions int64 // records created beside another recipient's with the same 64-bit key hash
+	Expired    int64 // records reclaimed because nothing in them was inside any window
+	Moved      int64 // records the sweep moved to lower slots so as to give sparse slab chunks back
+	Compacted  int64 // records whose content logs the sweep dropped because no rule could count them
+	Unreadable int64 // records the current or latest sweep pass could not decode to compact, left as they were
+	IDs        int64 // request ids remembered
+	EvictedIDs int64 // request ids forgotten before the horizon because the domain held IDCapacity
+	IndexBytes int64 // heap held by the index
+	SlabBytes  int64 // heap held by record slabs, free slots included
+	LiveBytes  int64 // bytes of slots in use
 }
 
 func (a *Stats) add(sp *space) {
@@ -642,7 +642,7 @@ func (a *Stats) add(sp *space) {
 	a.Compacted += sp.compacted
 	a.Unreadable += sp.unreadable
 	a.IDs += int64(sp.ids.len())
-	a.EarlyIDRotations += sp.ids.early
+	a.EvictedIDs += sp.ids.evicted
 	a.IndexBytes += sp.index.bytes()
 	for c := range sp.slabs {
 		sl := &sp.slabs[c]
@@ -729,7 +729,7 @@ func (a Stats) plus(b Stats) Stats {
 	a.Compacted += b.Compacted
 	a.Unreadable += b.Unreadable
 	a.IDs += b.IDs
-	a.EarlyIDRotations += b.EarlyIDRotations
+	a.EvictedIDs += b.EvictedIDs
 	a.IndexBytes += b.IndexBytes
 	a.SlabBytes += b.SlabBytes
 	a.LiveBytes += b.LiveBytes
@@ -740,7 +740,7 @@ func (a Stats) plus(b Stats) Stats {
 type MemoryStats struct {
 	// HeldBytes is the memory the store holds, all domains: index tables,
 	// slab chunks and free lists (exact, counted as they are allocated and
-	// freed) and request ids (estimated, idBytes each).
+	// freed) and request ids (their tables, exact).
 	HeldBytes int64
 	// MappedBytes is the memory the store took outside the Go heap for
 	// full-size slab chunks: those in HeldBytes, and those freed for reuse
