@@ -23,8 +23,9 @@ type Config struct {
 	// 0 means 1 minute.
 	IDHorizon time.Duration
 	// IDCapacity bounds the request ids one domain remembers across all
-	// partitions (32 to 48 bytes each, with the print of its item); 0 means
-	// 1,048,576. Past it, the oldest are forgotten before IDHorizon.
+	// partitions (at most 42 bytes of memory per id of capacity, with the
+	// print of its item); 0 means 1,048,576. Past it, the oldest are
+	// forgotten before IDHorizon.
 	IDCapacity int
 	// MaxBytes bounds the heap the store holds (Store.Memory) that Apply
 	// may grow for a recipient with no record: past it, Apply refuses to
