@@ -628,7 +628,7 @@ type Stats struct {
 	Moved      int64 // records the sweep moved to lower slots so as to give sparse slab chunks back
 	Compacted  int64 // records whose content logs the sweep dropped because no rule could count them
 	Unreadable int64 // records the current or latest sweep pass could not decode to compact, left as they were
-	IDs        int64 // request ids remembered
+	IDs        int64 // request ids held: those remembered, and those past the horizon that no rebuild has dropped yet
 	EvictedIDs int64 // request ids forgotten before the horizon because the domain held IDCapacity
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs, free slots included
