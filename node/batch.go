@@ -359,7 +359,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	}
 	var rs *replicaSet
 	if clustered && n.cfg.Replication != ReplicationOff && r.Len() > 1 {
-		rs = &replicaSet{}
+		rs = newReplicaSet(cnt, r.Len())
 	}
 	now := n.nowMs()
 	var dec *window.Decision

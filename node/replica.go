@@ -64,6 +64,15 @@ func ParseReplication(s string) (Replication, error) {
 // replicaSet gathers the sends of one batch by backup.
 type replicaSet struct {
 	backups map[string]*replicaBatch
+	hint    int // sends a backup is made room for at first
+}
+
+// newReplicaSet returns the replica set of a batch of n items under a ring
+// of members: room for a backup's even share of them and a quarter more, so
+// that gathering them rarely grows a slice.
+func newReplicaSet(n, members int) *replicaSet {
+	share := n / max(1, members-1)
+	return &replicaSet{hint: share + share/4 + 8}
 }
 
 // replicaBatch is what one backup gets from one batch.
@@ -87,7 +96,7 @@ func (rs *replicaSet) add(r *ring.Ring, p, j int, s walSend) {
 	}
 	rb := rs.backups[b.Name]
 	if rb == nil {
-		rb = &replicaBatch{member: b}
+		rb = &replicaBatch{member: b, sends: make([]walSend, 0, rs.hint), parts: make([]int, 0, rs.hint), items: make([]int, 0, rs.hint)}
 		rs.backups[b.Name] = rb
 	}
 	rb.sends = append(rb.sends, s)
