@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"unsafe"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -113,9 +114,12 @@ func (s decodingStream) RecvMsg(m any) error { return recvDecoded(s.ServerStream
 // UTF-8 (the node fails such an item alone, see view.item), and unknown
 // fields are skipped, not kept. Packed and unpacked scalars are both read;
 // a known field of the wrong wire type is an unknown field, as in
-// protobuf-go. Strings and contents are copied out of b.
+// protobuf-go. Strings and contents are copied out of b; the recipients all
+// into one buffer, one allocation instead of one each, so that a recipient
+// string kept after the call keeps that buffer (at most len(b) bytes).
 func decodeCheckRequest(b []byte, req *pb.CheckRequest) error {
 	req.Reset()
+	var rcps []byte // the recipients' bytes; never grown, so never moved
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -142,7 +146,16 @@ func decodeCheckRequest(b []byte, req *pb.CheckRequest) error {
 			}
 			switch num {
 			case 1:
-				req.Recipients = append(req.Recipients, string(v))
+				if len(v) == 0 {
+					req.Recipients = append(req.Recipients, "")
+					break
+				}
+				if rcps == nil {
+					rcps = make([]byte, 0, len(b)) // every recipient left is in b
+				}
+				start := len(rcps)
+				rcps = append(rcps, v...)
+				req.Recipients = append(req.Recipients, unsafe.String(&rcps[start], len(v)))
 			case 2:
 				req.Domains = append(req.Domains, string(v))
 			case 3:
