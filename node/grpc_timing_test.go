@@ -96,6 +96,10 @@ func BenchmarkGRPCCheckTLS(b *testing.B) {
 	}
 }
 
+// benchStream sends the benchmarks' batches as requests on one CheckStream
+// per caller instead of unary Checks: FREQRING_BENCH_STREAM=1.
+var benchStream = os.Getenv("FREQRING_BENCH_STREAM") == "1"
+
 func benchGRPC(b *testing.B, cfg node.Config) {
 	benchGRPCWith(b, cfg, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
@@ -156,13 +160,31 @@ func benchGRPCWith(b *testing.B, cfg node.Config, creds grpc.DialOption) {
 		next.Unlock()
 		req := &pb.CheckRequest{Recipients: make([]string, batch), ContentHashes: make([]uint64, batch)}
 		var mine []time.Duration
+		var stream pb.Limiter_CheckStreamClient
+		if benchStream {
+			var err error
+			if stream, err = cli.CheckStream(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+			defer stream.CloseSend()
+		}
 		for pb_.Next() {
 			for i := range batch {
 				req.Recipients[i] = fmt.Sprintf("+86%011d", rng.IntN(recipients))
 				req.ContentHashes[i] = templates[rng.IntN(len(templates))]
 			}
 			t := time.Now()
-			resp, err := cli.Check(context.Background(), req)
+			var resp *pb.CheckResponse
+			var err error
+			if stream != nil {
+				req.StreamId++
+				if err = stream.Send(req); err == nil {
+					resp, err = stream.Recv()
+				}
+			} else {
+				resp, err = cli.Check(context.Background(), req)
+			}
 			mine = append(mine, time.Since(t))
 			if err != nil || len(resp.Errors) > 0 {
 				b.Error(err, resp.GetErrors())
