@@ -186,8 +186,8 @@ func benchGRPCWith(b *testing.B, cfg node.Config, creds grpc.DialOption) {
 				resp, err = cli.Check(context.Background(), req)
 			}
 			mine = append(mine, time.Since(t))
-			if err != nil || len(resp.Errors) > 0 {
-				b.Error(err, resp.GetErrors())
+			if err != nil || len(resp.Errors) > 0 || resp.Failed != nil {
+				b.Error(err, resp.GetErrors(), resp.GetFailed())
 				return
 			}
 		}

@@ -142,9 +142,9 @@ type Config struct {
 	// remembered, so that a retry is not recorded twice; 0 means 1 minute.
 	IdempotencyWindow time.Duration
 	// IdempotencyCapacity bounds the ids remembered per domain (at most 42
-	// bytes of memory per id of capacity); 0 means 1,048,576. Under a load of more than
-	// capacity/window recorded ids a second, the oldest are forgotten
-	// sooner, and at least the newest half of capacity are kept.
+	// bytes of memory per id of capacity); 0 means 1,048,576. Under a load
+	// of more than capacity/window recorded ids a second, the oldest are
+	// forgotten sooner, and at least the newest half of capacity are kept.
 	IdempotencyCapacity int
 
 	// MaxMemory is the process's memory budget in bytes: the store may hold
