@@ -57,11 +57,12 @@ import (
 //     not judged yet is judged where it is decided under, majorityUnder),
 //     so the two sides of a network partition shorter than ForgetDeadAfter
 //     never both decide for one; when it heals, the minority's partitions
-//     are acquired again (rule 2), which merges what both sides hold. Exactly half is a majority for the half
-//     that holds the member whose name sorts first among those counted. The
-//     halves may not count the same members for a moment (one counts a
-//     member that rejoined before the other does), so a node that lost a
-//     tie acquires only with the winner among those asked (tieWinner).
+//     are acquired again (rule 2), which merges what both sides hold.
+//     Exactly half is a majority for the half that holds the member whose
+//     name sorts first among those counted. The halves may not count the
+//     same members for a moment (one counts a member that rejoined before
+//     the other does), so a node that lost a tie acquires only with the
+//     winner among those asked (tieWinner).
 //  6. Only members that agree with the ring on rules, protocol and placement
 //     are in it (gossip.Agreement): one whose rules differ owns nothing,
 //     forwards its callers' checks, and is asked for its partitions like a

@@ -64,9 +64,13 @@ func (c *idCache) home(k uint64) int {
 }
 
 // find returns the slot holding folded key k, live or dead, and true; or
-// the empty slot that ends k's probe run, where a put of k goes, and false.
-// The table is never full, so every run ends at an empty slot.
+// the empty slot that ends k's probe run, where a put of k goes, and false;
+// or -1 and false in a table not made yet. The table is never full, so
+// every run ends at an empty slot.
 func (c *idCache) find(k uint64) (int, bool) {
+	if len(c.slots) == 0 {
+		return -1, false
+	}
 	for i := c.home(k); ; {
 		switch c.slots[i].key {
 		case k:
@@ -82,9 +86,6 @@ func (c *idCache) find(k uint64) (int, bool) {
 
 // get returns a remembered id's entry.
 func (c *idCache) get(k uint64, now, horizon int64) (idEntry, bool) {
-	if len(c.slots) == 0 {
-		return idEntry{}, false
-	}
 	if i, ok := c.find(idSlotKey(k)); ok && now-c.slots[i].at < horizon {
 		return c.slots[i].idEntry, true
 	}
@@ -96,10 +97,7 @@ func (c *idCache) get(k uint64, now, horizon int64) (idEntry, bool) {
 // rebuild if the table is at its limit.
 func (c *idCache) put(k uint64, at int64, p idPrint, now, horizon int64, capacity int) {
 	k = idSlotKey(k)
-	i, ok := -1, false
-	if len(c.slots) > 0 {
-		i, ok = c.find(k)
-	}
+	i, ok := c.find(k)
 	if !ok && c.used+1 > min(len(c.slots)*3/4, capacity) {
 		c.rebuild(now, horizon, capacity)
 		i, ok = c.find(k)
@@ -260,9 +258,6 @@ func idKey(id, key uint64) uint64 { return id ^ key*0x9e3779b97f4a7c15 }
 // markRefunded notes that k's send was refunded; it reports whether k is
 // remembered (live or dead).
 func (c *idCache) markRefunded(k uint64) bool {
-	if len(c.slots) == 0 {
-		return false
-	}
 	i, ok := c.find(idSlotKey(k))
 	if !ok {
 		return false
@@ -275,14 +270,12 @@ func (c *idCache) markRefunded(k uint64) bool {
 // horizon that no rebuild has dropped yet.
 func (c *idCache) len() int { return c.used }
 
-// unrefunded counts the ids whose send was not refunded, live or dead:
+// unrefunded yields the ids whose send was not refunded, live or dead:
 // those an image carries.
-func (c *idCache) unrefunded() int {
-	n := 0
+func (c *idCache) unrefunded(yield func(*idSlot) bool) {
 	for i := range c.slots {
-		if sl := &c.slots[i]; sl.key != 0 && !sl.refunded {
-			n++
+		if sl := &c.slots[i]; sl.key != 0 && !sl.refunded && !yield(sl) {
+			return
 		}
 	}
-	return n
 }

@@ -85,7 +85,9 @@ func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64
 	ids := make([]int, len(pt.spaces)) // per domain: the ids the image carries
 	for i, sp := range pt.spaces {
 		if sp != nil {
-			ids[i] = sp.ids.unrefunded()
+			for range sp.ids.unrefunded {
+				ids[i]++
+			}
 		}
 		if sp != nil && (sp.records > 0 || ids[i] > 0) {
 			n++
@@ -123,11 +125,9 @@ func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64
 		}
 		records += sp.records
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(ids[id]))
-		for i := range sp.ids.slots {
-			if e := &sp.ids.slots[i]; e.key != 0 && !e.refunded {
-				dst = binary.LittleEndian.AppendUint64(dst, e.key)
-				dst = binary.LittleEndian.AppendUint64(dst, uint64(e.at))
-			}
+		for e := range sp.ids.unrefunded {
+			dst = binary.LittleEndian.AppendUint64(dst, e.key)
+			dst = binary.LittleEndian.AppendUint64(dst, uint64(e.at))
 		}
 	}
 	if close {
