@@ -14,10 +14,10 @@ import (
 )
 
 // FreqringTarget checks through the ring-aware client: each item goes to its
-// owner, a batch of items as one RPC per owner (CheckBatch), a batch of one
-// as a single Check (which the client coalesces with other callers' and
-// sends on a CheckStream per owner, or as unary Checks with
-// client.Config.UnaryChecks).
+// owner, a batch of items as one request per owner (CheckBatch, each on a
+// pooled CheckStream), a batch of one as a single Check (which the client
+// coalesces with other callers' and sends on a CheckStream per owner); with
+// client.Config.UnaryChecks both go as unary Checks.
 type FreqringTarget struct {
 	c      *client.Client
 	dial   []grpc.DialOption // of the Status calls: the client's credentials

@@ -24,8 +24,7 @@ type batcher struct {
 	quit chan struct{} // closed by close
 	once sync.Once
 
-	st       *checkStream // the loop's CheckStream to the member; nil until the first batch (stream.go)
-	noStream atomic.Int64 // unix ns until which batches go as unary Checks: the node lacks CheckStream
+	st *checkStream // the loop's CheckStream to the member; nil until the first batch (stream.go)
 }
 
 func newBatcher(c *Client, p *peer) *batcher {
@@ -202,7 +201,7 @@ func (b *batcher) send(batch []*pending, done chan<- struct{}) bool {
 	if len(live) > 1 {
 		b.c.st.coalesced.Add(int64(len(live)))
 	}
-	if !b.c.cfg.UnaryChecks && time.Now().UnixNano() >= b.noStream.Load() {
+	if !b.c.cfg.UnaryChecks && time.Now().UnixNano() >= b.p.noStream.Load() {
 		return b.stream(live, dl, done)
 	}
 	b.unary(live, dl, done)

@@ -106,8 +106,9 @@ func (c *Client) checkOnce(ctx context.Context, pi *prepared, adl time.Time) (ou
 	}
 }
 
-// CheckBatch decides items, sending one Check RPC per owner (more for an
-// owner of more than 10,000 items) in parallel, and returns their decisions
+// CheckBatch decides items, sending one request per owner (more for an
+// owner of more than 10,000 items) in parallel, each on one of a pool of
+// CheckStreams to its owner (see Config.UnaryChecks), and returns their decisions
 // in order. Deadline, retry and failure policy are those of Check, per item:
 // items whose owner answered keep their decisions, the others are retried
 // once after a ring refresh, and those still undecided at the deadline are
@@ -181,7 +182,7 @@ func (c *Client) CheckBatch(ctx context.Context, items []Item) ([]Decision, erro
 	return decs, nil
 }
 
-// sendBatch is one attempt of CheckBatch for the items todo: one RPC per
+// sendBatch is one attempt of CheckBatch for the items todo: one request per
 // owner and chunk, in parallel. It fills decs and errs and returns the items
 // to retry, the cause of their failure and the address of a member that
 // failed.
@@ -224,7 +225,7 @@ func (c *Client) sendBatch(ctx context.Context, ps []prepared, todo []int, decs 
 			fail(idx, err, m.Addr)
 			return
 		}
-		c.rpc(ctx, p, m.Name, len(idx), func(j int) *prepared { return &ps[idx[j]] }, func(j int, o outcome) {
+		c.batchRPC(ctx, p, m.Name, len(idx), func(j int) *prepared { return &ps[idx[j]] }, func(j int, o outcome) {
 			i := idx[j]
 			switch {
 			case o.ierr != nil:

@@ -86,12 +86,14 @@ type Config struct {
 	// the default; at most 100ms. Note that Go timers shorter than a
 	// millisecond may fire a millisecond late.
 	MaxDelay time.Duration
-	// UnaryChecks sends the coalesced single Checks as unary Check RPCs.
-	// false (the default) sends them as requests on one CheckStream per
-	// member, which costs the node and the client less per request; against
-	// a node that does not implement CheckStream (UNIMPLEMENTED, an older
-	// version) the client sends unary Checks anyway, and tries the stream
-	// again a minute later. CheckBatch always uses unary Checks.
+	// UnaryChecks sends the coalesced single Checks and CheckBatch's
+	// requests as unary Check RPCs. false (the default) sends single Checks
+	// as requests on one CheckStream per member, and each CheckBatch request
+	// on a CheckStream of its own, taken from a pool per member (up to 64
+	// idle), which costs the node and the client less per request and
+	// waits less; against a node that does not implement CheckStream
+	// (UNIMPLEMENTED, an older version) the client sends unary Checks
+	// anyway, and tries the stream again a minute later.
 	UnaryChecks bool
 	// DialOptions are used for every connection to a node. nil means TLS
 	// with the TLS field if set, else plaintext; a non-nil list replaces

@@ -2,27 +2,34 @@ package client
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 )
 
-// peer is one member address: its connection and, once a single Check
-// needs it, its batcher.
+// peer is one member address: its connection, its idle CheckStreams for
+// CheckBatch and, once a single Check needs it, its batcher.
 type peer struct {
-	addr string
-	conn *grpc.ClientConn
-	cli  pb.LimiterClient
-	b    *batcher // nil until first used; guarded by Client.mu
+	addr    string
+	conn    *grpc.ClientConn
+	cli     pb.LimiterClient
+	b       *batcher // nil until first used; guarded by Client.mu
+	streams batchStreams
+	// noStream is the unix ns until which requests go as unary Checks: the
+	// node answered CheckStream UNIMPLEMENTED (an older version).
+	noStream atomic.Int64
 }
 
-// close stops the peer's batcher (its queued items fail as retryable) and
-// closes its connection (its RPCs in flight end with Canceled).
+// close stops the peer's batcher (its queued items fail as retryable),
+// closes its idle streams and its connection (its RPCs in flight end with
+// Canceled).
 func (p *peer) close() {
 	if p.b != nil {
 		p.b.close()
 	}
+	p.streams.drop(true)
 	p.conn.Close()
 }
 

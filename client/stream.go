@@ -66,7 +66,7 @@ func (b *batcher) stream(live []*pending, dl time.Time, done chan<- struct{}) bo
 	cs.mu.Lock()
 	if cs.dead {
 		cs.mu.Unlock()
-		if time.Now().UnixNano() < b.noStream.Load() {
+		if time.Now().UnixNano() < b.p.noStream.Load() {
 			// The node answered the stream UNIMPLEMENTED before this
 			// request was registered: nothing was sent.
 			b.unary(live, dl, done)
@@ -185,7 +185,7 @@ func (cs *checkStream) fail(err error) {
 	if unimplemented {
 		// Before the stream is marked dead: a batch that finds it dead
 		// then goes as a unary Check (see stream), not as a failure.
-		b.noStream.Store(time.Now().Add(streamRetry).UnixNano())
+		b.p.noStream.Store(time.Now().Add(streamRetry).UnixNano())
 	}
 	cs.mu.Lock()
 	cs.dead = true

@@ -44,7 +44,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	svgPath := fs.String("svg", "", "write a chart (throughput and p99 over time, latency distribution) to this SVG file")
 	policy := fs.String("fail", "open", "freqring client failure policy: open or closed")
 	maxDelay := fs.Duration("max-delay", 0, "freqring client: how long single checks wait to share an RPC (0: the client's default, 200µs; negative: send at once)")
-	unary := fs.Bool("unary", false, "freqring client: send coalesced single checks (--batch 1) as unary Check RPCs instead of on a CheckStream per node (for comparison)")
+	unary := fs.Bool("unary", false, "freqring client: send coalesced single checks and batches as unary Check RPCs instead of on CheckStreams (for comparison)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	workload := fs.String("workload", "messages", "messages (seed 000: recipients and templates) or api (seed 004: app+ip and app+user+interface keys, two checks a call)")
 	algorithm := fs.String("algorithm", "fixed-window", "--workload api: the rules' algorithm, fixed-window (seed 004's Redis design; --target redis runs it), sliding-counter (seed 003's; --target redis runs its Redis hash), token-bucket, leaky-bucket or gcra (freqring only: no Redis design in the seeds); ignored with --rules")
