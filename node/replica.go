@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -200,6 +201,9 @@ func (rp *replicator) join(epoch uint64, sends []walSend, parts []int) *replCall
 		c = &replCall{epoch: epoch, done: make(chan struct{}), counts: map[int]int64{}}
 		rp.next = c
 	}
+	// One growth for the batch's sends (about 35 bytes each with a content
+	// and a request id), not one per doubling.
+	c.enc.sends = slices.Grow(c.enc.sends, len(sends)*walSendTypicalBytes)
 	for i, s := range sends {
 		c.enc.add(s)
 		c.counts[parts[i]]++
@@ -337,7 +341,10 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		return nil, err
 	}
 	v := n.view.Load()
-	var sends []walSend
+	// Room for every send the payload can hold (a send takes at least
+	// walSendMinBytes), up to 1,024: one array is cheaper than growing by
+	// doubling, and a large payload does not reserve five times its size.
+	sends := make([]walSend, 0, min(len(req.Sends)/walSendMinBytes, 1024))
 	err = decodeWAL(req.Sends, func(s walSend) error {
 		if s.unconfirmed {
 			return fmt.Errorf("%w: an unconfirmed mark, which only a WAL holds", ErrBadPayload)

@@ -95,6 +95,15 @@ type walSend struct {
 	unconfirmed bool
 }
 
+// walSendMinBytes is the fewest bytes a send takes in a payload: its domain
+// index, key, tag, seq, time, flags and cost, each at its shortest.
+const walSendMinBytes = 1 + 8 + 2 + 1 + 1 + 1 + 1
+
+// walSendTypicalBytes is what a send with a content and a request id
+// usually takes: the minimum, the two 8-byte fields and a few varint bytes
+// more.
+const walSendTypicalBytes = walSendMinBytes + 8 + 8 + 4
+
 // walEncoder builds one payload. The zero value is ready; reset reuses it.
 type walEncoder struct {
 	domains []string
