@@ -145,7 +145,7 @@ func TestBatchStreamDeadline(t *testing.T) {
 		return f.answerEach(recipientTime)(s)
 	}
 	startFake(t, f)
-	cl := newClient(t, Config{Timeout: 400 * time.Millisecond}, f.addr)
+	cl := newClient(t, Config{Timeout: 2 * time.Second}, f.addr) // the first attempt 1.5 s, the retry 0.5 s
 	decs, err := cl.CheckBatch(context.Background(), batchOf(0, 2))
 	decidedInOrder(t, decs, err, 0) // the retry, on a second stream
 	select {
