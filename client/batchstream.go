@@ -98,9 +98,7 @@ func (c *Client) batchRPC(ctx context.Context, p *peer, node string, n int, at f
 	}
 	if err != nil {
 		o := refused(status.Convert(err), node, fmt.Errorf("client: CheckStream to %s (%s): %w", node, p.addr, err))
-		for j := range n {
-			emit(j, o)
-		}
+		emitAll(n, emit, o)
 		return
 	}
 	c.answered(p, node, resp, n, at, emit)

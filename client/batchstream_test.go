@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 )
@@ -217,28 +216,7 @@ func TestBatchStreamNodeRestart(t *testing.T) {
 		t.Fatalf("before: %+v, %v", decs, err)
 	}
 	n := c.nodes[0]
-	c.kill(n)
-	if err := c.lc.Restart(ctx, n.m); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.lc.WaitConverged(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.lc.WaitSettled(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p, err := cl.peer(n.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for st := p.conn.GetState(); st != connectivity.Ready; st = p.conn.GetState() {
-		p.conn.Connect()
-		if !p.conn.WaitForStateChange(wctx, st) {
-			t.Fatalf("the connection to the restarted node is %v after 30s", st)
-		}
-	}
+	restartAndReconnect(t, c, cl, n)
 	before := cl.Stats()
 	decs, err := cl.CheckBatch(ctx, items(10))
 	if err != nil {

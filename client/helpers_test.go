@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -395,4 +396,38 @@ func admitAll(req *pb.CheckRequest, failed map[int]*pb.ItemError) *pb.CheckRespo
 		resp.RuleRetryAfterMs = append(resp.RuleRetryAfterMs, 0)
 	}
 	return resp
+}
+
+// restartAndReconnect kills n and restarts it at its address, waits until
+// it owns its partitions again, and then until cl's connection to it is up.
+func restartAndReconnect(tb testing.TB, c *tcluster, cl *Client, n *tnode) {
+	tb.Helper()
+	ctx := context.Background()
+	c.kill(n)
+	if err := c.lc.Restart(ctx, n.m); err != nil {
+		tb.Fatal(err)
+	}
+	// Serving is not yet owning: until its ring holds itself and its
+	// partitions are open, the node answers UNAVAILABLE, which a busy
+	// machine can stretch past the client's one retry.
+	if err := c.lc.WaitConverged(ctx, 1); err != nil {
+		tb.Fatal(err)
+	}
+	if err := c.lc.WaitSettled(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	// A call on a connection in reconnect backoff fails at once (as a unary
+	// Check would): wait until the connection is up again.
+	p, err := cl.peer(n.addr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for st := p.conn.GetState(); st != connectivity.Ready; st = p.conn.GetState() {
+		p.conn.Connect()
+		if !p.conn.WaitForStateChange(wctx, st) {
+			tb.Fatalf("the connection to the restarted node is %v after 30s", st)
+		}
+	}
 }

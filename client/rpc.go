@@ -86,9 +86,7 @@ func (c *Client) rpc(ctx context.Context, p *peer, node string, n int, at func(i
 	resp, err := p.cli.Check(ctx, req)
 	if err != nil {
 		o := refused(status.Convert(err), node, fmt.Errorf("client: Check RPC to %s (%s): %w", node, p.addr, err))
-		for j := range n {
-			emit(j, o)
-		}
+		emitAll(n, emit, o)
 		return
 	}
 	c.answered(p, node, resp, n, at, emit)
@@ -105,6 +103,13 @@ func (c *Client) answered(p *peer, node string, resp *pb.CheckResponse, n int, a
 		c.st.duplicates.Add(int64(len(resp.Duplicates)))
 	}
 	decode(resp, n, at, node, emit)
+}
+
+// emitAll emits o as the outcome of each of n items.
+func emitAll(n int, emit func(int, outcome), o outcome) {
+	for j := range n {
+		emit(j, o)
+	}
 }
 
 // refused is the outcome of every item of a request that failed whole with
@@ -126,9 +131,7 @@ func decode(resp *pb.CheckResponse, n int, at func(int) *prepared, node string, 
 	}
 	if err != nil {
 		o := outcome{err: fmt.Errorf("client: malformed response from %s: %w", node, err)}
-		for j := range n {
-			emit(j, o)
-		}
+		emitAll(n, emit, o)
 		return
 	}
 	var rules []RuleState

@@ -155,9 +155,7 @@ func (cs *checkStream) receive() {
 		if f := resp.Failed; f != nil {
 			st := status.New(codes.Code(f.Code), f.Message)
 			o := refused(st, node, fmt.Errorf("client: CheckStream to %s (%s): %w", node, cs.b.p.addr, st.Err()))
-			for j := range live {
-				emit(j, o)
-			}
+			emitAll(len(live), emit, o)
 		} else {
 			c.answered(cs.b.p, node, resp, len(live), func(j int) *prepared { return &live[j].item }, emit)
 		}

@@ -12,7 +12,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
@@ -235,34 +234,7 @@ func TestStreamNodeRestart(t *testing.T) {
 		}
 	}
 	n := c.nodes[0]
-	c.kill(n)
-	if err := c.lc.Restart(ctx, n.m); err != nil {
-		t.Fatal(err)
-	}
-	// Serving is not yet owning: until its ring holds itself and its
-	// partitions are open, the node answers UNAVAILABLE, which a busy
-	// machine can stretch past the client's one retry.
-	if err := c.lc.WaitConverged(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.lc.WaitSettled(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// A call on a connection in reconnect backoff fails at once (as a unary
-	// Check would): wait until the connection is up again. The stream it held
-	// is broken; the next check must open another.
-	p, err := cl.peer(n.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for st := p.conn.GetState(); st != connectivity.Ready; st = p.conn.GetState() {
-		p.conn.Connect()
-		if !p.conn.WaitForStateChange(wctx, st) {
-			t.Fatalf("the connection to the restarted node is %v after 30s", st)
-		}
-	}
+	restartAndReconnect(t, c, cl, n) // the stream the client held is broken; the next check must open another
 	for k := range 3 {
 		d, err := cl.Check(ctx, Item{Recipient: fmt.Sprintf("+861380001%04d", k)})
 		if err != nil || d.Degraded || !d.Admitted || d.Node != n.name {
