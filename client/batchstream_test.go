@@ -161,42 +161,6 @@ func TestBatchStreamDeadline(t *testing.T) {
 	}
 }
 
-// TestBatchStreamFallsBackToUnary: against a node without CheckStream,
-// CheckBatch sends unary Checks, without trying the stream on every call;
-// with UnaryChecks the stream is never tried.
-func TestBatchStreamFallsBackToUnary(t *testing.T) {
-	f := startFake(t, &fakeLimiter{check: func(_ context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
-		return recipientTime(req), nil
-	}})
-	cl := newClient(t, Config{}, f.addr)
-	p, err := cl.peer(f.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k := range 3 {
-		decs, err := cl.CheckBatch(context.Background(), batchOf(10*k, 2))
-		decidedInOrder(t, decs, err, 10*k)
-		if k == 0 && p.noStream.Load() <= time.Now().UnixNano() {
-			t.Fatal("after UNIMPLEMENTED the stream is not set aside")
-		}
-	}
-	if s := cl.Stats(); s.Streamed != 0 || s.RPCs != 3 || s.Retries != 0 || len(f.requests()) != 3 {
-		t.Fatalf("stats %+v, %d unary requests: want 3 unary Checks", s, len(f.requests()))
-	}
-
-	g := &fakeLimiter{check: func(_ context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
-		return recipientTime(req), nil
-	}}
-	g.stream = func(checkStreamServer) error { return errors.New("BUG: UnaryChecks opened a stream") }
-	startFake(t, g)
-	cl = newClient(t, Config{UnaryChecks: true}, g.addr)
-	decs, err := cl.CheckBatch(context.Background(), batchOf(0, 2))
-	decidedInOrder(t, decs, err, 0)
-	if g.streamCalls() != 0 || len(g.requests()) != 1 {
-		t.Fatalf("UnaryChecks: %d streams, %d unary requests", g.streamCalls(), len(g.requests()))
-	}
-}
-
 // TestBatchStreamNodeRestart: a real node killed and restarted at its
 // address while the client keeps an idle stream to it. The next batch finds
 // that stream broken and goes on a new one in the same attempt: decided by

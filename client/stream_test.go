@@ -247,21 +247,32 @@ func TestStreamNodeRestart(t *testing.T) {
 }
 
 // TestStreamFallsBackToUnary: against a node without CheckStream (an older
-// version), single checks go as unary Checks, without trying the stream on
-// every call; with UnaryChecks the stream is never tried.
+// version), batches and single checks go as unary Checks, without trying
+// the stream on every call: a batch finds the stream missing, and the
+// single checks after it do not try it; with UnaryChecks the stream is
+// never tried.
 func TestStreamFallsBackToUnary(t *testing.T) {
 	f := startFake(t, &fakeLimiter{check: func(_ context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
 		return recipientTime(req), nil
 	}})
 	cl := newClient(t, Config{}, f.addr)
+	p, err := cl.peer(f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decs, err := cl.CheckBatch(context.Background(), batchOf(10, 2))
+	decidedInOrder(t, decs, err, 10)
+	if p.noStream.Load() <= time.Now().UnixNano() {
+		t.Fatal("after UNIMPLEMENTED the stream is not set aside")
+	}
 	for k := range 3 {
 		d, err := cl.Check(context.Background(), Item{Recipient: fmt.Sprintf("r%d", k)})
 		if err != nil || d.Degraded || !d.DecidedAt.Equal(time.UnixMilli(t0+int64(k))) {
 			t.Fatalf("r%d: %+v, %v", k, d, err)
 		}
 	}
-	if s := cl.Stats(); s.Streamed != 0 || s.RPCs != 3 || s.Retries != 0 || len(f.requests()) != 3 {
-		t.Fatalf("stats %+v, %d unary requests: want 3 unary Checks", s, len(f.requests()))
+	if s := cl.Stats(); s.Streamed != 0 || s.RPCs != 4 || s.Retries != 0 || len(f.requests()) != 4 {
+		t.Fatalf("stats %+v, %d unary requests: want 4 unary Checks", s, len(f.requests()))
 	}
 
 	g := &fakeLimiter{check: func(_ context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
@@ -273,7 +284,9 @@ func TestStreamFallsBackToUnary(t *testing.T) {
 	if d, err := cl.Check(context.Background(), Item{Recipient: "r1"}); err != nil || d.Degraded {
 		t.Fatalf("UnaryChecks: %+v, %v", d, err)
 	}
-	if g.streamCalls() != 0 || len(g.requests()) != 1 {
+	decs, err = cl.CheckBatch(context.Background(), batchOf(10, 2))
+	decidedInOrder(t, decs, err, 10)
+	if g.streamCalls() != 0 || len(g.requests()) != 2 {
 		t.Fatalf("UnaryChecks: %d streams, %d unary requests", g.streamCalls(), len(g.requests()))
 	}
 }
