@@ -35,9 +35,16 @@
 //
 // # Batching
 //
-// CheckBatch splits its items by owner and sends one Check RPC per owner in
+// CheckBatch splits its items by owner and sends one request per owner in
 // parallel (an owner of more than 10,000 items gets several), then merges
-// the answers in order.
+// the answers in order. Each request goes on a Limiter.CheckStream taken
+// from a pool per member (batchstream.go): one request at a time on each,
+// sent and answered on the caller's goroutine, so no answer needs matching
+// and no goroutine hands it over. A stream that answered goes back to the
+// pool (up to 64 idle a member); one whose request ran past its deadline is
+// closed, since its late answer would otherwise be read as the next
+// request's; an idle stream found broken (the node restarted) is replaced
+// in the same attempt, the request sent again with its request ids.
 //
 // Concurrent Check calls for the same owner share an RPC: each member has a
 // batcher goroutine that sends a queued item at once while fewer than
@@ -134,7 +141,8 @@
 // installing a ring and pruning the peers of members that left, and the
 // owner table calls route by. conn.go is the one connection per member
 // address. batcher.go coalesces single Checks into batch RPCs; stream.go
-// sends them on a CheckStream per member. item.go is
+// sends them on a CheckStream per member; batchstream.go is CheckBatch's
+// pool of CheckStreams. item.go is
 // what a call carries: Item, Decision, the item errors, validation and
 // request ids. rpc.go is one Check RPC: the columnar request and the checks
 // and decoding of its response. check.go is Check and CheckBatch (splitting
