@@ -87,7 +87,7 @@ func (c *Client) batchRPC(ctx context.Context, p *peer, node string, n int, at f
 	if status.Code(err) == codes.Unimplemented {
 		// An older node: nothing was decided. Unary Checks for a while.
 		p.noStream.Store(time.Now().Add(streamRetry).UnixNano())
-		c.log.Info("node does not implement CheckStream: batches go as unary Checks", "addr", p.addr, "for", streamRetry)
+		c.log.Info("node does not implement CheckStream: single checks and batches go as unary Checks", "addr", p.addr, "for", streamRetry)
 		c.rpc(ctx, p, node, n, at, emit)
 		return
 	}

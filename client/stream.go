@@ -194,7 +194,7 @@ func (cs *checkStream) fail(err error) {
 	if unimplemented {
 		b.c.st.rpcs.Add(-int64(len(calls))) // not taken: they go as unary Checks, counted there
 		b.c.st.streamed.Add(-int64(len(calls)))
-		b.c.log.Info("node does not implement CheckStream: single checks go as unary Checks", "addr", b.p.addr, "for", streamRetry)
+		b.c.log.Info("node does not implement CheckStream: single checks and batches go as unary Checks", "addr", b.p.addr, "for", streamRetry)
 	}
 	for _, call := range calls { // taken out of calls here: expire finds none of them
 		call.timer.Stop()

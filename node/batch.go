@@ -305,18 +305,24 @@ func (n *Node) admit(ctx context.Context, req *pb.CheckRequest) error {
 	return nil
 }
 
-// newResponse returns an empty response with room for n items.
+// newResponse returns an empty response with room for n items and four
+// rules each. The columns of one element type share one array, each with
+// its capacity capped, so that an append past it (a fifth rule) moves that
+// column alone: 6 allocations instead of 11.
 func newResponse(n int) *pb.CheckResponse {
+	flags := make([]bool, 2*n)
+	i64 := make([]int64, 6*n)
+	u32 := make([]uint32, 9*n)
 	return &pb.CheckResponse{
-		Admitted:         make([]bool, n),
-		Recorded:         make([]bool, n),
+		Admitted:         flags[:n:n],
+		Recorded:         flags[n:],
 		DeniedBy:         make([]int32, n),
-		RetryAfterMs:     make([]int64, n),
-		DecidedAtMs:      make([]int64, n),
-		Used:             make([]uint32, 0, n*4),
-		Remaining:        make([]uint32, 0, n*4),
-		RuleRetryAfterMs: make([]int64, 0, n*4),
-		RuleCounts:       make([]uint32, n),
+		RetryAfterMs:     i64[:n:n],
+		DecidedAtMs:      i64[n : 2*n : 2*n],
+		RuleRetryAfterMs: i64[2*n : 2*n],
+		RuleCounts:       u32[:n:n],
+		Used:             u32[n : n : 5*n],
+		Remaining:        u32[5*n : 5*n],
 		Domains:          make(map[string]*pb.Domain, 1),
 	}
 }
