@@ -201,7 +201,7 @@ func (b *batcher) send(batch []*pending, done chan<- struct{}) bool {
 	if len(live) > 1 {
 		b.c.st.coalesced.Add(int64(len(live)))
 	}
-	if !b.c.cfg.UnaryChecks && time.Now().UnixNano() >= b.p.noStream.Load() {
+	if b.c.useStream(b.p) {
 		return b.stream(live, dl, done)
 	}
 	b.unary(live, dl, done)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -78,16 +77,14 @@ func (ps *batchStreams) drop(closing bool) {
 // unless Config.UnaryChecks is set or p does not implement CheckStream (then
 // as a unary Check), and emits each item's outcome, as rpc does.
 func (c *Client) batchRPC(ctx context.Context, p *peer, node string, n int, at func(int) *prepared, emit func(int, outcome)) {
-	if c.cfg.UnaryChecks || time.Now().UnixNano() < p.noStream.Load() {
+	if !c.useStream(p) {
 		c.rpc(ctx, p, node, n, at, emit)
 		return
 	}
 	req := encode(n, at, c.Ring().Epoch())
 	resp, err := c.streamCheck(ctx, p, req)
 	if status.Code(err) == codes.Unimplemented {
-		// An older node: nothing was decided. Unary Checks for a while.
-		p.noStream.Store(time.Now().Add(streamRetry).UnixNano())
-		c.log.Info("node does not implement CheckStream: single checks and batches go as unary Checks", "addr", p.addr, "for", streamRetry)
+		c.streamUnimplemented(p) // an older node: nothing was decided
 		c.rpc(ctx, p, node, n, at, emit)
 		return
 	}
@@ -118,18 +115,11 @@ func (c *Client) streamCheck(ctx context.Context, p *peer, req *pb.CheckRequest)
 		}
 		reused := bs != nil
 		if bs == nil {
-			sctx, cancel := context.WithCancel(c.life)
-			bs = &batchStream{cancel: cancel}
-			stop := context.AfterFunc(ctx, cancel) // bounds the wait for a connection
-			s, err := p.cli.CheckStream(sctx)
-			if !stop() && err == nil {
-				err = ctx.Err()
-			}
+			s, cancel, err := c.openCheckStream(p, func(f func()) func() bool { return context.AfterFunc(ctx, f) })
 			if err != nil {
-				cancel()
 				return nil, ctxErr(ctx, err)
 			}
-			bs.s = s
+			bs = &batchStream{s: s, cancel: cancel}
 		}
 		resp, err := bs.call(ctx, req, &p.streams)
 		if err == nil {

@@ -18,6 +18,39 @@ import (
 // the stream again.
 const streamRetry = time.Minute
 
+// useStream reports whether requests to p go on CheckStreams: not with
+// Config.UnaryChecks, nor for streamRetry after p answered UNIMPLEMENTED.
+func (c *Client) useStream(p *peer) bool {
+	return !c.cfg.UnaryChecks && time.Now().UnixNano() >= p.noStream.Load()
+}
+
+// streamUnimplemented notes that p answered CheckStream UNIMPLEMENTED (an
+// older version): single checks and batches go to it as unary Checks for
+// streamRetry.
+func (c *Client) streamUnimplemented(p *peer) {
+	p.noStream.Store(time.Now().Add(streamRetry).UnixNano())
+	c.log.Info("node does not implement CheckStream: single checks and batches go as unary Checks", "addr", p.addr, "for", streamRetry)
+}
+
+// openCheckStream opens a CheckStream to p that lasts until cancel is
+// called or the client closes. bound arranges for its argument to be called
+// when the wait for a connection must end, and returns a stop that reports
+// whether it was in time; past it, the opening fails with
+// context.DeadlineExceeded.
+func (c *Client) openCheckStream(p *peer, bound func(func()) (stop func() bool)) (grpc.BidiStreamingClient[pb.CheckRequest, pb.CheckResponse], context.CancelFunc, error) {
+	ctx, cancel := context.WithCancel(c.life)
+	stop := bound(cancel) // bounds the wait for a connection, not the stream
+	s, err := p.cli.CheckStream(ctx)
+	if !stop() && err == nil {
+		err = context.DeadlineExceeded
+	}
+	if err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("client: opening a CheckStream to %s: %w", p.addr, err)
+	}
+	return s, cancel, nil
+}
+
 // checkStream is one CheckStream call to a member. Its batcher's loop
 // sends requests on it, each naming its call by stream_id; a receiver
 // goroutine (in Client.rpcs) reads the answers, which may come in any
@@ -96,15 +129,9 @@ func (b *batcher) failAll(live []*pending, err error) {
 // openStream opens a CheckStream to the batcher's member and starts its
 // receiver. The opening waits for the connection until dl at most.
 func (b *batcher) openStream(dl time.Time) (*checkStream, error) {
-	ctx, cancel := context.WithCancel(b.c.life)
-	t := time.AfterFunc(time.Until(dl), cancel) // bounds the wait for a connection, not the stream
-	s, err := b.p.cli.CheckStream(ctx)
-	if !t.Stop() && err == nil {
-		err = context.DeadlineExceeded
-	}
+	s, cancel, err := b.c.openCheckStream(b.p, func(f func()) func() bool { return time.AfterFunc(time.Until(dl), f).Stop })
 	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("client: opening a CheckStream to %s: %w", b.p.addr, err)
+		return nil, err
 	}
 	cs := &checkStream{b: b, s: s, cancel: cancel, calls: map[uint64]*streamCall{}}
 	b.c.rpcs.Add(1)
@@ -183,7 +210,7 @@ func (cs *checkStream) fail(err error) {
 	if unimplemented {
 		// Before the stream is marked dead: a batch that finds it dead
 		// then goes as a unary Check (see stream), not as a failure.
-		b.p.noStream.Store(time.Now().Add(streamRetry).UnixNano())
+		b.c.streamUnimplemented(b.p)
 	}
 	cs.mu.Lock()
 	cs.dead = true
@@ -194,7 +221,6 @@ func (cs *checkStream) fail(err error) {
 	if unimplemented {
 		b.c.st.rpcs.Add(-int64(len(calls))) // not taken: they go as unary Checks, counted there
 		b.c.st.streamed.Add(-int64(len(calls)))
-		b.c.log.Info("node does not implement CheckStream: single checks and batches go as unary Checks", "addr", b.p.addr, "for", streamRetry)
 	}
 	for _, call := range calls { // taken out of calls here: expire finds none of them
 		call.timer.Stop()
