@@ -1,6 +1,7 @@
 package store
 
 import (
+	"iter"
 	"slices"
 	"sync"
 	"unsafe"
@@ -40,10 +41,17 @@ type batchGroup struct {
 	start, end int // in batchScratch.order
 }
 
-// batchScratch is ApplyBatch's working memory, pooled.
+// batchKey is where one item of a batch is: its domain and key hash.
+type batchKey struct {
+	dom int    // Ref.id
+	key uint64 // storedKey of the item's key
+}
+
+// batchScratch is the working memory of ApplyBatch and RecordBatch, pooled.
 type batchScratch struct {
 	order  []uint64 // partition<<32 | item index, sorted
 	groups []batchGroup
+	keys   []batchKey // by item index
 	// ws is the engine's working memory for the whole batch, in place of
 	// each partition's: one that stays in the CPU's caches, where the
 	// partitions' would miss once per partition.
@@ -51,6 +59,68 @@ type batchScratch struct {
 }
 
 var batchScratches = sync.Pool{New: func() any { return new(batchScratch) }}
+
+// plan groups n items by partition, in ascending partition order and item
+// order within each: where(i) is item i's partition, domain and key hash.
+func (sc *batchScratch) plan(n int, where func(i int) (part int, r Ref, key uint64)) {
+	order, keys := sc.order[:0], sc.keys[:0]
+	sorted := true
+	for i := range n {
+		p, r, key := where(i)
+		o := uint64(p)<<32 | uint64(i)
+		sorted = sorted && (i == 0 || o > order[i-1])
+		order = append(order, o)
+		keys = append(keys, batchKey{r.id, storedKey(key)})
+	}
+	if !sorted {
+		slices.Sort(order)
+	}
+	groups := sc.groups[:0]
+	for g := 0; g < len(order); {
+		p := int(order[g] >> 32)
+		e := g + 1
+		for e < len(order) && int(order[e]>>32) == p {
+			e++
+		}
+		groups = append(groups, batchGroup{p, g, e})
+		g = e
+	}
+	sc.order, sc.groups, sc.keys = order, groups, keys
+}
+
+// lockedGroups yields the groups sc planned, in order, each with its
+// partition's lock held until the loop body returns; it prefetches the
+// index entries of the items batchAhead*2 groups ahead and the records of
+// those batchAhead ahead, so that the misses of later partitions are in
+// flight while the body decides the current one. It holds at most
+// 2*batchAhead+1 locks at a time, always taken in ascending order, so two
+// batches never deadlock.
+func (s *Store) lockedGroups(sc *batchScratch) iter.Seq[batchGroup] {
+	return func(yield func(batchGroup) bool) {
+		groups := sc.groups
+		for step := -2 * batchAhead; step < len(groups); step++ {
+			if g := step + 2*batchAhead; g < len(groups) {
+				s.parts[groups[g].part].mu.Lock()
+				s.prefetchEntries(sc, groups[g])
+			}
+			if g := step + batchAhead; g >= 0 && g < len(groups) {
+				s.prefetchRecords(sc, groups[g])
+			}
+			if step < 0 {
+				continue
+			}
+			more := yield(groups[step])
+			s.parts[groups[step].part].mu.Unlock()
+			if !more {
+				// Let go of the locks taken ahead.
+				for _, gr := range groups[step+1 : min(len(groups), step+2*batchAhead+1)] {
+					s.parts[gr.part].mu.Unlock()
+				}
+				return
+			}
+		}
+	}
+}
 
 // ApplyBatch applies each item x of items at time now (unix ms) as
 // Apply(x.Part, x.Ref, x.Key, x.Tag, now, x.Item, x.ID, &x.Dec) would, and
@@ -71,49 +141,17 @@ var batchScratches = sync.Pool{New: func() any { return new(batchScratch) }}
 // those batchAhead ahead, whose entries have arrived by then. So the misses
 // of later partitions are in flight while it decides the current one. It
 // takes each partition's lock once, holding it from its entries' prefetch
-// to its last decision: at most 2*batchAhead+1 locks at a time, always
-// taken in ascending order, so two batches never deadlock.
+// to its last decision (lockedGroups).
 func (s *Store) ApplyBatch(now int64, items []BatchItem) {
 	if len(items) == 0 {
 		return
 	}
 	sc := batchScratches.Get().(*batchScratch)
 	defer batchScratches.Put(sc)
-	order := sc.order[:0]
-	sorted := true
-	for i := range items {
-		o := uint64(items[i].Part)<<32 | uint64(i)
-		sorted = sorted && (i == 0 || o > order[i-1])
-		order = append(order, o)
-	}
-	if !sorted {
-		slices.Sort(order)
-	}
-	groups := sc.groups[:0]
-	for g := 0; g < len(order); {
-		p := int(order[g] >> 32)
-		e := g + 1
-		for e < len(order) && int(order[e]>>32) == p {
-			e++
-		}
-		groups = append(groups, batchGroup{p, g, e})
-		g = e
-	}
-	sc.order, sc.groups = order, groups
-	for step := -2 * batchAhead; step < len(groups); step++ {
-		if g := step + 2*batchAhead; g < len(groups) {
-			s.parts[groups[g].part].mu.Lock()
-			s.prefetchEntries(items, order, groups[g])
-		}
-		if g := step + batchAhead; g >= 0 && g < len(groups) {
-			s.prefetchRecords(items, order, groups[g])
-		}
-		if step < 0 {
-			continue
-		}
-		gr := groups[step]
+	sc.plan(len(items), func(i int) (int, Ref, uint64) { return items[i].Part, items[i].Ref, items[i].Key })
+	for gr := range s.lockedGroups(sc) {
 		pt := &s.parts[gr.part]
-		for _, o := range order[gr.start:gr.end] {
+		for _, o := range sc.order[gr.start:gr.end] {
 			x := &items[uint32(o)]
 			if x.Refund {
 				x.Seq, x.Cost, x.Dup, x.Err = s.refund(pt, gr.part, &sc.ws, x.Ref, x.Key, x.Tag, now, x.Item, x.ID, &x.Dec)
@@ -121,39 +159,82 @@ func (s *Store) ApplyBatch(now int64, items []BatchItem) {
 			}
 			x.Seq, x.Dup, x.Err = s.apply(pt, gr.part, &sc.ws, x.Ref, x.Key, x.Tag, now, x.Item, x.ID, &x.Dec)
 		}
-		pt.mu.Unlock()
+	}
+}
+
+// RecordItem is one send of RecordBatch: the arguments of one Record call
+// (or of one Unrecord call, with Refund), and after RecordBatch its results.
+type RecordItem struct {
+	Part int    // partition of Key
+	Ref  Ref    // domain
+	Key  uint64 // recipient's key hash
+	Tag  uint16 // recipient's verifier tag
+	At   int64  // the send's time, unix ms
+	Item window.Item
+	ID   uint64 // request id, 0 for none
+	// Refund makes the item an Unrecord of the send at At (seq 0: numbered
+	// with the partition's next sequence number) instead of a Record; Dup
+	// is then !applied.
+	Refund bool
+
+	Seq uint64 // as Record (or Unrecord) returns seq
+	Dup bool   // as Record returns dup
+	Err error  // as Record returns err
+}
+
+// RecordBatch records each send x of items as Record(x.Part, x.Ref, x.Key,
+// x.Tag, x.At, x.Item, x.ID, now) would (Unrecord with x.Refund), and puts
+// the results in x.Seq, x.Dup and x.Err: the outcome is that of calling
+// Record on the items one by one in slice order. A backup records its
+// owner's sends this way: one hold of each partition's lock, in ascending
+// partition order and slice order within one, with the index entries and
+// records of later partitions prefetched while it records the current
+// one, as ApplyBatch does. Safe for concurrent use.
+func (s *Store) RecordBatch(now int64, items []RecordItem) {
+	if len(items) == 0 {
+		return
+	}
+	sc := batchScratches.Get().(*batchScratch)
+	defer batchScratches.Put(sc)
+	sc.plan(len(items), func(i int) (int, Ref, uint64) { return items[i].Part, items[i].Ref, items[i].Key })
+	for gr := range s.lockedGroups(sc) {
+		pt := &s.parts[gr.part]
+		for _, o := range sc.order[gr.start:gr.end] {
+			x := &items[uint32(o)]
+			if x.Refund {
+				var applied bool
+				x.Seq, applied, x.Err = s.unrecordSend(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, 0, now)
+				x.Dup = !applied
+				continue
+			}
+			x.Seq, x.Dup, x.Err = s.record(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, now)
+		}
 	}
 }
 
 // prefetchEntries prefetches the index entry at which the lookup of each of
 // g's items starts. Partition g.part's lock is held.
-func (s *Store) prefetchEntries(items []BatchItem, order []uint64, g batchGroup) {
+func (s *Store) prefetchEntries(sc *batchScratch, g batchGroup) {
 	pt := &s.parts[g.part]
-	if pt.closed {
-		return
-	}
-	for _, o := range order[g.start:g.end] {
-		x := &items[uint32(o)]
-		if sp := pt.space(x.Ref.id, false); sp != nil && sp.index.len > 0 {
-			prefetch(unsafe.Pointer(&sp.index.w[3*sp.index.home(storedKey(x.Key))]))
+	for _, o := range sc.order[g.start:g.end] {
+		k := sc.keys[uint32(o)]
+		if sp := pt.space(k.dom, false); sp != nil && sp.index.len > 0 {
+			prefetch(unsafe.Pointer(&sp.index.w[3*sp.index.home(k.key)]))
 		}
 	}
 }
 
 // prefetchRecords prefetches every cache line of the record of each of g's
 // items. Partition g.part's lock is held.
-func (s *Store) prefetchRecords(items []BatchItem, order []uint64, g batchGroup) {
+func (s *Store) prefetchRecords(sc *batchScratch, g batchGroup) {
 	pt := &s.parts[g.part]
-	if pt.closed {
-		return
-	}
-	for _, o := range order[g.start:g.end] {
-		x := &items[uint32(o)]
-		sp := pt.space(x.Ref.id, false)
+	for _, o := range sc.order[g.start:g.end] {
+		k := sc.keys[uint32(o)]
+		sp := pt.space(k.dom, false)
 		if sp == nil {
 			continue
 		}
-		if pos := sp.index.find(storedKey(x.Key), -1); pos >= 0 {
+		if pos := sp.index.find(k.key, -1); pos >= 0 {
 			r := sp.index.ref(pos)
 			b := sp.slabs[r.class()].bytes(r.slot())
 			for off := 0; off < len(b); off += 64 {

@@ -219,7 +219,8 @@ func TestApplyBatchConcurrent(t *testing.T) {
 	}
 }
 
-// TestApplyBatchAllocs: a warm ApplyBatch allocates nothing.
+// TestApplyBatchAllocs: a warm ApplyBatch allocates nothing, nor does a
+// warm RecordBatch.
 func TestApplyBatchAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("-race: sync.Pool drops its items at random")
@@ -244,5 +245,232 @@ func TestApplyBatchAllocs(t *testing.T) {
 		if x.Err != nil || x.Dec.NumRules != 4 {
 			t.Fatalf("item: %+v", x)
 		}
+	}
+
+	// The same sends again and again, with their request ids: recorded once,
+	// then duplicates, so that no record grows into a new slab chunk.
+	sends := make([]RecordItem, 100)
+	freshSends := func() {
+		for j := range sends {
+			key, tag := benchKey(j * 89)
+			sends[j] = RecordItem{Part: st.PartitionOf(key), Ref: ref, Key: key, Tag: tag, At: now, Item: window.Item{Content: 1}, ID: uint64(j + 1)}
+		}
+	}
+	freshSends()
+	st.RecordBatch(now, sends)
+	if n := testing.AllocsPerRun(100, func() { freshSends(); st.RecordBatch(now, sends) }); n != 0 {
+		t.Fatalf("RecordBatch allocates %v times per batch, want 0", n)
+	}
+	for _, x := range sends {
+		if x.Err != nil || !x.Dup {
+			t.Fatalf("send: %+v", x)
+		}
+	}
+}
+
+// TestRecordBatchMatchesRecord runs the same random batches of sends
+// through Record and Unrecord, one by one in slice order, on one store and
+// through RecordBatch on another, and checks that every send gets the same
+// sequence number, duplicate flag and error, and that the stores hold the
+// same records, sequence numbers and counters. The sends repeat recipients
+// (and two recipients share a key hash), repeat request ids within and
+// across batches, take sends back, carry times out of order and past the
+// ids' horizon, span two domains and fall in closed partitions, which a
+// backup records all the same.
+func TestRecordBatchMatchesRecord(t *testing.T) {
+	def, _ := window.NewDomain("default", window.DefaultRules())
+	tight, _ := window.NewDomain("tight", []window.Rule{
+		{Name: "r", Scope: window.ScopeRecipient, Limit: 4, Window: 10 * time.Second},
+		{Name: "c", Scope: window.ScopeContent, Limit: 1, Window: 5 * time.Second},
+	})
+	const parts = 5
+	cfg := Config{Partitions: parts, IDHorizon: 20 * time.Second}
+	one, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, _ := New(cfg)
+	refs := [2][]Ref{{one.Bind(def), one.Bind(tight)}, {batch.Bind(def), batch.Bind(tight)}}
+
+	type rcp struct {
+		key uint64
+		tag uint16
+	}
+	var rcps []rcp
+	for i := range 30 {
+		k, tg := keyOf(fmt.Sprintf("+86%09d", i))
+		rcps = append(rcps, rcp{k, tg})
+	}
+	rcps = append(rcps, rcp{rcps[0].key, rcps[0].tag ^ 1}, rcp{0, 7}) // a 64-bit collision; key 0
+
+	rng := rand.New(rand.NewPCG(7, 8))
+	now := t0
+	var sent []RecordItem // earlier sends, to repeat and take back
+	var seen struct{ dup, refunded, closed, invalid, recorded int }
+	for b := range 400 {
+		now += int64(rng.IntN(2500))
+		if rng.IntN(8) == 0 {
+			p := rng.IntN(parts)
+			if rng.IntN(3) == 0 {
+				one.Close(p)
+				batch.Close(p)
+			} else {
+				one.Open(p)
+				batch.Open(p)
+			}
+		}
+		n := 1 + rng.IntN(60)
+		items := make([]RecordItem, n)
+		for j := range items {
+			switch {
+			case len(sent) > 0 && rng.IntN(10) == 0: // the same send again
+				items[j] = sent[rng.IntN(len(sent))]
+				continue
+			case len(sent) > 0 && rng.IntN(10) == 0: // an earlier send taken back
+				items[j] = sent[rng.IntN(len(sent))]
+				items[j].Refund = true
+				continue
+			}
+			r := rcps[rng.IntN(len(rcps))]
+			it := window.Item{Content: uint64(rng.IntN(4)), Cost: rng.IntN(3), Mode: window.RecordOnly}
+			if rng.IntN(40) == 0 {
+				it.Cost = window.MaxCost + 1
+			}
+			var id uint64
+			if rng.IntN(2) == 0 {
+				id = 1 + uint64(rng.IntN(100))
+			}
+			at := now - int64(rng.IntN(30_000)) // some past the ids' horizon
+			items[j] = RecordItem{Part: one.PartitionOf(storedKey(r.key)), Ref: refs[1][rng.IntN(2)], Key: r.key, Tag: r.tag, At: at, Item: it, ID: id}
+			sent = append(sent, items[j])
+		}
+		want := make([]RecordItem, n)
+		copy(want, items)
+		for j := range want {
+			x := &want[j]
+			x.Ref = refs[0][x.Ref.id]
+			if x.Refund {
+				var applied bool
+				x.Seq, applied, x.Err = one.Unrecord(x.Part, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, 0, now)
+				x.Dup = !applied
+				continue
+			}
+			x.Seq, x.Dup, x.Err = one.Record(x.Part, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, now)
+		}
+		batch.RecordBatch(now, items)
+		for j := range items {
+			got, w := &items[j], &want[j]
+			if fmt.Sprint(got.Err) != fmt.Sprint(w.Err) || got.Seq != w.Seq || got.Dup != w.Dup {
+				t.Fatalf("batch %d send %d (%+v at %d, id %d, refund %v, partition %d): RecordBatch gave seq %d dup %v err %v; Record gave seq %d dup %v err %v",
+					b, j, w.Item, w.At, w.ID, w.Refund, w.Part, got.Seq, got.Dup, got.Err, w.Seq, w.Dup, w.Err)
+			}
+		}
+		for _, x := range want {
+			switch {
+			case x.Err != nil && errors.Is(x.Err, window.ErrInvalid):
+				seen.invalid++
+			case x.Err != nil:
+				t.Fatalf("send %+v: %v", x, x.Err)
+			case x.Dup:
+				seen.dup++
+			case x.Refund:
+				seen.refunded++
+			case !one.IsOpen(x.Part):
+				seen.closed++
+			default:
+				seen.recorded++
+			}
+		}
+		if b%50 == 49 {
+			sameStores(t, one, batch, refs)
+		}
+	}
+	sameStores(t, one, batch, refs)
+	if seen.dup == 0 || seen.refunded == 0 || seen.closed == 0 || seen.invalid == 0 || seen.recorded == 0 {
+		t.Fatalf("the batches missed a case: %+v", seen)
+	}
+	t.Logf("sends: %+v", seen)
+}
+
+// TestRecordBatchConcurrent records batches on overlapping partitions from
+// several goroutines beside single Records (under -race, this checks the
+// locking; a deadlock would hang it): every send is recorded once, and each
+// partition's sequence numbers are 1 to its count, once each.
+func TestRecordBatchConcurrent(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 1000, Window: time.Hour}})
+	st, ref := newTestStore(t, d, 7)
+	const workers, rounds, recipients = 4, 50, 60
+	var mu sync.Mutex
+	seqs := map[[2]uint64]int{} // partition, seq -> times handed out
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 10))
+			for r := range rounds {
+				items := make([]RecordItem, 1+rng.IntN(40))
+				for j := range items {
+					key := uint64(1 + rng.IntN(recipients))
+					// Ids unique to the worker, round and send: none is a duplicate.
+					id := uint64(w)<<40 | uint64(r)<<20 | uint64(j) + 1
+					items[j] = RecordItem{Part: st.PartitionOf(key), Ref: ref, Key: key, Tag: 1, At: t0 - int64(rng.IntN(1000)), ID: id}
+				}
+				if w == 0 { // one worker records send by send
+					for j := range items {
+						x := &items[j]
+						x.Seq, x.Dup, x.Err = st.Record(x.Part, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, t0)
+					}
+				} else {
+					st.RecordBatch(t0, items)
+				}
+				mu.Lock()
+				for _, x := range items {
+					if x.Err != nil || x.Dup {
+						t.Errorf("send %+v: dup %v, err %v", x, x.Dup, x.Err)
+					}
+					seqs[[2]uint64{uint64(x.Part), x.Seq}]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for p := range st.Partitions() {
+		total += int(st.Seq(p))
+		for s := uint64(1); s <= st.Seq(p); s++ {
+			if seqs[[2]uint64{uint64(p), s}] != 1 {
+				t.Errorf("partition %d seq %d handed out %d times", p, s, seqs[[2]uint64{uint64(p), s}])
+			}
+		}
+	}
+	if total != len(seqs) {
+		t.Errorf("partitions numbered %d sends, %d handed out", total, len(seqs))
+	}
+}
+
+// TestLockedGroupsReleasesOnBreak: a loop over lockedGroups that stops
+// early leaves no partition locked, the locks taken ahead included.
+func TestLockedGroupsReleasesOnBreak(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 5, Window: time.Hour}})
+	st, ref := newTestStore(t, d, 16)
+	var sc batchScratch
+	keys := make([]uint64, 200)
+	for i := range keys {
+		keys[i] = uint64(i + 1)
+	}
+	sc.plan(len(keys), func(i int) (int, Ref, uint64) { return st.PartitionOf(keys[i]), ref, keys[i] })
+	if len(sc.groups) < 2*batchAhead+2 {
+		t.Fatalf("%d groups, want more than %d", len(sc.groups), 2*batchAhead+1)
+	}
+	for range st.lockedGroups(&sc) {
+		break
+	}
+	for p := range st.Partitions() {
+		if !st.parts[p].mu.TryLock() {
+			t.Fatalf("partition %d is still locked", p)
+		}
+		st.parts[p].mu.Unlock()
 	}
 }

@@ -82,10 +82,17 @@ func (s *Store) refund(pt *partition, p int, ws *window.Scratch, r Ref, key uint
 // (replay); seq 0 numbers an applied refund with the partition's next
 // sequence number (a backup), which it returns.
 func (s *Store) Unrecord(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, id, seq uint64, now int64) (_ uint64, applied bool, err error) {
-	key = storedKey(key)
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	return s.unrecordSend(pt, &pt.scratch, r, key, tag, at, it, id, seq, now)
+}
+
+// unrecordSend is Unrecord with the partition's lock held; pt is the
+// partition. The engine works in ws: the partition's scratch, or one the
+// caller owns.
+func (s *Store) unrecordSend(pt *partition, ws *window.Scratch, r Ref, key uint64, tag uint16, at int64, it window.Item, id, seq uint64, now int64) (_ uint64, applied bool, err error) {
+	key = storedKey(key)
 	pt.seq = max(pt.seq, seq)
 	sp := pt.space(r.id, false)
 	if sp != nil && id != 0 {
@@ -94,7 +101,7 @@ func (s *Store) Unrecord(p int, r Ref, key uint64, tag uint16, at int64, it wind
 		}
 	}
 	if sp != nil {
-		if err := s.unrecord(pt, sp, &pt.scratch, r, key, tag, at, it); err != nil {
+		if err := s.unrecord(pt, sp, ws, r, key, tag, at, it); err != nil {
 			return seq, false, err
 		}
 		if id != 0 {

@@ -414,10 +414,16 @@ func (s *Store) Insert(p int, r Ref, key uint64, tag uint16, at int64, it window
 // and returns dup, unless that send was refunded (the owner admitted a new
 // attempt at it).
 func (s *Store) Record(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, id uint64, now int64) (seq uint64, dup bool, err error) {
-	key = storedKey(key)
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	return s.record(pt, &pt.scratch, r, key, tag, at, it, id, now)
+}
+
+// record is Record with the partition's lock held; pt is the partition. The
+// engine works in ws: the partition's scratch, or one the caller owns.
+func (s *Store) record(pt *partition, ws *window.Scratch, r Ref, key uint64, tag uint16, at int64, it window.Item, id uint64, now int64) (seq uint64, dup bool, err error) {
+	key = storedKey(key)
 	sp := pt.space(r.id, true)
 	if id != 0 {
 		if e, ok := sp.ids.get(idKey(id, key), now, s.idHorizon); ok && !e.refunded {
@@ -428,7 +434,7 @@ func (s *Store) Record(p int, r Ref, key uint64, tag uint16, at int64, it window
 		}
 	}
 	pos, rec, other := sp.lookup(key, tag)
-	out, err := r.rules.Insert(&pt.scratch, rec, tag, at, it)
+	out, err := r.rules.Insert(ws, rec, tag, at, it)
 	if err != nil {
 		return 0, false, err
 	}

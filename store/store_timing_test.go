@@ -384,6 +384,68 @@ func BenchmarkStoreBatch(b *testing.B) {
 	}
 }
 
+// BenchmarkStoreRecordBatch measures what a backup does with its owner's
+// sends: 4-rule records of sends in batches of 100 recipients chosen
+// uniformly at random among n, at the seed's steady state, each send with a
+// random request id, recorded one by one with Record and with RecordBatch
+// in alternate batches on the same store, so that both see the same
+// machine. record-ns/send and batch-ns/send are the medians over batches of
+// the store calls' time, and speedup is their ratio.
+//
+//	go test -run '^$' -bench StoreRecordBatch -benchtime 100000x ./store
+func BenchmarkStoreRecordBatch(b *testing.B) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	templates := steadyTemplates(b, d, 1000, now)
+	const size = 100
+	for _, n := range withHundredMillion(10_000, 1_000_000, 10_000_000) {
+		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
+			st, err := New(Config{Partitions: benchPartitions(b)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ref := st.Bind(d)
+			fillSteady(b, st, ref, n, templates)
+			rng := rand.New(rand.NewPCG(3, 3))
+			step := float64(86_400_000) / float64(30*n) // as in BenchmarkStoreCheck
+			items := make([]RecordItem, size)
+			var took [2][]time.Duration // per batch: Record, RecordBatch
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				at := now + int64(float64(i*size)*step)
+				for j := range items {
+					key, tag := benchKey(rng.IntN(n))
+					items[j] = RecordItem{Part: st.PartitionOf(key), Ref: ref, Key: key, Tag: tag, At: at,
+						Item: window.Item{Content: uint64((i+j)&7) + 1}, ID: rng.Uint64() | 1}
+				}
+				start := time.Now()
+				if i%2 == 0 {
+					for j := range items {
+						x := &items[j]
+						x.Seq, x.Dup, x.Err = st.Record(x.Part, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, at)
+					}
+				} else {
+					st.RecordBatch(at, items)
+				}
+				took[i%2] = append(took[i%2], time.Since(start))
+				for j := range items {
+					if items[j].Err != nil || items[j].Dup {
+						b.Fatal(items[j].Err, items[j].Dup)
+					}
+				}
+			}
+			if b.N < 2 {
+				return
+			}
+			one, batch := median(took[0]), median(took[1])
+			b.ReportMetric(float64(one.Nanoseconds())/size, "record-ns/send")
+			b.ReportMetric(float64(batch.Nanoseconds())/size, "batch-ns/send")
+			b.ReportMetric(float64(one)/float64(batch), "speedup")
+		})
+	}
+}
+
 // withHundredMillion returns ns, and 100,000,000 after them when the
 // environment sets FREQRING_BENCH_100M=1: that size needs about 15 GB of
 // memory and minutes to fill, so no benchmark run takes it by accident.
