@@ -13,6 +13,7 @@ import (
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/store"
 )
 
 // Replication says whether an admitted send must be on its partition's
@@ -323,18 +324,20 @@ func (n *Node) failUnreplicated(ctx context.Context, resp *pb.CheckResponse, rs 
 // The whole message is checked before anything changes.
 func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
 	enc, err := n.recordReplicated(req)
-	if err != nil {
-		return nil, err
+	if lerr := n.logReplicated(ctx, enc); err == nil {
+		err = lerr
 	}
-	if err := n.logReplicated(ctx, enc); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	return &pb.ReplicateResponse{}, nil
 }
 
 // recordReplicated is Replicate up to the WAL: it checks req whole, records
-// its sends in the store and returns those the WAL must get (nil when the
-// node keeps none, or has them all).
+// its sends in the store (RecordBatch) and returns those the WAL must get
+// (nil when the node keeps none, or has them all). A send the store fails
+// to record fails the call with the first such error, returned beside the
+// sends that were recorded, which the WAL must get all the same.
 func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	r, err := n.peerRing(req.Node, req.RingEpoch, false)
 	if err != nil {
@@ -372,41 +375,48 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		return nil, err
 	}
 	now := n.nowMs()
+	bufp := recordItems.Get().(*[]store.RecordItem)
+	defer func() { clear(*bufp); recordItems.Put(bufp) }()
+	items := (*bufp)[:0]
+	for _, s := range sends {
+		items = append(items, store.RecordItem{Part: n.store.PartitionOf(s.key), Ref: v.domains[s.domain].ref,
+			Key: s.key, Tag: s.tag, At: s.at, Item: windowItem(s), ID: s.id, Refund: s.refund})
+	}
+	*bufp = items
+	n.store.RecordBatch(now, items)
 	var enc *walEncoder // nil without a WAL
 	if n.dur != nil {
 		enc = new(walEncoder)
 	}
-	for _, s := range sends {
-		p := n.store.PartitionOf(s.key)
-		var seq uint64
-		var dup bool
-		var err error
-		if s.refund {
-			var applied bool
-			seq, applied, err = n.store.Unrecord(p, v.domains[s.domain].ref, s.key, s.tag, s.at, windowItem(s), s.id, 0, now)
-			dup = !applied
-		} else {
-			seq, dup, err = n.store.Record(p, v.domains[s.domain].ref, s.key, s.tag, s.at, windowItem(s), s.id, now)
+	var first error
+	for k, s := range sends {
+		x := &items[k]
+		if x.Err != nil {
+			if first == nil {
+				first = status.Errorf(codes.Internal, "node %s: recording a replicated send: %v", n.cfg.Name, x.Err)
+			}
+			continue
 		}
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "node %s: recording a replicated send: %v", n.cfg.Name, err)
-		}
-		if dup {
+		if x.Dup {
 			// Sent again with its request id: recorded (or refunded)
 			// already. Logged, to read a loss by: the id is known here.
-			n.log.Debug("replicated send skipped: its request id is recorded here already", "partition", p, "id", s.id, "at", s.at, "from", req.Node)
+			n.log.Debug("replicated send skipped: its request id is recorded here already", "partition", x.Part, "id", s.id, "at", s.at, "from", req.Node)
 			continue
 		}
 		if enc != nil {
-			s.seq = seq
+			s.seq = x.Seq
 			enc.add(s)
 		}
 	}
 	if enc == nil || enc.n == 0 {
-		return nil, nil
+		return nil, first
 	}
-	return enc, nil
+	return enc, first
 }
+
+// recordItems holds recordReplicated's store items, pooled: a Replicate
+// call carries up to hundreds of sends.
+var recordItems = sync.Pool{New: func() any { return new([]store.RecordItem) }}
 
 // logReplicated appends what recordReplicated returned to the WAL and waits
 // until it is durable; nil does nothing.

@@ -55,11 +55,16 @@ func (p grpcPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient
 func (n *Node) ReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
 	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, send, func(req *pb.ReplicateRequest, reply func(*pb.ReplicateAck)) {
 		enc, err := n.recordReplicated(req)
-		if err != nil || enc == nil {
+		if enc == nil {
 			reply(replicateAck(req.CallId, err))
 			return
 		}
-		go func() { reply(replicateAck(req.CallId, n.logReplicated(ctx, enc))) }()
+		go func() {
+			if lerr := n.logReplicated(ctx, enc); err == nil {
+				err = lerr
+			}
+			reply(replicateAck(req.CallId, err))
+		}()
 	})
 }
 
