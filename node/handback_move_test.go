@@ -799,3 +799,40 @@ func TestReplicatedUnconfirmedMarkIsRefused(t *testing.T) {
 		t.Fatalf("b holds %d records after the refused Replicate, %d before", after, before)
 	}
 }
+
+// TestReplicatedSendsBesideAFailedOneReachTheWAL: a Replicate call with a
+// send the store cannot record fails whole (Internal, naming the cause),
+// but the sends before and after it that the store did record are returned
+// for the WAL, with their sequence numbers, so that none is held in memory
+// only.
+func TestReplicatedSendsBesideAFailedOneReachTheWAL(t *testing.T) {
+	ln := NewLocalNetwork()
+	a, _ := twoLocal(t, ln, t.TempDir()) // a, durable, backs b's partitions
+	r := a.Ring()
+	rcp, p := recipientOwnedBy(r, "node-b", "node-a")
+	key, tag := KeyOf(rcp)
+	now := a.nowMs()
+	var enc walEncoder
+	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: now - 2, cost: 1, id: 11})
+	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: now - 1, cost: window.MaxCost + 1, id: 12})
+	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: now, cost: 1, id: 13})
+	seq := a.store.Seq(p)
+	logged, err := a.recordReplicated(&pb.ReplicateRequest{Node: "node-b", RingEpoch: r.Epoch(), Sends: enc.bytes()})
+	if st := status.Convert(err); st.Code() != codes.Internal || !strings.Contains(st.Message(), "cost") {
+		t.Fatalf("a Replicate with a send of cost %d: %v, want Internal naming the cost", window.MaxCost+1, err)
+	}
+	if logged == nil {
+		t.Fatal("nothing returned for the WAL: the two sends recorded would be in memory only")
+	}
+	var got []string
+	if err := decodeWAL(logged.bytes(), func(s walSend) error {
+		got = append(got, fmt.Sprintf("id %d at %d seq %d", s.id, s.at-now, s.seq))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{fmt.Sprintf("id 11 at -2 seq %d", seq+1), fmt.Sprintf("id 13 at 0 seq %d", seq+2)}
+	if !slices.Equal(got, want) {
+		t.Fatalf("for the WAL: %q, want %q", got, want)
+	}
+}
