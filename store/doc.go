@@ -29,6 +29,8 @@
 // of the one it decides (a prefetch instruction, prefetch_amd64.s and
 // prefetch_arm64.s; a no-op elsewhere), so those misses overlap with
 // deciding. BenchmarkStoreBatch compares it with Apply in one run.
+// RecordBatch does the same for a backup's sends, as Record would one by
+// one (BenchmarkStoreRecordBatch).
 //
 // # Domains
 //

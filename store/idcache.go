@@ -169,7 +169,7 @@ func (c *idCache) rebuild(now, horizon int64, capacity int) {
 		old = *buf
 		clear(c.slots)
 	} else {
-		c.slots = make([]idSlot, size)
+		c.slots = writtenSlice[idSlot](size)
 	}
 	c.used = 0
 	for i := range old {

@@ -126,7 +126,7 @@ func (t *table) shrink() {
 
 func (t *table) resize(n int) {
 	old := *t
-	*t = table{w: make([]uint32, 3*n), len: n, seed: rand.Uint64(), held: old.held}
+	*t = table{w: writtenSlice[uint32](3 * n), len: n, seed: rand.Uint64(), held: old.held}
 	addHeld(t.held, t.bytes()-old.bytes())
 	for i := range old.len {
 		if k := old.key(i); k != 0 {
