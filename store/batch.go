@@ -203,7 +203,7 @@ func (s *Store) RecordBatch(now int64, items []RecordItem) {
 			x := &items[uint32(o)]
 			if x.Refund {
 				var applied bool
-				x.Seq, applied, x.Err = s.unrecordSend(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, 0, now)
+				x.Seq, applied, x.Err = s.unrecordLocked(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, 0, now)
 				x.Dup = !applied
 				continue
 			}

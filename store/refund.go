@@ -85,13 +85,13 @@ func (s *Store) Unrecord(p int, r Ref, key uint64, tag uint16, at int64, it wind
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
-	return s.unrecordSend(pt, &pt.scratch, r, key, tag, at, it, id, seq, now)
+	return s.unrecordLocked(pt, &pt.scratch, r, key, tag, at, it, id, seq, now)
 }
 
-// unrecordSend is Unrecord with the partition's lock held; pt is the
+// unrecordLocked is Unrecord with the partition's lock held; pt is the
 // partition. The engine works in ws: the partition's scratch, or one the
 // caller owns.
-func (s *Store) unrecordSend(pt *partition, ws *window.Scratch, r Ref, key uint64, tag uint16, at int64, it window.Item, id, seq uint64, now int64) (_ uint64, applied bool, err error) {
+func (s *Store) unrecordLocked(pt *partition, ws *window.Scratch, r Ref, key uint64, tag uint16, at int64, it window.Item, id, seq uint64, now int64) (_ uint64, applied bool, err error) {
 	key = storedKey(key)
 	pt.seq = max(pt.seq, seq)
 	sp := pt.space(r.id, false)

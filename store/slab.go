@@ -39,18 +39,6 @@ var classOf = func() [smallLimit/classStep + 1]uint8 {
 	return c
 }()
 
-// writtenSlice returns a new slice of n zero values whose memory has been
-// written once. Tables the store fills by probing (an index, a cache of
-// request ids) would otherwise read fresh pages before writing them: the
-// read maps the kernel's shared zero page, and the write after it replaces
-// that mapping, which flushes the TLB of every CPU the process runs on, by
-// an interrupt to each. Written first, a page is mapped once.
-func writtenSlice[T any](n int) []T {
-	s := make([]T, n)
-	clear(s)
-	return s
-}
-
 // sizeClass returns the smallest class whose slots hold n bytes.
 func sizeClass(n int) int {
 	if n <= smallLimit {

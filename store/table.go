@@ -124,6 +124,20 @@ func (t *table) shrink() {
 	}
 }
 
+// writtenSlice returns a new slice of n zero values whose memory has been
+// written once. Tables the store fills by probing (an index, a cache of
+// request ids) would otherwise read fresh pages before writing them: the
+// read maps the kernel's shared zero page, and the write after it replaces
+// that mapping, which flushes the TLB of every CPU the process runs on, by
+// an interrupt to each. Written first, a page is mapped once.
+func writtenSlice[T any](n int) []T {
+	s := make([]T, n)
+	clear(s)
+	return s
+}
+
+// resize replaces the table with one of n slots holding the same entries,
+// under a new seed.
 func (t *table) resize(n int) {
 	old := *t
 	*t = table{w: writtenSlice[uint32](3 * n), len: n, seed: rand.Uint64(), held: old.held}
