@@ -344,10 +344,8 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		return nil, err
 	}
 	v := n.view.Load()
-	// Room for every send the payload can hold (a send takes at least
-	// walSendMinBytes), up to 1,024: one array is cheaper than growing by
-	// doubling, and a large payload does not reserve five times its size.
-	sends := make([]walSend, 0, min(len(req.Sends)/walSendMinBytes, 1024))
+	sc := replicatedScratches.Get().(*replicatedScratch)
+	defer sc.release()
 	err = decodeWAL(req.Sends, func(s walSend) error {
 		if s.unconfirmed {
 			return fmt.Errorf("%w: an unconfirmed mark, which only a WAL holds", ErrBadPayload)
@@ -359,10 +357,12 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		if b, ok := r.PartitionReplica(p); !ok || b.Name != n.cfg.Name {
 			return n.refuse("partition %d is not backed by %s under epoch %d", p, n.cfg.Name, r.Epoch())
 		}
-		if v.domains[s.domain] == nil {
+		dv := v.domains[s.domain]
+		if dv == nil {
 			return status.Errorf(codes.FailedPrecondition, "node %s: unknown domain %s (this node serves %v)", n.cfg.Name, quote(s.domain), v.names)
 		}
-		sends = append(sends, s)
+		sc.sends = append(sc.sends, s)
+		sc.items = append(sc.items, store.RecordItem{Part: p, Ref: dv.ref, Key: s.key, Tag: s.tag, At: s.at, Item: windowItem(s), ID: s.id, Refund: s.refund})
 		return nil
 	})
 	if err != nil {
@@ -371,19 +371,11 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		}
 		return nil, err
 	}
+	sends, items := sc.sends, sc.items
 	if err := n.refuseOwed(sends, req.Node); err != nil {
 		return nil, err
 	}
-	now := n.nowMs()
-	bufp := recordItems.Get().(*[]store.RecordItem)
-	defer func() { clear(*bufp); recordItems.Put(bufp) }()
-	items := (*bufp)[:0]
-	for _, s := range sends {
-		items = append(items, store.RecordItem{Part: n.store.PartitionOf(s.key), Ref: v.domains[s.domain].ref,
-			Key: s.key, Tag: s.tag, At: s.at, Item: windowItem(s), ID: s.id, Refund: s.refund})
-	}
-	*bufp = items
-	n.store.RecordBatch(now, items)
+	n.store.RecordBatch(n.nowMs(), items)
 	var enc *walEncoder // nil without a WAL
 	if n.dur != nil {
 		enc = new(walEncoder)
@@ -414,9 +406,30 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	return enc, first
 }
 
-// recordItems holds recordReplicated's store items, pooled: a Replicate
-// call carries up to hundreds of sends.
-var recordItems = sync.Pool{New: func() any { return new([]store.RecordItem) }}
+// replicatedScratch is recordReplicated's working memory, pooled: the sends
+// of a Replicate call, decoded, and the store's items for them.
+type replicatedScratch struct {
+	sends []walSend
+	items []store.RecordItem
+}
+
+var replicatedScratches = sync.Pool{New: func() any { return new(replicatedScratch) }}
+
+// replicatedScratchMax is the most sends a pooled replicatedScratch keeps
+// room for: a call larger than most leaves its arrays to the collector.
+const replicatedScratchMax = 4096
+
+// release empties sc, dropping what its sends and items point to, and
+// returns it to the pool.
+func (sc *replicatedScratch) release() {
+	if cap(sc.sends) > replicatedScratchMax || cap(sc.items) > replicatedScratchMax {
+		sc.sends, sc.items = nil, nil
+	}
+	clear(sc.sends)
+	clear(sc.items)
+	sc.sends, sc.items = sc.sends[:0], sc.items[:0]
+	replicatedScratches.Put(sc)
+}
 
 // logReplicated appends what recordReplicated returned to the WAL and waits
 // until it is durable; nil does nothing.
