@@ -365,7 +365,8 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	}
 	var rs *replicaSet
 	if clustered && n.cfg.Replication != ReplicationOff && r.Len() > 1 {
-		rs = newReplicaSet(cnt, r.Len())
+		rs = n.replicaSet(cnt, r.Len())
+		defer n.releaseReplicaSet(rs)
 	}
 	now := n.nowMs()
 	var dec *window.Decision

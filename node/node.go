@@ -281,16 +281,17 @@ type Node struct {
 	store *store.Store
 	view  atomic.Pointer[view] // the rules in force and their bindings to the store
 
-	ready     atomic.Bool   // Check decides; false until Open has recovered, and after Close
-	stopping  chan struct{} // closed when Serve starts to shut down: ring watchers end
-	stopOnce  sync.Once
-	watchers  atomic.Int64 // WatchRing calls in progress
-	opened    bool
-	dur       *durable // nil without a DataDir
-	recovery  RecoveryStats
-	stopLoops context.CancelFunc
-	loops     sync.WaitGroup // background loops started by Open
-	encoders  sync.Pool      // *walEncoder
+	ready       atomic.Bool   // Check decides; false until Open has recovered, and after Close
+	stopping    chan struct{} // closed when Serve starts to shut down: ring watchers end
+	stopOnce    sync.Once
+	watchers    atomic.Int64 // WatchRing calls in progress
+	opened      bool
+	dur         *durable // nil without a DataDir
+	recovery    RecoveryStats
+	stopLoops   context.CancelFunc
+	loops       sync.WaitGroup // background loops started by Open
+	encoders    sync.Pool      // *walEncoder
+	replicaSets sync.Pool      // *replicaSet (replica.go)
 
 	clus  atomic.Pointer[cluster] // set by Open; RPCs may read it before
 	peers Peers

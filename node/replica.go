@@ -63,18 +63,53 @@ func ParseReplication(s string) (Replication, error) {
 	return 0, fmt.Errorf("node: replication %q is not one of sync, async, off", s)
 }
 
-// replicaSet gathers the sends of one batch by backup.
+// replicaSet gathers the sends of one batch by backup. Node.replicaSet
+// hands one out and Node.releaseReplicaSet takes it back, emptied, with its
+// arrays for the next batch.
 type replicaSet struct {
 	backups map[string]*replicaBatch
-	hint    int // sends a backup is made room for at first
+	spare   []*replicaBatch // emptied batches of an earlier use, for add
+	hint    int             // sends a backup is made room for at first
 }
 
-// newReplicaSet returns the replica set of a batch of n items under a ring
-// of members: room for a backup's even share of them and a quarter more, so
-// that gathering them rarely grows a slice.
-func newReplicaSet(n, members int) *replicaSet {
-	share := n / max(1, members-1)
-	return &replicaSet{hint: share + share/4 + 8}
+// maxPooledReplicaSends bounds the sends' array a released replica batch
+// keeps: one that grew for a rare huge batch is dropped, not pooled.
+const maxPooledReplicaSends = 4096
+
+// replicaSet returns an empty replica set for a batch of n items under a
+// ring of members, with room for a backup's even share of them and a
+// quarter more, so that gathering them rarely grows a slice. It is safe for
+// concurrent use.
+func (n *Node) replicaSet(items, members int) *replicaSet {
+	rs, _ := n.replicaSets.Get().(*replicaSet)
+	if rs == nil {
+		rs = &replicaSet{backups: map[string]*replicaBatch{}}
+	}
+	share := items / max(1, members-1)
+	rs.hint = share + share/4 + 8
+	return rs
+}
+
+// releaseReplicaSet empties rs and pools it. Nothing may use rs, or a batch
+// of it, afterwards: replicate copies the sends into its calls, and
+// failUnreplicated is done with the batches.
+func (n *Node) releaseReplicaSet(rs *replicaSet) {
+	rs.empty()
+	n.replicaSets.Put(rs)
+}
+
+// empty drops every backup's batch from rs, keeping the batches, cleared,
+// as spares for add.
+func (rs *replicaSet) empty() {
+	for _, rb := range rs.backups {
+		if cap(rb.sends) > maxPooledReplicaSends {
+			continue
+		}
+		clear(rb.sends) // they hold domain names
+		*rb = replicaBatch{sends: rb.sends[:0], parts: rb.parts[:0], items: rb.items[:0]}
+		rs.spare = append(rs.spare, rb)
+	}
+	clear(rs.backups)
 }
 
 // replicaBatch is what one backup gets from one batch.
@@ -93,12 +128,15 @@ func (rs *replicaSet) add(r *ring.Ring, p, j int, s walSend) {
 	if !ok {
 		return
 	}
-	if rs.backups == nil {
-		rs.backups = map[string]*replicaBatch{}
-	}
 	rb := rs.backups[b.Name]
 	if rb == nil {
-		rb = &replicaBatch{member: b, sends: make([]walSend, 0, rs.hint), parts: make([]int, 0, rs.hint), items: make([]int, 0, rs.hint)}
+		if k := len(rs.spare); k > 0 {
+			rb = rs.spare[k-1]
+			rs.spare = rs.spare[:k-1]
+		} else {
+			rb = &replicaBatch{sends: make([]walSend, 0, rs.hint), parts: make([]int, 0, rs.hint), items: make([]int, 0, rs.hint)}
+		}
+		rb.member = b
 		rs.backups[b.Name] = rb
 	}
 	rb.sends = append(rb.sends, s)
