@@ -41,10 +41,12 @@ type batchGroup struct {
 	start, end int // in batchScratch.order
 }
 
-// batchKey is where one item of a batch is: its domain and key hash.
+// batchKey is where one item of a batch is: its domain and key hash, and
+// the request id's key in the domain's id cache.
 type batchKey struct {
 	dom int    // Ref.id
 	key uint64 // storedKey of the item's key
+	id  uint64 // idKey of the item's request id and key; 0 without an id
 }
 
 // batchScratch is the working memory of ApplyBatch and RecordBatch, pooled.
@@ -61,16 +63,21 @@ type batchScratch struct {
 var batchScratches = sync.Pool{New: func() any { return new(batchScratch) }}
 
 // plan groups n items by partition, in ascending partition order and item
-// order within each: where(i) is item i's partition, domain and key hash.
-func (sc *batchScratch) plan(n int, where func(i int) (part int, r Ref, key uint64)) {
+// order within each: where(i) is item i's partition, domain, key hash and
+// request id (0 for none).
+func (sc *batchScratch) plan(n int, where func(i int) (part int, r Ref, key, id uint64)) {
 	order, keys := sc.order[:0], sc.keys[:0]
 	sorted := true
 	for i := range n {
-		p, r, key := where(i)
+		p, r, key, id := where(i)
 		o := uint64(p)<<32 | uint64(i)
 		sorted = sorted && (i == 0 || o > order[i-1])
 		order = append(order, o)
-		keys = append(keys, batchKey{r.id, storedKey(key)})
+		k := batchKey{dom: r.id, key: storedKey(key)}
+		if id != 0 {
+			k.id = idSlotKey(idKey(id, k.key))
+		}
+		keys = append(keys, k)
 	}
 	if !sorted {
 		slices.Sort(order)
@@ -148,7 +155,7 @@ func (s *Store) ApplyBatch(now int64, items []BatchItem) {
 	}
 	sc := batchScratches.Get().(*batchScratch)
 	defer batchScratches.Put(sc)
-	sc.plan(len(items), func(i int) (int, Ref, uint64) { return items[i].Part, items[i].Ref, items[i].Key })
+	sc.plan(len(items), func(i int) (int, Ref, uint64, uint64) { return items[i].Part, items[i].Ref, items[i].Key, items[i].ID })
 	for gr := range s.lockedGroups(sc) {
 		pt := &s.parts[gr.part]
 		for _, o := range sc.order[gr.start:gr.end] {
@@ -196,7 +203,7 @@ func (s *Store) RecordBatch(now int64, items []RecordItem) {
 	}
 	sc := batchScratches.Get().(*batchScratch)
 	defer batchScratches.Put(sc)
-	sc.plan(len(items), func(i int) (int, Ref, uint64) { return items[i].Part, items[i].Ref, items[i].Key })
+	sc.plan(len(items), func(i int) (int, Ref, uint64, uint64) { return items[i].Part, items[i].Ref, items[i].Key, items[i].ID })
 	for gr := range s.lockedGroups(sc) {
 		pt := &s.parts[gr.part]
 		for _, o := range sc.order[gr.start:gr.end] {
@@ -213,13 +220,21 @@ func (s *Store) RecordBatch(now int64, items []RecordItem) {
 }
 
 // prefetchEntries prefetches the index entry at which the lookup of each of
-// g's items starts. Partition g.part's lock is held.
+// g's items starts, and the id cache slot at which the lookup of its
+// request id starts. Partition g.part's lock is held.
 func (s *Store) prefetchEntries(sc *batchScratch, g batchGroup) {
 	pt := &s.parts[g.part]
 	for _, o := range sc.order[g.start:g.end] {
 		k := sc.keys[uint32(o)]
-		if sp := pt.space(k.dom, false); sp != nil && sp.index.len > 0 {
+		sp := pt.space(k.dom, false)
+		if sp == nil {
+			continue
+		}
+		if sp.index.len > 0 {
 			prefetch(unsafe.Pointer(&sp.index.w[3*sp.index.home(k.key)]))
+		}
+		if k.id != 0 && len(sp.ids.slots) > 0 {
+			prefetch(unsafe.Pointer(&sp.ids.slots[sp.ids.home(k.id)]))
 		}
 	}
 }

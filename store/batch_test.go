@@ -460,7 +460,7 @@ func TestLockedGroupsReleasesOnBreak(t *testing.T) {
 	for i := range keys {
 		keys[i] = uint64(i + 1)
 	}
-	sc.plan(len(keys), func(i int) (int, Ref, uint64) { return st.PartitionOf(keys[i]), ref, keys[i] })
+	sc.plan(len(keys), func(i int) (int, Ref, uint64, uint64) { return st.PartitionOf(keys[i]), ref, keys[i], 0 })
 	if len(sc.groups) < 2*batchAhead+2 {
 		t.Fatalf("%d groups, want more than %d", len(sc.groups), 2*batchAhead+1)
 	}
