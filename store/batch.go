@@ -97,7 +97,8 @@ func (sc *batchScratch) plan(n int, where func(i int) (part int, r Ref, key, id 
 
 // lockedGroups yields the groups sc planned, in order, each with its
 // partition's lock held until the loop body returns; it prefetches the
-// index entries of the items batchAhead*2 groups ahead and the records of
+// index entries and request-id cache slots of the items batchAhead*2
+// groups ahead and the records of
 // those batchAhead ahead, so that the misses of later partitions are in
 // flight while the body decides the current one. It holds at most
 // 2*batchAhead+1 locks at a time, always taken in ascending order, so two
@@ -144,7 +145,8 @@ func (s *Store) lockedGroups(sc *batchScratch) iter.Seq[batchGroup] {
 // miss too at millions of recipients. ApplyBatch goes through the batch's
 // partitions in ascending order and prefetches (a CPU prefetch instruction,
 // which neither waits for the line nor faults) ahead of deciding: the index
-// entries of the items batchAhead*2 partitions ahead, and the records of
+// entries and request-id cache slots of the items batchAhead*2 partitions
+// ahead, and the records of
 // those batchAhead ahead, whose entries have arrived by then. So the misses
 // of later partitions are in flight while it decides the current one. It
 // takes each partition's lock once, holding it from its entries' prefetch
