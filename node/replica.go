@@ -76,8 +76,8 @@ type replicaSet struct {
 // keeps: one that grew for a rare huge batch is dropped, not pooled.
 const maxPooledReplicaSends = 4096
 
-// replicaSet returns an empty replica set for a batch of n items under a
-// ring of members, with room for a backup's even share of them and a
+// replicaSet returns an empty replica set for a batch of the given items
+// under a ring of members, from the node's pool, with room for a backup's even share of them and a
 // quarter more, so that gathering them rarely grows a slice. It is safe for
 // concurrent use.
 func (n *Node) replicaSet(items, members int) *replicaSet {

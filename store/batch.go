@@ -46,7 +46,7 @@ type batchGroup struct {
 type batchKey struct {
 	dom int    // Ref.id
 	key uint64 // storedKey of the item's key
-	id  uint64 // idKey of the item's request id and key; 0 without an id
+	id  uint64 // the request id's slot key (idSlotKey of idKey); 0 without an id
 }
 
 // batchScratch is the working memory of ApplyBatch and RecordBatch, pooled.
