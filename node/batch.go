@@ -365,7 +365,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 	}
 	var rs *replicaSet
 	if clustered && n.cfg.Replication != ReplicationOff && r.Len() > 1 {
-		rs = n.replicaSet(cnt, r.Len())
+		rs = n.takeReplicaSet(cnt, r.Len())
 		defer n.releaseReplicaSet(rs)
 	}
 	now := n.nowMs()

@@ -63,7 +63,7 @@ func ParseReplication(s string) (Replication, error) {
 	return 0, fmt.Errorf("node: replication %q is not one of sync, async, off", s)
 }
 
-// replicaSet gathers the sends of one batch by backup. Node.replicaSet
+// replicaSet gathers the sends of one batch by backup. Node.takeReplicaSet
 // hands one out and Node.releaseReplicaSet takes it back, emptied, with its
 // arrays for the next batch.
 type replicaSet struct {
@@ -76,11 +76,11 @@ type replicaSet struct {
 // keeps: one that grew for a rare huge batch is dropped, not pooled.
 const maxPooledReplicaSends = 4096
 
-// replicaSet returns an empty replica set for a batch of the given items
-// under a ring of members, from the node's pool, with room for a backup's even share of them and a
-// quarter more, so that gathering them rarely grows a slice. It is safe for
-// concurrent use.
-func (n *Node) replicaSet(items, members int) *replicaSet {
+// takeReplicaSet returns an empty replica set, from the node's pool, for a
+// batch of the given items under a ring of members: a new batch gets room
+// for a backup's even share of them and a quarter more, so that gathering
+// them rarely grows a slice. It is safe for concurrent use.
+func (n *Node) takeReplicaSet(items, members int) *replicaSet {
 	rs, _ := n.replicaSets.Get().(*replicaSet)
 	if rs == nil {
 		rs = &replicaSet{backups: map[string]*replicaBatch{}}

@@ -58,7 +58,7 @@ func TestReplicaSetReuse(t *testing.T) {
 
 	r1 := members("a", "b", "c")
 	var n Node
-	rs := n.replicaSet(300, r1.Len())
+	rs := n.takeReplicaSet(300, r1.Len())
 	check(rs, r1, fill(rs, r1, 1))
 	var old []*replicaBatch
 	for _, rb := range rs.backups {

@@ -98,9 +98,9 @@ func (sc *batchScratch) plan(n int, where func(i int) (part int, r Ref, key, id 
 // lockedGroups yields the groups sc planned, in order, each with its
 // partition's lock held until the loop body returns; it prefetches the
 // index entries and request-id cache slots of the items batchAhead*2
-// groups ahead and the records of
-// those batchAhead ahead, so that the misses of later partitions are in
-// flight while the body decides the current one. It holds at most
+// groups ahead and the records of those batchAhead ahead, so that the
+// misses of later partitions are in flight while the body decides the
+// current one. It holds at most
 // 2*batchAhead+1 locks at a time, always taken in ascending order, so two
 // batches never deadlock.
 func (s *Store) lockedGroups(sc *batchScratch) iter.Seq[batchGroup] {
@@ -146,8 +146,8 @@ func (s *Store) lockedGroups(sc *batchScratch) iter.Seq[batchGroup] {
 // partitions in ascending order and prefetches (a CPU prefetch instruction,
 // which neither waits for the line nor faults) ahead of deciding: the index
 // entries and request-id cache slots of the items batchAhead*2 partitions
-// ahead, and the records of
-// those batchAhead ahead, whose entries have arrived by then. So the misses
+// ahead, and the records of those batchAhead ahead, whose entries have
+// arrived by then. So the misses
 // of later partitions are in flight while it decides the current one. It
 // takes each partition's lock once, holding it from its entries' prefetch
 // to its last decision (lockedGroups).
@@ -157,7 +157,14 @@ func (s *Store) ApplyBatch(now int64, items []BatchItem) {
 	}
 	sc := batchScratches.Get().(*batchScratch)
 	defer batchScratches.Put(sc)
-	sc.plan(len(items), func(i int) (int, Ref, uint64, uint64) { return items[i].Part, items[i].Ref, items[i].Key, items[i].ID })
+	sc.plan(len(items), func(i int) (int, Ref, uint64, uint64) {
+		x := &items[i]
+		id := x.ID
+		if x.Item.Mode == window.Peek && !x.Refund {
+			id = 0 // a peek does not look its id up (apply)
+		}
+		return x.Part, x.Ref, x.Key, id
+	})
 	for gr := range s.lockedGroups(sc) {
 		pt := &s.parts[gr.part]
 		for _, o := range sc.order[gr.start:gr.end] {

@@ -26,9 +26,9 @@
 // order. At millions of recipients a check costs about two dependent cache
 // misses (index entry, then record), each with a TLB miss; ApplyBatch
 // prefetches the entries (and the request ids' cache slots) and records of
-// the partitions two and one ahead of the one it decides (a prefetch instruction, prefetch_amd64.s and
-// prefetch_arm64.s; a no-op elsewhere), so those misses overlap with
-// deciding. BenchmarkStoreBatch compares it with Apply in one run.
+// the partitions two and one ahead of the one it decides (a prefetch
+// instruction, prefetch_amd64.s and prefetch_arm64.s; a no-op elsewhere),
+// so those misses overlap with deciding. BenchmarkStoreBatch compares it with Apply in one run.
 // RecordBatch does the same for a backup's sends, as Record would one by
 // one (BenchmarkStoreRecordBatch).
 //
