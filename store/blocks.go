@@ -10,11 +10,11 @@ import (
 const blockBytes = maxChunkBytes
 
 // minBlockUse is the smallest chunk that takes a block: classes whose
-// chunks fill less of 64 KiB (records of several KiB, rare) stay on the
-// heap rather than waste the rest of a block.
+// chunks fill less than 7/8 of a block (records of several KiB, rare) stay
+// on the heap rather than waste the rest of it.
 const minBlockUse = blockBytes / 8 * 7
 
-// regionBytes is the address space blocks maps at a time: 1,024 blocks, 32
+// regionBytes is the address space blocks maps at a time: 2,048 blocks, 32
 // huge pages.
 const regionBytes = 64 << 20
 
@@ -51,16 +51,20 @@ type blocks struct {
 	freeBytes atomic.Int64
 }
 
-// get returns a zeroed chunk of n bytes, n <= blockBytes: a block of cap
-// blockBytes when n >= minBlockUse and mapping works, else memory from
-// the Go heap of cap n.
+// get returns a zeroed chunk of n bytes, n <= blockBytes. When n >=
+// minBlockUse that is a block, of cap blockBytes: mapped when mapping
+// works, else from the Go heap (the allocator rounds such a chunk up to
+// whole pages anyway). A smaller chunk comes from the Go heap, of cap n.
 func (b *blocks) get(n int) []byte {
-	if n < minBlockUse || b.heap.Load() {
+	if n < minBlockUse {
 		return make([]byte, n)
+	}
+	if b.heap.Load() {
+		return make([]byte, n, blockBytes)
 	}
 	c := b.take()
 	if c == nil {
-		return make([]byte, n)
+		return make([]byte, n, blockBytes)
 	}
 	return c[:n]
 }

@@ -60,17 +60,21 @@ func TestBlocksReuse(t *testing.T) {
 }
 
 // TestBlocksOnHeap checks Config.HeapSlabs' path: chunks of the size asked
-// for from the Go heap, nothing mapped, nothing kept.
+// for from the Go heap, of a block's capacity when they are that large
+// (what a slab counts for them), nothing mapped, nothing kept.
 func TestBlocksOnHeap(t *testing.T) {
 	b := &blocks{}
 	b.heap.Store(true)
 	c := b.get(blockBytes - 100)
-	if len(c) != blockBytes-100 || cap(c) != blockBytes-100 || b.carved.Load() != 0 || len(b.regions) != 0 {
+	if len(c) != blockBytes-100 || cap(c) != blockBytes || b.carved.Load() != 0 || len(b.regions) != 0 {
 		t.Fatalf("heap chunk: len %d, cap %d, carved %d, regions %d", len(c), cap(c), b.carved.Load(), len(b.regions))
 	}
 	b.put(c)
 	if len(b.free) != 0 {
 		t.Fatal("a heap chunk went to the free list")
+	}
+	if small := b.get(minBlockUse - 1); len(small) != minBlockUse-1 || cap(small) != minBlockUse-1 {
+		t.Fatalf("chunk below a block's use: len %d cap %d, want %d", len(small), cap(small), minBlockUse-1)
 	}
 }
 
@@ -195,8 +199,8 @@ func blocksInUse(st *Store) int64 {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		for c := range sp.slabs {
-			for _, ch := range sp.slabs[c].chunks {
-				if cap(ch) == blockBytes && b.owns(ch[:1]) {
+			for k := range sp.slabs[c].chunks {
+				if ch := sp.slabs[c].chunk(k); cap(ch) == blockBytes && b.owns(ch[:1]) {
 					n++
 				}
 			}

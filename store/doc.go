@@ -13,9 +13,9 @@
 // partition each domain has its own space: an open-addressing index (linear
 // probing, backward-shift deletion) of 12-byte entries (a 64-bit key hash
 // and a 32-bit slot reference, grown by a quarter when 85% full) and one slab per
-// size class (4-byte steps to 256 bytes, then ~1/8 steps to
-// window.MaxRecordBytes), of pointer-free chunks that double from 1 KiB to
-// 64 KiB; a record moves to another class when its size does. Nothing per
+// size class (2-byte steps to 64 bytes, 4-byte steps to 256 bytes, then ~1/8
+// steps to window.MaxRecordBytes), of pointer-free chunks that double from
+// 1 KiB to 32 KiB; a record moves to another class when its size does. Nothing per
 // recipient holds a pointer, so a garbage collection costs the same at 10
 // million recipients as at ten.
 //
@@ -71,7 +71,7 @@
 //
 // # Memory outside the Go heap
 //
-// A slab's chunks double from 1 KiB, then stay at 64 KiB. The 64 KiB ones,
+// A slab's chunks double from 1 KiB, then stay at 32 KiB. The 32 KiB ones,
 // which hold nearly every record of a store with many recipients, come from
 // regions of 64 MiB that the store maps itself (blocks.go) and advises for
 // transparent huge pages before anything touches them. On the Go heap a

@@ -112,14 +112,15 @@ func TestSlabSlotsAreDisjoint(t *testing.T) {
 				t.Fatalf("size %d: alloc %d = %d, %v", size, i, slot, err)
 			}
 			c, off := s.locate(slot)
-			if off < 0 || off+size > len(s.chunks[c]) || off%size != 0 || seen[[2]int{c, off}] {
-				t.Fatalf("size %d slot %d: chunk %d offset %d (chunk %d bytes) overlaps or overruns", size, slot, c, off, len(s.chunks[c]))
+			if off < 0 || off+size > len(s.chunk(c)) || off%size != 0 || seen[[2]int{c, off}] {
+				t.Fatalf("size %d slot %d: chunk %d offset %d (chunk %d bytes) overlaps or overruns", size, slot, c, off, len(s.chunk(c)))
 			}
 			seen[[2]int{c, off}] = true
 			s.bytes(slot)[0] = byte(i)
 		}
-		for k, c := range s.chunks {
-			if len(c) > maxChunkBytes || (k >= int(s.grow) && len(c) <= maxChunkBytes-size) {
+		// A class larger than maxChunkBytes gets chunks of one slot.
+		for k := range s.chunks {
+			if c := s.chunk(k); len(c) > max(maxChunkBytes, size) || (k >= int(s.grow) && len(c) <= maxChunkBytes-size) {
 				t.Fatalf("size %d: chunk %d of %d bytes, not the most slots that fit %d", size, k, len(c), maxChunkBytes)
 			}
 		}
