@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync/atomic"
 	"unsafe"
 
@@ -11,7 +12,7 @@ import (
 
 // Size classes: records live in fixed-size slots of the smallest class that
 // holds them. Classes step by 2 bytes up to 64 bytes, where the records of
-// recipients with a few sends fall (3 sends take 16 to 20 bytes), by 4 bytes
+// recipients with a few sends fall (3 sends take 16 to 23 bytes), by 4 bytes
 // up to 256 bytes, where almost every record of the default rules falls (a
 // slot wastes 0.5 and 1.5 bytes on average), then by about 1/8 up to
 // window.MaxRecordBytes.
@@ -58,16 +59,8 @@ func sizeClass(n int) int {
 	if n <= smallLimit {
 		return int(classOf[n])
 	}
-	lo, hi := smallClasses, len(classSizes)-1
-	for lo < hi {
-		m := (lo + hi) / 2
-		if classSizes[m] >= n {
-			hi = m
-		} else {
-			lo = m + 1
-		}
-	}
-	return lo
+	i, _ := slices.BinarySearch(classSizes[smallClasses:], n) // the first size >= n
+	return min(smallClasses+i, len(classSizes)-1)
 }
 
 // A ref names a slot: class in the top refClassBits bits, slot number below.
@@ -173,12 +166,18 @@ func (s *slab) chunkLen(k int) int {
 	return int(s.per) * s.size
 }
 
+// fromBlocks reports whether alloc asks the store's blocks for chunk k:
+// a full-size chunk, when the slab has blocks.
+func (s *slab) fromBlocks(k int) bool {
+	return uint(k) >= s.grow && s.blocks != nil && s.chunkLen(k) <= blockBytes
+}
+
 // chunkCap returns the bytes chunk k takes: a block (blockBytes) for a
-// chunk the store's blocks give, whether mapped or, where mapping fails,
-// from the heap; its slots' bytes otherwise.
+// chunk the store's blocks give as one (blocks.get: whether mapped or,
+// where mapping fails, from the heap); its slots' bytes otherwise.
 func (s *slab) chunkCap(k int) int {
 	n := s.chunkLen(k)
-	if uint(k) >= s.grow && s.blocks != nil && n >= minBlockUse && n <= blockBytes {
+	if s.fromBlocks(k) && n >= minBlockUse {
 		return blockBytes
 	}
 	return n
@@ -199,12 +198,8 @@ func (s *slab) alloc() (uint32, error) {
 	}
 	i := s.next
 	if c, _ := s.locate(i); c == len(s.chunks) {
-		per := uint(s.per)
-		if uint(c) < s.grow {
-			per = 1 << (s.first + uint(c))
-		}
 		var chunk []byte
-		if n := int(per) * s.size; uint(c) >= s.grow && s.blocks != nil && n <= blockBytes {
+		if n := s.chunkLen(c); s.fromBlocks(c) {
 			chunk = s.blocks.get(n)
 		} else {
 			chunk = make([]byte, n)
