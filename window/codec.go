@@ -137,15 +137,20 @@ type bitWriter struct {
 
 // write appends the low nb bits of v, nb <= 56; v must have no higher bits.
 func (w *bitWriter) write(v uint64, nb uint) {
-	w.acc |= v << w.n
-	if w.n+nb < 64 {
-		w.n += nb
-		return
+	w.off, w.acc, w.n = put(w.buf, w.off, w.acc, w.n, v, nb)
+}
+
+// put is write on a writer's state held in local variables, which the
+// compiler keeps in registers across a loop (a bitWriter, 6 words, stays
+// in memory): it appends the low nb bits of v, nb <= 56, and returns the
+// new state.
+func put(buf []byte, off int, acc uint64, n uint, v uint64, nb uint) (int, uint64, uint) {
+	acc |= v << n
+	if n+nb < 64 {
+		return off, acc, n + nb
 	}
-	binary.LittleEndian.PutUint64(w.buf[w.off:], w.acc)
-	w.off += 8
-	w.acc = v >> (64 - w.n) // 0 when w.n == 0
-	w.n = w.n + nb - 64
+	binary.LittleEndian.PutUint64(buf[off:], acc)
+	return off + 8, v >> (64 - n), n + nb - 64 // v>>64 is 0 when n == 0
 }
 
 // writeGaps writes the gaps between consecutive entries of the ascending
@@ -156,30 +161,13 @@ func (w *bitWriter) writeGaps(log []int64, wd uint) {
 	i := len(log) - 1
 	if wd <= 28 {
 		// Two gaps at a time, as one value of 2*wd <= 56 bits.
-		for nb := 2 * wd; i > 1; i -= 2 {
+		for ; i > 1; i -= 2 {
 			v := uint64(log[i]-log[i-1]) | uint64(log[i-1]-log[i-2])<<wd
-			acc |= v << n
-			if n+nb < 64 {
-				n += nb
-				continue
-			}
-			binary.LittleEndian.PutUint64(buf[off:], acc)
-			off += 8
-			acc = v >> (64 - n) // n > 0 here, as nb < 64
-			n = n + nb - 64
+			off, acc, n = put(buf, off, acc, n, v, 2*wd)
 		}
 	}
 	for ; i > 0; i-- {
-		v := uint64(log[i] - log[i-1])
-		acc |= v << n
-		if n+wd < 64 {
-			n += wd
-			continue
-		}
-		binary.LittleEndian.PutUint64(buf[off:], acc)
-		off += 8
-		acc = v >> (64 - n) // 0 when n == 0
-		n = n + wd - 64
+		off, acc, n = put(buf, off, acc, n, uint64(log[i]-log[i-1]), wd)
 	}
 	w.off, w.acc, w.n = off, acc, n
 }

@@ -141,3 +141,40 @@ func BenchmarkRecordBytes(b *testing.B) {
 		b.ReportMetric(float64(three)/1000, "3-sends-B/record")
 	}
 }
+
+// BenchmarkCodec splits BenchmarkApply's check-and-record into the codec's
+// parts, on the same steady-state record: decode, prune at the record's
+// newest send (nothing to drop) and encode.
+//
+//	go test -run '^$' -bench Codec ./window
+func BenchmarkCodec(b *testing.B) {
+	d, _ := NewDomain("default", DefaultRules())
+	now := t0 + 86_400_000
+	rec := steadyRecord(b, d, rand.New(rand.NewPCG(1, 1)), now)
+	var st state
+	if err := st.decode(rec); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("decode", func(b *testing.B) {
+		var s state
+		for b.Loop() {
+			if err := s.decode(rec); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("prune", func(b *testing.B) {
+		for b.Loop() {
+			d.prune(&st, st.newest)
+		}
+	})
+	b.Run("encode", func(b *testing.B) {
+		var out []byte
+		for b.Loop() {
+			out = st.encode(out[:0])
+		}
+		if string(out) != string(rec) {
+			b.Fatal("the record did not encode to its own bytes")
+		}
+	})
+}
