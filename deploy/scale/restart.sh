@@ -2,8 +2,9 @@
 # restart.sh measures a node holding N recipients at the seed's steady state:
 # how long `freqring synth` takes to write them, the snapshot's size, how
 # long `freqring serve` takes to recover them and how much memory it holds
-# then, a short bench against those recipients, and the snapshot the node
-# writes while it serves that bench.
+# then, a short bench against those recipients, the snapshot the node
+# writes while it serves that bench, and its resident set after the bench and
+# at its peak.
 #
 #   deploy/scale/restart.sh N          # e.g. 1000000, 10000000, 100000000
 #
@@ -74,24 +75,29 @@ wait "$waiter"
 serving=$(date +%s.%N)
 grep -m1 'msg="recovery done"' "$log"
 
-# gc_cpu prints the node's GC cycles and its runtime's CPU estimates, in
-# seconds, as of its last GC: GC, idle and available (GOMAXPROCS x wall).
+# gc_cpu NAME prints the node's GC cycles and its runtime's CPU estimates, in
+# seconds, as of its last GC: GC, idle and available (GOMAXPROCS x wall). It
+# keeps the whole /metrics page in $work/metrics.NAME.
 # Plain bash (/dev/tcp), so that the script needs no curl.
 gc_cpu() {
 	exec 3<>"/dev/tcp/127.0.0.1/$admin_port"
 	printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-	awk '/^go_gc_duration_seconds_count /{c=$2} /^go_cpu_classes_gc_total_cpu_seconds_total /{g=$2}
+	tee "$work/metrics.$1" <&3 | awk '/^go_gc_duration_seconds_count /{c=$2} /^go_cpu_classes_gc_total_cpu_seconds_total /{g=$2}
 		/^go_cpu_classes_idle_cpu_seconds_total /{i=$2} /^go_cpu_classes_total_cpu_seconds_total /{t=$2}
-		END {print c+0, g+0, i+0, t+0}' <&3
+		END {print c+0, g+0, i+0, t+0}'
 	exec 3<&-
 }
 
 gc_share=""
 if [ "$bench_for" != "0" ]; then
 	echo "== bench for $bench_for against the synthesized recipients (snapshots every $snap_every meanwhile)"
-	read -r c0 g0 i0 t0 < <(gc_cpu)
+	read -r c0 g0 i0 t0 < <(gc_cpu before-bench)
 	"$bin" bench --addr "$addr" --recipients "$n" --seed "$seed" --duration "$bench_for" --quiet
-	read -r c1 g1 i1 t1 < <(gc_cpu)
+	read -r c1 g1 i1 t1 < <(gc_cpu after-bench)
+	# The node's resident set now, after serving, and its peak since it
+	# started (recovery, the bench and the snapshots meanwhile), in kB.
+	rss_served=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status")
+	rss_peak=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status")
 	# The runtime updates its CPU estimates at each GC: the share is over
 	# the GC cycles that ended during the bench (none: no figure).
 	gc_share=$(awk -v c0="$c0" -v c1="$c1" -v g0="$g0" -v g1="$g1" -v i0="$i0" -v i1="$i1" -v t0="$t0" -v t1="$t1" 'BEGIN {
@@ -119,6 +125,9 @@ awk -v n="$n" -v synth="$synth_s" -v snap="$snap_bytes" -v rec="$(field seconds)
 	printf "rss_GiB=%.2f rss_B/recipient=%.1f store_B/recipient=%.1f go_heap_B/recipient=%.1f store_mapped_B/recipient=%.1f\n", rss/2^30, rss/n, store/n, heap/n, mapped/n
 }'
 if [ -n "$gc_share" ]; then
+	awk -v n="$n" -v now="$rss_served" -v peak="$rss_peak" 'BEGIN {
+		printf "rss_after_bench_GiB=%.2f rss_after_bench_B/recipient=%.1f rss_peak_GiB=%.2f rss_peak_B/recipient=%.1f\n", now*1024/2^30, now*1024/n, peak*1024/2^30, peak*1024/n
+	}'
 	echo "$gc_share"
 fi
 if [ -n "$serving_snap" ]; then
