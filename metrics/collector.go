@@ -72,7 +72,7 @@ var (
 	descStoreHeld = desc("freqring_store_held_bytes",
 		"Memory the store holds, all domains (index, slabs, request ids), on the Go heap or mapped outside it, bytes.")
 	descStoreMapped = desc("freqring_store_mapped_bytes",
-		"Memory the store mapped outside the Go heap for its records (huge-page slabs), in use or kept for reuse; pages never touched take none, bytes.")
+		"Memory the store mapped outside the Go heap: huge-page slab chunks, in use or kept for reuse, and index tables of 2 MiB or more; pages never touched take none, bytes.")
 	descStoreLimit = desc("freqring_store_limit_bytes",
 		"The store's memory limit (StoreBudget of --max-memory), bytes; 0 means no limit.")
 	descStoreRefused = desc("freqring_store_refused_items_total",

@@ -7,7 +7,7 @@ import "errors"
 type mapping struct{ whole, aligned []byte }
 
 // mapAligned refuses: chunks come from the Go heap on this platform.
-func mapAligned(size, align int) (mapping, error) { return mapping{}, errors.ErrUnsupported }
+func mapAligned(size, align, huge int) (mapping, error) { return mapping{}, errors.ErrUnsupported }
 
 func unmapRegion(r []byte) {}
 

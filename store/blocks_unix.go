@@ -14,9 +14,10 @@ type mapping struct{ whole, aligned []byte }
 
 // mapAligned maps size bytes of private anonymous memory aligned to align
 // (a power of two), reserved lazily (MAP_NORESERVE: untouched pages cost
-// nothing), and advises transparent huge pages for all of it before any
-// page is touched. The slack around the aligned part is never touched.
-func mapAligned(size, align int) (mapping, error) {
+// nothing), and advises transparent huge pages for its first huge bytes
+// (a multiple of the huge page size) before any page is touched. The slack
+// around the aligned part is never touched.
+func mapAligned(size, align, huge int) (mapping, error) {
 	whole, err := unix.Mmap(-1, 0, size+align, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
 		return mapping{}, err
@@ -26,7 +27,9 @@ func mapAligned(size, align int) (mapping, error) {
 	m := mapping{whole: whole, aligned: whole[off : off+size : off+size]}
 	// EINVAL means a kernel without transparent huge pages: small pages,
 	// the same memory.
-	_ = unix.Madvise(m.aligned, unix.MADV_HUGEPAGE)
+	if huge > 0 {
+		_ = unix.Madvise(m.aligned[:huge], unix.MADV_HUGEPAGE)
+	}
 	return m, nil
 }
 

@@ -17,7 +17,10 @@
 // steps to window.MaxRecordBytes), of pointer-free chunks that double from
 // 1 KiB to 32 KiB; a record moves to another class when its size does. Nothing per
 // recipient holds a pointer, so a garbage collection costs the same at 10
-// million recipients as at ten.
+// million recipients as at ten. Full-size chunks come from memory the store
+// maps itself (blocks), and so do index tables of 2 MiB or more (about 100M
+// recipients a node), each in a mapping of its own: outside the Go heap,
+// they are not resident a second time as the collector's headroom.
 //
 // # Batches
 //

@@ -429,6 +429,7 @@ func (s *Store) Drop(p int) int64 {
 				sp.slabs[c].held = nil // counted above
 				sp.slabs[c].drop()
 			}
+			sp.index.free()
 		}
 	}
 	pt.spaces = nil

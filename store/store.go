@@ -136,7 +136,7 @@ var spaceBytes = int64(unsafe.Sizeof(space{})) + int64(len(classSizes))*int64(un
 
 func newSpace(mem *memory) *space {
 	sp := &space{mem: mem, slabs: make([]slab, len(classSizes))}
-	sp.index.held = &mem.held
+	sp.index.held, sp.index.blk = &mem.held, mem.blocks
 	sp.ids.held = &mem.held
 	for c, size := range classSizes {
 		sp.slabs[c] = newSlab(size, &mem.held, mem.blocks)
@@ -749,9 +749,10 @@ type MemoryStats struct {
 	// slab chunks and free lists (exact, counted as they are allocated and
 	// freed) and request ids (their tables, exact).
 	HeldBytes int64
-	// MappedBytes is the memory the store took outside the Go heap for
-	// full-size slab chunks: those in HeldBytes, and those freed for reuse
-	// (kept until the store is unreachable).
+	// MappedBytes is the memory the store took outside the Go heap: for
+	// full-size slab chunks, those in HeldBytes and those freed for reuse
+	// (kept until the store is unreachable), and its large index tables
+	// (unmapped as they are replaced).
 	MappedBytes int64
 	MaxBytes    int64 // Config.MaxBytes; 0 means no limit
 	// Refused counts the items Apply refused with ErrMemoryLimit.
@@ -764,6 +765,6 @@ type MemoryStats struct {
 
 // Memory returns the store's memory account. It takes no lock.
 func (s *Store) Memory() MemoryStats {
-	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: s.mem.blocks.carved.Load(), MaxBytes: s.mem.limit,
+	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: s.mem.blocks.carved.Load() + s.mem.blocks.tableBytes.Load(), MaxBytes: s.mem.limit,
 		Refused: s.mem.refused.Load(), Overshoots: s.mem.overshoots.Load()}
 }

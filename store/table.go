@@ -20,6 +20,9 @@ type table struct {
 	// held is the store's heap account (nil: none), to which resize adds
 	// the difference between the new and the old entry arrays (see bytes).
 	held *atomic.Int64
+	// blk provides the entry arrays: large ones mapped outside the Go heap
+	// (see blocks.getTable); nil takes them all from the heap.
+	blk *blocks
 }
 
 func (t *table) key(i int) uint64    { return uint64(t.w[3*i]) | uint64(t.w[3*i+1])<<32 }
@@ -140,13 +143,21 @@ func writtenSlice[T any](n int) []T {
 // under a new seed.
 func (t *table) resize(n int) {
 	old := *t
-	*t = table{w: writtenSlice[uint32](3 * n), len: n, seed: rand.Uint64(), held: old.held}
+	*t = table{w: old.blk.getTable(3 * n), len: n, seed: rand.Uint64(), held: old.held, blk: old.blk}
 	addHeld(t.held, t.bytes()-old.bytes())
 	for i := range old.len {
 		if k := old.key(i); k != 0 {
 			t.insert(k, old.ref(i))
 		}
 	}
+	old.blk.putTable(old.w)
+}
+
+// free gives the table's entry array back and leaves it empty, holding
+// nothing; the caller takes its bytes off the heap account.
+func (t *table) free() {
+	t.blk.putTable(t.w)
+	t.w, t.len, t.n = nil, 0, 0
 }
 
 // hasRoom reports whether insert would add an entry without resizing.
