@@ -41,7 +41,8 @@ log="$work/serve.log"
 bin="$work/freqring"
 mkdir -p "$work"
 
-(cd "$root" && go build -o "$bin" ./cmd/freqring)
+# GODEBUG (gctrace=1, say) is meant for the node, not for the compiler.
+(cd "$root" && env -u GODEBUG go build -o "$bin" ./cmd/freqring)
 if [ "${REUSE:-}" = "1" ] && [ -d "$data" ] && [ -f "$work/synth.out" ]; then
 	echo "== reusing $data (REUSE=1); its synth:"
 	cat "$work/synth.out"
