@@ -18,9 +18,10 @@
 // 1 KiB to 32 KiB; a record moves to another class when its size does. Nothing per
 // recipient holds a pointer, so a garbage collection costs the same at 10
 // million recipients as at ten. Full-size chunks come from memory the store
-// maps itself (blocks), and so do index tables of 2 MiB or more (about 100M
-// recipients a node), each in a mapping of its own: outside the Go heap,
-// they are not resident a second time as the collector's headroom.
+// maps itself (blocks), and so do index tables of 2 MiB or more (from about
+// 40M recipients a node in the default 271 partitions; 6 MiB each at 100M),
+// each in a mapping of its own: outside the Go heap, they are not resident
+// a second time as the collector's headroom.
 //
 // # Batches
 //
