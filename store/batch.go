@@ -239,9 +239,7 @@ func (s *Store) prefetchEntries(sc *batchScratch, g batchGroup) {
 		if sp == nil {
 			continue
 		}
-		if sp.index.len > 0 {
-			prefetch(unsafe.Pointer(&sp.index.w[3*sp.index.home(k.key)]))
-		}
+		sp.index.prefetchHome(k.key)
 		if k.id != 0 && len(sp.ids.slots) > 0 {
 			prefetch(unsafe.Pointer(&sp.ids.slots[sp.ids.home(k.id)]))
 		}

@@ -294,6 +294,11 @@ func CheckImage(img []byte) (ImageHeader, error) {
 	return h, nil
 }
 
+// mergeAhead is how many records ahead of the one it merges mergeRecords
+// prefetches index entries: enough misses in flight to cover one's latency
+// with the work of merging the records between.
+const mergeAhead = 16
+
 // mergeRecords merges n checked records (key, length, bytes) into partition
 // p's space of ref. Into an empty space they go straight in: an image holds
 // each (key, tag) once.
@@ -305,7 +310,17 @@ func (s *Store) mergeRecords(p int, ref Ref, recs []byte, n int, cutoff int64, f
 	fresh := sp.records == 0
 	sp.index.reserve(n)
 	r := imageReader{b: recs}
-	for range n {
+	// ahead reads mergeAhead records in front of r, whose index entries it
+	// prefetches: entries go in at random positions of a table larger than
+	// the CPU's caches, so each insert would otherwise wait for a miss.
+	ahead := imageReader{b: recs}
+	for range min(n, mergeAhead) {
+		sp.index.prefetchHome(storedKey(ahead.record()))
+	}
+	for i := range n {
+		if i+mergeAhead < n {
+			sp.index.prefetchHome(storedKey(ahead.record()))
+		}
 		key := storedKey(r.u64())
 		rec := r.take(int(r.u16()))
 		if err := s.mergeOne(pt, sp, ref, key, rec, cutoff, format, fresh, ms); err != nil {
@@ -505,6 +520,13 @@ func (r *imageReader) u64() uint64 {
 	v := binary.LittleEndian.Uint64(r.b)
 	r.b = r.b[8:]
 	return v
+}
+
+// record consumes one record (key, length, bytes) and returns its key.
+func (r *imageReader) record() uint64 {
+	key := r.u64()
+	r.take(int(r.u16()))
+	return key
 }
 
 func (r *imageReader) take(n int) []byte {

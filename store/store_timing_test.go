@@ -446,6 +446,62 @@ func BenchmarkStoreRecordBatch(b *testing.B) {
 	}
 }
 
+// BenchmarkMergeImage measures what a restart does with each record of a
+// snapshot: every partition's image of n recipients at the seed's steady
+// state, merged with MergeImage into an empty store of the same layout,
+// one partition after another on one goroutine (a node loads on one per
+// CPU). ns/record is the time per record merged. At 100M recipients in the
+// default 271 partitions each index table holds about 370k entries; 10M in
+// 27 partitions (FREQRING_BENCH_PARTITIONS=27) has tables of that size.
+//
+//	go test -run '^$' -bench MergeImage -benchtime 3x ./store
+func BenchmarkMergeImage(b *testing.B) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	templates := steadyTemplates(b, d, 1000, now)
+	for _, n := range []int{1_000_000, 10_000_000} {
+		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
+			src, err := New(Config{Partitions: benchPartitions(b)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			fillSteady(b, src, src.Bind(d), n, templates)
+			imgs := make([][]byte, src.Partitions())
+			for p := range imgs {
+				imgs[p], _ = src.AppendImage(nil, p)
+			}
+			src = nil
+			runtime.GC()
+			var took time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				dst, err := New(Config{Partitions: benchPartitions(b)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ref := dst.Bind(d)
+				bind := func(string) (Ref, bool) { return ref, true }
+				b.StartTimer()
+				start := time.Now()
+				for _, img := range imgs {
+					if _, ms, err := dst.MergeImage(img, now, bind); err != nil || ms.Idle != 0 {
+						b.Fatal(err, ms)
+					}
+				}
+				took += time.Since(start)
+				b.StopTimer()
+				if got := dst.Stats(ref).Records; got != int64(n) {
+					b.Fatalf("merged %d records, want %d", got, n)
+				}
+				dst = nil
+				runtime.GC() // its mappings go with it (blocks.release)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(took.Nanoseconds())/float64(b.N)/float64(n), "ns/record")
+		})
+	}
+}
+
 // withHundredMillion returns ns, and 100,000,000 after them when the
 // environment sets FREQRING_BENCH_100M=1: that size needs about 15 GB of
 // memory and minutes to fill, so no benchmark run takes it by accident.

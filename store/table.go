@@ -3,6 +3,7 @@ package store
 import (
 	"math/rand/v2"
 	"sync/atomic"
+	"unsafe"
 )
 
 // table is an open-addressing hash index from 64-bit key hashes to slot refs,
@@ -77,6 +78,13 @@ func (t *table) find(h uint64, from int) int {
 		if i++; i == t.len {
 			i = 0
 		}
+	}
+}
+
+// prefetchHome prefetches the entry at which the probe for key h starts.
+func (t *table) prefetchHome(h uint64) {
+	if t.len > 0 {
+		prefetch(unsafe.Pointer(&t.w[3*t.home(h)]))
 	}
 }
 
