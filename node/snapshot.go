@@ -275,18 +275,21 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 		ss.stats.Records, ss.stats.Skipped = ss.stats.Records+records.Load(), ss.stats.Skipped+skipped.Load()
 		return loadErr
 	}
-	submit := func(img []byte, off int64) {
-		buf, _ := bodies.Get().(*[]byte)
-		if buf == nil {
-			buf = new([]byte)
+	buffer := func() *[]byte {
+		if buf, ok := bodies.Get().(*[]byte); ok {
+			return buf
 		}
+		return new([]byte)
+	}
+	submit := func(img []byte, off int64) {
+		buf := buffer()
 		*buf = append((*buf)[:0], img...)
 		work <- imageWork{img: buf, off: off}
 	}
 	var (
 		off      int64
 		hdr      [9]byte
-		body     []byte
+		body     *[]byte // the section being read: a loading worker's, once a partition image
 		format   int
 		dname    string
 		shards   uint32
@@ -310,18 +313,21 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 		if size > maxSection {
 			return nil, bad(off, "section of %d bytes", size)
 		}
-		body = slices.Grow(body[:0], int(size))[:size]
-		if _, err := io.ReadFull(r, body); err != nil {
+		if body == nil {
+			body = buffer()
+		}
+		*body = slices.Grow((*body)[:0], int(size))[:size]
+		if _, err := io.ReadFull(r, *body); err != nil {
 			return nil, bad(off, "section of %d bytes cut short (%v)", size, err)
 		}
-		crc := crc32.Update(crc32.Update(0, crcTable, hdr[:1]), crcTable, body)
+		crc := crc32.Update(crc32.Update(0, crcTable, hdr[:1]), crcTable, *body)
 		if want := binary.LittleEndian.Uint32(hdr[5:]); crc != want {
 			return nil, bad(off, "crc %08x, want %08x", crc, want)
 		}
 		if nSecs == 0 && kind != secHeader {
 			return nil, bad(off, "first section is of kind %d, not a header", kind)
 		}
-		br := walReader{b: body}
+		br := walReader{b: *body}
 		switch {
 		case kind == secHeader:
 			magic := string(br.take(8))
@@ -361,7 +367,10 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 				return nil, bad(off, "partition %d of %d", p, len(ss.parts))
 			}
 			ss.parts[p] = binary.LittleEndian.Uint64(img[9:])
-			submit(img, off)
+			// The worker takes the section's buffer as it is, rather
+			// than a copy, and puts it back in bodies when done.
+			work <- imageWork{img: body, off: off}
+			body = nil
 			sections++
 		case kind == secDomain && format < 3:
 			dname = string(br.take(uint64(br.u64n(2))))
