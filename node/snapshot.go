@@ -434,7 +434,7 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 // two (12.7 GB each) do not fit in 24 GiB together, and while the cache
 // held the file the store's huge pages were found by reclaim and
 // compaction, which made recovery take half as long again (see README,
-// "Restart at 100M").
+// "Restart at 100M without the page cache").
 const dropCachedStep = 64 << 20
 
 // imageWork is one partition image of a snapshot, for a loading worker.
