@@ -246,6 +246,15 @@ func (s *Store) prefetchEntries(sc *batchScratch, g batchGroup) {
 	}
 }
 
+// prefetchSlot prefetches every cache line of the slot r.
+func (sp *space) prefetchSlot(r ref) {
+	b := sp.slabs[r.class()].bytes(r.slot())
+	for off := 0; off < len(b); off += 64 {
+		prefetch(unsafe.Pointer(&b[off]))
+	}
+	prefetch(unsafe.Pointer(&b[len(b)-1])) // a slot need not start on a line
+}
+
 // prefetchRecords prefetches every cache line of the record of each of g's
 // items. Partition g.part's lock is held.
 func (s *Store) prefetchRecords(sc *batchScratch, g batchGroup) {
@@ -257,12 +266,7 @@ func (s *Store) prefetchRecords(sc *batchScratch, g batchGroup) {
 			continue
 		}
 		if pos := sp.index.find(k.key, -1); pos >= 0 {
-			r := sp.index.ref(pos)
-			b := sp.slabs[r.class()].bytes(r.slot())
-			for off := 0; off < len(b); off += 64 {
-				prefetch(unsafe.Pointer(&b[off]))
-			}
-			prefetch(unsafe.Pointer(&b[len(b)-1])) // a slot need not start on a line
+			sp.prefetchSlot(sp.index.ref(pos))
 		}
 	}
 }

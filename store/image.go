@@ -72,6 +72,10 @@ func (s *Store) CloseAndAppendImage(dst []byte, p int) ([]byte, int64) {
 // two numbers have moved together so far.
 func recordFormat(v int) int { return v }
 
+// imageAhead is how many index entries ahead of the one it copies
+// appendImage prefetches slots.
+const imageAhead = 16
+
 func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64, error) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
@@ -105,6 +109,11 @@ func (s *Store) appendImage(dst []byte, p int, close bool, v int) ([]byte, int64
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(sp.records))
 		t := &sp.index
 		for pos := range t.len {
+			// The entries are in home order, their slots anywhere in the
+			// partition's slabs: prefetch those some entries ahead.
+			if a := pos + imageAhead; a < t.len && t.key(a) != 0 {
+				sp.prefetchSlot(t.ref(a))
+			}
 			k := t.key(pos)
 			if k == 0 {
 				continue
@@ -466,6 +475,11 @@ func (s *Store) ForEach(p int, fn func(domain string, key uint64, rec []byte) bo
 		name := s.domainName(id)
 		t := &sp.index
 		for pos := range t.len {
+			// The entries are in home order, their slots anywhere in the
+			// partition's slabs: prefetch those some entries ahead.
+			if a := pos + imageAhead; a < t.len && t.key(a) != 0 {
+				sp.prefetchSlot(t.ref(a))
+			}
 			k := t.key(pos)
 			if k == 0 {
 				continue

@@ -502,6 +502,43 @@ func BenchmarkMergeImage(b *testing.B) {
 	}
 }
 
+// BenchmarkAppendImage measures what a snapshot does with each record:
+// every partition's image of n recipients at the seed's steady state,
+// appended one after another into one buffer (a snapshot writes each before
+// it takes the next). ns/record is the time per record; the partitions'
+// locks are held that long. FREQRING_BENCH_PARTITIONS=27 gives 10M
+// recipients the partitions of 100M in 271 (see BenchmarkMergeImage).
+//
+//	go test -run '^$' -bench AppendImage -benchtime 3x ./store
+func BenchmarkAppendImage(b *testing.B) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	templates := steadyTemplates(b, d, 1000, now)
+	for _, n := range []int{1_000_000, 10_000_000} {
+		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
+			st, err := New(Config{Partitions: benchPartitions(b)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			fillSteady(b, st, st.Bind(d), n, templates)
+			var buf []byte
+			b.ResetTimer()
+			for b.Loop() {
+				var records int64
+				for p := range st.Partitions() {
+					var cnt int64
+					buf, cnt = st.AppendImage(buf[:0], p)
+					records += cnt
+				}
+				if records != int64(n) {
+					b.Fatalf("%d records in the images, want %d", records, n)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/record")
+		})
+	}
+}
+
 // withHundredMillion returns ns, and 100,000,000 after them when the
 // environment sets FREQRING_BENCH_100M=1: that size needs about 15 GB of
 // memory and minutes to fill, so no benchmark run takes it by accident.
