@@ -3,11 +3,14 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -140,12 +143,24 @@ func TestSnapshotVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(path)
+	// The offsets at which the sections start: a flipped byte is reported
+	// at its section's, although the partition images are checked by
+	// several workers and the sections after it may fail too.
+	var starts []int
+	for off := 0; off < len(b); off += 9 + int(binary.LittleEndian.Uint32(b[off+1:])) {
+		starts = append(starts, off)
+	}
 	for i := 0; i < len(b); i += 1 + len(b)/500 {
 		d := bytes.Clone(b)
 		d[i] ^= 0x01
 		os.WriteFile(path, d, 0o644)
-		if err := verifySnapshot(path, parts); err == nil {
+		err := verifySnapshot(path, parts)
+		if err == nil {
 			t.Fatalf("byte %d of %d flipped: verified", i, len(b))
+		}
+		sec := starts[sort.SearchInts(starts, i+1)-1]
+		if want := fmt.Sprintf("offset %d:", sec); !strings.Contains(err.Error(), want) {
+			t.Fatalf("byte %d flipped (in the section at %d): %v, want an error at %s", i, sec, err, want)
 		}
 	}
 	os.WriteFile(path, b[:len(b)-1], 0o644)
