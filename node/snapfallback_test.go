@@ -144,8 +144,7 @@ func TestSnapshotVerify(t *testing.T) {
 	}
 	b, _ := os.ReadFile(path)
 	// The offsets at which the sections start: a flipped byte is reported
-	// at its section's, although the partition images are checked by
-	// several workers and the sections after it may fail too.
+	// at its section's, the first that fails.
 	var starts []int
 	for off := 0; off < len(b); off += 9 + int(binary.LittleEndian.Uint32(b[off+1:])) {
 		starts = append(starts, off)

@@ -196,8 +196,7 @@ func (s *Store) MergeImage(img []byte, now int64, bind func(name string) (Ref, b
 		nrec := int(r.u32())
 		start := r.b
 		for range nrec {
-			r.u64()
-			r.take(int(r.u16()))
+			r.record()
 		}
 		recs := start[:len(start)-len(r.b)]
 		nid := int(r.u32())
@@ -576,8 +575,7 @@ func SplitImage(img []byte, maxBytes int) ([][]byte, error) {
 		nrec := int(r.u32())
 		for range nrec {
 			start := r.b
-			r.u64()
-			r.take(int(r.u16()))
+			r.record()
 			sp.add(start[:len(start)-len(r.b)], true)
 		}
 		sp.endRecords()

@@ -446,6 +446,18 @@ func BenchmarkStoreRecordBatch(b *testing.B) {
 	}
 }
 
+// steadyStore returns a store of benchPartitions(b) partitions holding n
+// recipients of domain d, filled by fillSteady.
+func steadyStore(b *testing.B, d *window.Domain, n int, templates [][]byte) *Store {
+	b.Helper()
+	st, err := New(Config{Partitions: benchPartitions(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fillSteady(b, st, st.Bind(d), n, templates)
+	return st
+}
+
 // BenchmarkMergeImage measures what a restart does with each record of a
 // snapshot: every partition's image of n recipients at the seed's steady
 // state, merged with MergeImage into an empty store of the same layout,
@@ -461,11 +473,7 @@ func BenchmarkMergeImage(b *testing.B) {
 	templates := steadyTemplates(b, d, 1000, now)
 	for _, n := range []int{1_000_000, 10_000_000} {
 		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
-			src, err := New(Config{Partitions: benchPartitions(b)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			fillSteady(b, src, src.Bind(d), n, templates)
+			src := steadyStore(b, d, n, templates)
 			imgs := make([][]byte, src.Partitions())
 			for p := range imgs {
 				imgs[p], _ = src.AppendImage(nil, p)
@@ -516,11 +524,7 @@ func BenchmarkAppendImage(b *testing.B) {
 	templates := steadyTemplates(b, d, 1000, now)
 	for _, n := range []int{1_000_000, 10_000_000} {
 		b.Run(fmt.Sprintf("recipients=%d", n), func(b *testing.B) {
-			st, err := New(Config{Partitions: benchPartitions(b)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			fillSteady(b, st, st.Bind(d), n, templates)
+			st := steadyStore(b, d, n, templates)
 			var buf []byte
 			b.ResetTimer()
 			for b.Loop() {
