@@ -43,7 +43,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	jsonPath := fs.String("json", "", "write the reports as JSON to this file")
 	svgPath := fs.String("svg", "", "write a chart (throughput and p99 over time, latency distribution) to this SVG file")
 	policy := fs.String("fail", "open", "freqring client failure policy: open or closed")
-	maxDelay := fs.Duration("max-delay", 0, "freqring client: how long single checks wait to share an RPC (0: the client's default, 200µs; negative: send at once)")
+	maxDelay := fs.Duration("max-delay", 0, "freqring client: how long each coalesced RPC waits for more single checks after its first (0 or negative: no wait, the client's default)")
 	unary := fs.Bool("unary", false, "freqring client: send coalesced single checks and batches as unary Check RPCs instead of on CheckStreams (for comparison)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	workload := fs.String("workload", "messages", "messages (seed 000: recipients and templates) or api (seed 004: app+ip and app+user+interface keys, two checks a call)")
