@@ -507,7 +507,17 @@ func (d *Domain) pruneCounters(s *state, t int64) {
 // countAfter returns the number of entries of the ascending log that are
 // greater than bound.
 func countAfter(log []int64, bound int64) int {
-	lo, hi := 0, len(log)
+	// A window mostly ends past one end of the log: a short one after the
+	// newest entry, the longest before the oldest. Those take one or two
+	// comparisons; the rest a binary search between the ends.
+	n := len(log)
+	if n == 0 || log[n-1] <= bound {
+		return 0
+	}
+	if log[0] > bound {
+		return n
+	}
+	lo, hi := 1, n-1 // log[0] <= bound < log[n-1]
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
 		if log[m] > bound {

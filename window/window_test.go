@@ -323,3 +323,24 @@ func TestRecordTag(t *testing.T) {
 		t.Fatalf("short record: %v", err)
 	}
 }
+
+// TestCountAfter checks countAfter against a count by definition on every
+// bound around every entry of logs with repeated entries, including bounds
+// past either end.
+func TestCountAfter(t *testing.T) {
+	for _, log := range [][]int64{
+		nil, {5}, {5, 5}, {1, 2}, {1, 1, 2, 3, 3, 3, 7}, {0, 10, 20, 30, 40, 50, 60, 70, 80},
+	} {
+		for bound := int64(-1); bound <= 81; bound++ {
+			want := 0
+			for _, e := range log {
+				if e > bound {
+					want++
+				}
+			}
+			if got := countAfter(log, bound); got != want {
+				t.Errorf("countAfter(%v, %d) = %d, want %d", log, bound, got, want)
+			}
+		}
+	}
+}
