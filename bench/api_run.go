@@ -228,8 +228,7 @@ loop:
 	r.DeniedByIP, r.DeniedByUser = byIP.Load(), byUser.Load()
 	r.Errors, r.Degraded = errs.Load(), degrade.Load()
 	r.PerSecond = float64(r.Decisions) / r.Elapsed.Seconds()
-	r.Latency = Latency{P50: ms(total.ValueAtQuantile(50)), P90: ms(total.ValueAtQuantile(90)),
-		P99: ms(total.ValueAtQuantile(99)), P999: ms(total.ValueAtQuantile(99.9)), Max: ms(total.Max())}
+	r.Latency = latencyOf(total)
 	for _, q := range []float64{0, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99, 100} {
 		r.Percentiles = append(r.Percentiles, [2]float64{q, ms(total.ValueAtQuantile(q))})
 	}

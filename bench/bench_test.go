@@ -148,11 +148,14 @@ func TestReportsRender(t *testing.T) {
 		return r
 	}
 	reports := []*Report{mk("freqring", 500_000, 1), mk("redis-merged", 40_000, 12)}
+	reports[0].Mode = "open loop, 500000/s"
+	reports[0].StartLateness, reports[0].Service = Latency{P50: 0.01, P90: 0.2, P99: 0.4}, Latency{P50: 0.2, P90: 0.5, P99: 0.7}
 	var b strings.Builder
 	if err := WriteTable(&b, reports); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"freqring", "redis-merged", "freqring vs redis-merged: 12.5× decisions/s, 12.0× lower p99 latency"} {
+	for _, want := range []string{"freqring", "redis-merged", "freqring vs redis-merged: 12.5× decisions/s, 12.0× lower p99 latency",
+		"freqring, open loop, 500000/s: calls started behind their time by p50 / p90 / p99 0.010 / 0.200 / 0.400 ms; from their actual start they took 0.200 / 0.500 / 0.700 ms"} {
 		if !strings.Contains(b.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, b.String())
 		}

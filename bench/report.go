@@ -31,6 +31,12 @@ func WriteTable(w io.Writer, reports []*Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, r := range reports {
+		if r.StartLateness != (Latency{}) {
+			fmt.Fprintf(w, "\n%s, %s: calls started behind their time by p50 / p90 / p99 %.3f / %.3f / %.3f ms; from their actual start they took %.3f / %.3f / %.3f ms\n",
+				r.Target, r.Mode, r.StartLateness.P50, r.StartLateness.P90, r.StartLateness.P99, r.Service.P50, r.Service.P90, r.Service.P99)
+		}
+	}
 	if len(reports) < 2 {
 		return nil
 	}

@@ -101,6 +101,12 @@ type Report struct {
 	Series      []Second
 	Percentiles [][2]float64 // (percentile, ms) points of the latency distribution
 
+	// An open loop's Latency in two parts, over the same calls: how far
+	// behind its intended time each call started (the load generator's
+	// lateness, which a busy process or its timers cause), and the call
+	// itself, from its actual start. Zero in a closed loop.
+	StartLateness, Service Latency
+
 	MemoryBytes       int64   // server-side bytes held after the run (0 if unknown)
 	MemoryRecipients  int64   // recipients they hold
 	BytesPerRecipient float64 // MemoryBytes / MemoryRecipients
@@ -134,17 +140,22 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 	var (
 		measuring                                  atomic.Bool
 		decisions, admitted, denied, errs, degrade atomic.Int64
-		mu                                         sync.Mutex // guards total, second
+		mu                                         sync.Mutex // guards total, second, late, service
 		total                                      = hdrhistogram.New(1, 120_000_000, 3)
 		second                                     = hdrhistogram.New(1, 120_000_000, 3)
+		late, service                              = hdrhistogram.New(1, 120_000_000, 3), hdrhistogram.New(1, 120_000_000, 3)
 		secErrs                                    atomic.Int64
 		sends                                      [][]sent
 	)
-	record := func(lat time.Duration) {
-		us := max(lat.Microseconds(), 1)
+	record := func(intended, started, done time.Time) {
+		us := max(done.Sub(intended).Microseconds(), 1)
 		mu.Lock()
 		total.RecordValue(us)
 		second.RecordValue(us)
+		if cfg.Rate > 0 {
+			late.RecordValue(max(started.Sub(intended).Microseconds(), 1))
+			service.RecordValue(max(done.Sub(started).Microseconds(), 1))
+		}
 		mu.Unlock()
 	}
 
@@ -179,6 +190,7 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 				for i := range items {
 					items[i] = gen.next()
 				}
+				started := time.Now()
 				cctx, cancel := context.WithTimeout(runCtx, cfg.CallTimeout)
 				err := target.Check(cctx, items, out)
 				cancel()
@@ -209,7 +221,7 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 					continue
 				}
 				if a+d > 0 { // a call answered by the failure policy alone measures no limiter
-					record(done.Sub(intended))
+					record(intended, started, done)
 				}
 				decisions.Add(a + d)
 				admitted.Add(a)
@@ -267,8 +279,10 @@ loop:
 	r.Decisions, r.Admitted, r.Denied = decisions.Load(), admitted.Load(), denied.Load()
 	r.Errors, r.Degraded = errs.Load(), degrade.Load()
 	r.PerSecond = float64(r.Decisions) / r.Elapsed.Seconds()
-	r.Latency = Latency{P50: ms(total.ValueAtQuantile(50)), P90: ms(total.ValueAtQuantile(90)),
-		P99: ms(total.ValueAtQuantile(99)), P999: ms(total.ValueAtQuantile(99.9)), Max: ms(total.Max())}
+	r.Latency = latencyOf(total)
+	if cfg.Rate > 0 {
+		r.StartLateness, r.Service = latencyOf(late), latencyOf(service)
+	}
 	for _, q := range []float64{0, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99, 100} {
 		r.Percentiles = append(r.Percentiles, [2]float64{q, ms(total.ValueAtQuantile(q))})
 	}
@@ -292,6 +306,12 @@ loop:
 }
 
 func ms(us int64) float64 { return float64(us) / 1000 }
+
+// latencyOf summarises a histogram of microseconds.
+func latencyOf(h *hdrhistogram.Histogram) Latency {
+	return Latency{P50: ms(h.ValueAtQuantile(50)), P90: ms(h.ValueAtQuantile(90)),
+		P99: ms(h.ValueAtQuantile(99)), P999: ms(h.ValueAtQuantile(99.9)), Max: ms(h.Max())}
+}
 
 // sleepUntil waits until t, or returns false if ctx ends first. With
 // precise, it sleeps on a timer until about a millisecond before t and
