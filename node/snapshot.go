@@ -129,15 +129,16 @@ func (n *Node) writeSnapshot(dir string, from wal.Position, nowMs int64) (snapsh
 	})
 }
 
-// writeSnapshotFile writes to dir the format 3 snapshot whose replay starts
-// at from, taken at nowMs (unix ms), of parts partitions: image appends
+// writeSnapshotFile writes to dir, with direct I/O where the file system
+// allows it (wal.WriteFileAtomicDirect), the format 3 snapshot whose replay
+// starts at from, taken at nowMs (unix ms), of parts partitions: image appends
 // partition p's image (store.AppendImage's format) to dst and returns it
 // with its record count; it is called once per partition, in order, and
 // its bytes are written before the next call. An error of image stops the
 // write and leaves no file.
 func writeSnapshotFile(dir string, from wal.Position, nowMs int64, parts int, image func(dst []byte, p int) ([]byte, int64, error)) (snapshotStats, error) {
 	var st snapshotStats
-	err := wal.WriteFileAtomic(dir, snapName(from.Seq), func(w io.Writer) error {
+	err := wal.WriteFileAtomicDirect(dir, snapName(from.Seq), func(w io.Writer) error {
 		cw := &countingWriter{w: w}
 		sw := sectionWriter{w: bufio.NewWriterSize(cw, 1<<20)}
 		body := binary.LittleEndian.AppendUint64([]byte(snapMagic), uint64(nowMs))
@@ -474,12 +475,13 @@ func snapSeq(name string) uint64 {
 }
 
 // verifySnapshot reads back a format 3 snapshot that this node just wrote,
-// streaming, and checks every section's framing and crc, the partition
+// streaming, with direct I/O where the file system allows it (the disk's
+// bytes, not the page cache's), and checks every section's framing and crc, the partition
 // count (parts), every partition image (store.CheckImage) and the end
 // section, without loading anything. An error wraps ErrCorruptSnapshot and
 // names the file and offset.
 func verifySnapshot(path string, parts int) error {
-	f, err := os.Open(path)
+	f, err := wal.OpenDirect(path)
 	if err != nil {
 		return err
 	}
