@@ -267,24 +267,3 @@ func (d *directReader) Close() error {
 	<-d.done
 	return d.f.Close()
 }
-
-// pread reads into p from offset off with one pread(2).
-func pread(f *os.File, p []byte, off int64) (int, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var n int
-	var rerr error
-	if err := rc.Control(func(fd uintptr) {
-		for {
-			n, rerr = syscall.Pread(int(fd), p, off)
-			if rerr != syscall.EINTR {
-				break
-			}
-		}
-	}); err != nil {
-		return 0, err
-	}
-	return max(n, 0), rerr
-}

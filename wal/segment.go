@@ -259,11 +259,6 @@ func readFile(path string, size int64, buf []byte) ([]byte, error) {
 }
 
 // syncDir fsyncs a directory, so that creates, renames and removes in it are durable.
-// bufferedWriter is WriteFileAtomic's writer without direct I/O.
-type bufferedWriter struct{ *bufio.Writer }
-
-func (b bufferedWriter) flush() error { return b.Flush() }
-
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
@@ -323,7 +318,7 @@ func writeFileAtomic(dir, name string, direct bool, write func(w io.Writer) erro
 		flush() error
 	}
 	if direct {
-		dw := newDirectWriter(f, true)
+		dw := newDirectWriter(f, direct)
 		defer dw.stop()
 		w = dw
 	} else {
@@ -350,3 +345,8 @@ func writeFileAtomic(dir, name string, direct bool, write func(w io.Writer) erro
 	}
 	return nil
 }
+
+// bufferedWriter is WriteFileAtomic's writer without direct I/O.
+type bufferedWriter struct{ *bufio.Writer }
+
+func (b bufferedWriter) flush() error { return b.Flush() }
