@@ -22,6 +22,10 @@ const (
 	directAlign = 4096
 	// directChunk is how many bytes each direct read or write moves.
 	directChunk = 8 << 20
+	// firstChunk is the writer's first chunk, which doubles up to
+	// directChunk while the file grows, so that a small file does not cost
+	// two chunks of fresh memory.
+	firstChunk = 64 << 10
 )
 
 // alignedBuffer returns n bytes whose first byte is directAlign-aligned.
@@ -41,6 +45,7 @@ type directWriter struct {
 	direct bool          // f is open with O_DIRECT; the goroutine's until stop
 	cur    []byte        // the chunk being filled
 	n      int           // bytes in cur
+	chunks int           // full-size chunks made: at most 2
 	full   chan []byte   // chunks for the goroutine to write
 	free   chan []byte   // chunks written, to fill again
 	done   chan struct{} // closed when the goroutine returns
@@ -50,9 +55,8 @@ type directWriter struct {
 }
 
 func newDirectWriter(f *os.File, direct bool) *directWriter {
-	w := &directWriter{f: f, direct: direct, cur: alignedBuffer(directChunk),
+	w := &directWriter{f: f, direct: direct, cur: alignedBuffer(firstChunk),
 		full: make(chan []byte, 1), free: make(chan []byte, 2), done: make(chan struct{})}
-	w.free <- alignedBuffer(directChunk)
 	go w.loop()
 	return w
 }
@@ -82,11 +86,34 @@ func (w *directWriter) Write(p []byte) (int, error) {
 		w.n += c
 		p = p[c:]
 		if w.n == len(w.cur) {
-			w.full <- w.cur
-			w.cur, w.n = <-w.free, 0
+			w.next()
 		}
 	}
 	return total, nil
+}
+
+// next makes room in cur, which is full: a chunk smaller than directChunk
+// is replaced by one twice its size holding its bytes; a full-size one goes
+// to the goroutine, and cur becomes the second chunk, or the first once the
+// goroutine has written it.
+func (w *directWriter) next() {
+	if len(w.cur) < directChunk {
+		b := alignedBuffer(min(2*len(w.cur), directChunk))
+		copy(b, w.cur)
+		w.cur = b
+		if len(b) == directChunk {
+			w.chunks++
+		}
+		return
+	}
+	w.full <- w.cur
+	if w.chunks < 2 {
+		w.cur = alignedBuffer(directChunk)
+		w.chunks++
+	} else {
+		w.cur = <-w.free
+	}
+	w.n = 0
 }
 
 // write writes b, a whole number of blocks while w.direct. A file system
@@ -152,7 +179,8 @@ func (w *directWriter) flush() error {
 
 // OpenDirect opens path for reading with direct I/O where its file system
 // allows it, and through the page cache where not. A goroutine reads ahead
-// one aligned chunk of 8 MiB while the caller reads the previous one. Not
+// one aligned chunk (8 MiB, or the file's size if smaller) while the caller
+// reads the previous one. Not
 // safe for concurrent use.
 func OpenDirect(path string) (io.ReadCloser, error) {
 	f, direct, err := openDirect(path, os.O_RDONLY, 0)
@@ -162,11 +190,17 @@ func OpenDirect(path string) (io.ReadCloser, error) {
 	return newDirectReader(f, direct), nil
 }
 
+// newDirectReader starts reading f ahead in chunks of directChunk, or of
+// the file's size rounded up to a block if that is smaller.
 func newDirectReader(f *os.File, direct bool) *directReader {
+	size := directChunk
+	if st, err := f.Stat(); err == nil && st.Size() < directChunk {
+		size = int(st.Size()+directAlign) &^ (directAlign - 1)
+	}
 	d := &directReader{f: f, direct: direct, full: make(chan chunk, 1), free: make(chan []byte, 2),
 		quit: make(chan struct{}), done: make(chan struct{})}
-	d.free <- alignedBuffer(directChunk)
-	d.free <- alignedBuffer(directChunk)
+	d.free <- alignedBuffer(size)
+	d.free <- alignedBuffer(size)
 	go d.loop()
 	return d
 }

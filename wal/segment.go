@@ -288,8 +288,8 @@ func WriteFileAtomic(dir, name string, write func(w io.Writer) error) error {
 // WriteFileAtomicDirect is WriteFileAtomic writing with direct I/O, around
 // the page cache, where the file system allows it (see directWriter): for
 // large files that nobody reads soon. write's bytes are copied into aligned
-// chunks of 8 MiB; a goroutine writes each full chunk while write fills the
-// next.
+// chunks (64 KiB at first, doubling to 8 MiB); a goroutine writes each full
+// 8 MiB chunk while write fills the next.
 func WriteFileAtomicDirect(dir, name string, write func(w io.Writer) error) error {
 	return writeFileAtomic(dir, name, true, write)
 }
