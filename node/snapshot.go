@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -92,9 +91,9 @@ func listSnapshots(dir string) ([]string, error) {
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// sectionWriter frames sections onto w.
+// sectionWriter frames sections onto w, which buffers.
 type sectionWriter struct {
-	w   *bufio.Writer
+	w   io.Writer
 	hdr [9]byte
 }
 
@@ -140,7 +139,7 @@ func writeSnapshotFile(dir string, from wal.Position, nowMs int64, parts int, im
 	var st snapshotStats
 	err := wal.WriteFileAtomicDirect(dir, snapName(from.Seq), func(w io.Writer) error {
 		cw := &countingWriter{w: w}
-		sw := sectionWriter{w: bufio.NewWriterSize(cw, 1<<20)}
+		sw := sectionWriter{w: cw} // w buffers: in chunks with direct I/O, else 64 KiB
 		body := binary.LittleEndian.AppendUint64([]byte(snapMagic), uint64(nowMs))
 		body = binary.LittleEndian.AppendUint64(body, from.Seq)
 		body = binary.LittleEndian.AppendUint64(body, uint64(from.Offset))
@@ -165,9 +164,6 @@ func writeSnapshotFile(dir string, from wal.Position, nowMs int64, parts int, im
 		body = binary.LittleEndian.AppendUint32(body[:0], uint32(parts))
 		body = binary.LittleEndian.AppendUint64(body, uint64(st.Records))
 		if err := sw.section(secEnd, body); err != nil {
-			return err
-		}
-		if err := sw.w.Flush(); err != nil {
 			return err
 		}
 		st.Bytes = cw.n
@@ -232,11 +228,11 @@ func (s *snapshotState) covered(domain string, key, seq uint64) bool {
 // checked by this goroutine and merged by a worker per core, each partition
 // image by one.
 func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
-	dr, err := wal.OpenDirect(path)
+	r, err := wal.OpenDirect(path) // it reads ahead in chunks
 	if err != nil {
 		return nil, err
 	}
-	defer dr.Close()
+	defer r.Close()
 	// f is for advice only: where the file system refuses direct I/O the
 	// reads go through the page cache, and what they leave there is dropped
 	// as they go (dropCached applies to the file, whichever descriptor).
@@ -245,7 +241,6 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 		return nil, err
 	}
 	defer f.Close()
-	r := bufio.NewReaderSize(dr, 1<<20)
 	ss := &snapshotState{file: path}
 	bad := func(off int64, format string, args ...any) error {
 		return fmt.Errorf("%w: %s offset %d: %s", ErrCorruptSnapshot, path, off, fmt.Sprintf(format, args...))
@@ -490,12 +485,11 @@ func snapSeq(name string) uint64 {
 // section, without loading anything. An error wraps ErrCorruptSnapshot and
 // names the file and offset.
 func verifySnapshot(path string, parts int) error {
-	f, err := wal.OpenDirect(path)
+	r, err := wal.OpenDirect(path) // it reads ahead in chunks
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	r := bufio.NewReaderSize(f, 1<<20)
+	defer r.Close()
 	bad := func(off int64, format string, args ...any) error {
 		return fmt.Errorf("%w: %s offset %d: %s", ErrCorruptSnapshot, path, off, fmt.Sprintf(format, args...))
 	}
@@ -541,7 +535,8 @@ func verifySnapshot(path string, parts int) error {
 			if got := binary.LittleEndian.Uint32(body); int(got) != sections || sections != parts {
 				return bad(off, "end section counts %d partitions, read %d of %d", got, sections, parts)
 			}
-			if _, err := r.ReadByte(); err != io.EOF {
+			var more [1]byte
+			if _, err := io.ReadFull(r, more[:]); err != io.EOF {
 				return bad(off+int64(len(hdr))+int64(size), "bytes after the end section")
 			}
 			return nil

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -20,7 +19,7 @@ import (
 // instead of stopping at the CRC.
 func frameSnapshot(t *testing.T, path string, body []byte, legacy bool, parts int) {
 	var buf bytes.Buffer
-	sw := sectionWriter{w: bufio.NewWriter(&buf)}
+	sw := sectionWriter{w: &buf}
 	magic := snapMagic
 	if legacy {
 		magic = snapMagicV2
@@ -47,7 +46,6 @@ func frameSnapshot(t *testing.T, path string, body []byte, legacy bool, parts in
 		e = binary.LittleEndian.AppendUint64(e, 0)
 		sw.section(secEnd, e)
 	}
-	sw.w.Flush()
 	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
