@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/HdrHistogram/hdrhistogram-go"
-
 	"github.com/freqring/freqring/window"
 )
 
@@ -92,15 +90,10 @@ func RunAPI(ctx context.Context, target APITarget, cfg APIConfig) (*APIReport, e
 		Mode: fmt.Sprintf("closed loop, %d callers", rc.Concurrency)}, Algorithm: cfg.Rules.IP.Algorithm.String()}
 
 	var (
-		measuring                                  atomic.Bool
-		decisions, admitted, denied, errs, degrade atomic.Int64
-		byIP, byUser                               atomic.Int64
-		mu                                         sync.Mutex
-		total                                      = hdrhistogram.New(1, 120_000_000, 3)
-		second                                     = hdrhistogram.New(1, 120_000_000, 3)
-		secErrs                                    atomic.Int64
-		ipSends                                    = make([][]apiSent, rc.Concurrency)
-		userSends                                  = make([][]apiSent, rc.Concurrency)
+		tl           = newTally()
+		byIP, byUser atomic.Int64
+		ipSends      = make([][]apiSent, rc.Concurrency)
+		userSends    = make([][]apiSent, rc.Concurrency)
 	)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -120,7 +113,7 @@ func RunAPI(ctx context.Context, target APITarget, cfg APIConfig) (*APIReport, e
 				err := target.CheckCalls(cctx, calls, out)
 				cancel()
 				lat := time.Since(began)
-				measured := measuring.Load() && runCtx.Err() == nil
+				measured := tl.measuring.Load() && runCtx.Err() == nil
 				var a, d, e, g, bi, bu int64
 				for i, c := range calls {
 					o := &out[i]
@@ -165,73 +158,24 @@ func RunAPI(ctx context.Context, target APITarget, cfg APIConfig) (*APIReport, e
 					continue
 				}
 				if a+d > 0 {
-					us := max(lat.Microseconds(), 1)
-					mu.Lock()
-					total.RecordValue(us)
-					second.RecordValue(us)
-					mu.Unlock()
+					tl.mu.Lock()
+					tl.latencyLocked(lat.Microseconds())
+					tl.mu.Unlock()
 				}
-				decisions.Add(a + d)
-				admitted.Add(a)
-				denied.Add(d)
 				byIP.Add(bi)
 				byUser.Add(bu)
-				errs.Add(e)
-				secErrs.Add(e)
-				degrade.Add(g)
-				if rc.MaxOps > 0 && decisions.Load() >= rc.MaxOps {
+				if n := tl.count(a, d, e, g); rc.MaxOps > 0 && n >= rc.MaxOps {
 					stop()
 				}
 			}
 		})
 	}
 
-	if rc.Warmup > 0 {
-		select {
-		case <-time.After(time.Until(start.Add(rc.Warmup))):
-		case <-runCtx.Done():
-		}
-	}
-	measuring.Store(true)
-	mStart := time.Now()
-	tick := time.NewTicker(time.Second)
-	end := time.NewTimer(rc.Duration)
-	var last int64
-loop:
-	for t := 1; ; t++ {
-		select {
-		case <-runCtx.Done():
-			break loop
-		case <-end.C:
-			stop()
-			break loop
-		case <-tick.C:
-		}
-		mu.Lock()
-		s := Second{T: t, P50: ms(second.ValueAtQuantile(50)), P99: ms(second.ValueAtQuantile(99))}
-		second.Reset()
-		mu.Unlock()
-		cur := decisions.Load()
-		s.Decisions, last = cur-last, cur
-		s.Errors = secErrs.Swap(0)
-		r.Series = append(r.Series, s)
-		if rc.Progress != nil {
-			fmt.Fprintf(rc.Progress, "%-16s t=%3ds  %10d calls/s  p99 %7.2f ms  errors %d\n", r.Target, t, s.Decisions, s.P99, s.Errors)
-		}
-	}
-	tick.Stop()
-	end.Stop()
-	r.Elapsed = time.Since(mStart)
+	tl.clock(runCtx, r.Report, start.Add(max(rc.Warmup, 0)), rc.Duration, stop, rc.Progress, "calls")
 	wg.Wait()
 
-	r.Decisions, r.Admitted, r.Denied = decisions.Load(), admitted.Load(), denied.Load()
+	tl.fill(r.Report)
 	r.DeniedByIP, r.DeniedByUser = byIP.Load(), byUser.Load()
-	r.Errors, r.Degraded = errs.Load(), degrade.Load()
-	r.PerSecond = float64(r.Decisions) / r.Elapsed.Seconds()
-	r.Latency = latencyOf(total)
-	for _, q := range []float64{0, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99, 100} {
-		r.Percentiles = append(r.Percentiles, [2]float64{q, ms(total.ValueAtQuantile(q))})
-	}
 	if b, n, err := target.Memory(context.WithoutCancel(ctx)); err == nil && n > 0 {
 		r.MemoryBytes, r.MemoryRecipients, r.BytesPerRecipient = b, n, float64(b)/float64(n)
 	}

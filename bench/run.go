@@ -137,26 +137,17 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 		r.Mode = fmt.Sprintf("closed loop, %d callers", cfg.Concurrency)
 	}
 
-	var (
-		measuring                                  atomic.Bool
-		decisions, admitted, denied, errs, degrade atomic.Int64
-		mu                                         sync.Mutex // guards total, second, late, service
-		total                                      = hdrhistogram.New(1, 120_000_000, 3)
-		second                                     = hdrhistogram.New(1, 120_000_000, 3)
-		late, service                              = hdrhistogram.New(1, 120_000_000, 3), hdrhistogram.New(1, 120_000_000, 3)
-		secErrs                                    atomic.Int64
-		sends                                      [][]sent
-	)
+	// late and service split an open loop's latency: how late each call
+	// started, and how long it took from its actual start (µs, under tl.mu).
+	tl, late, service := newTally(), newHistogram(), newHistogram()
 	record := func(intended, started, done time.Time) {
-		us := max(done.Sub(intended).Microseconds(), 1)
-		mu.Lock()
-		total.RecordValue(us)
-		second.RecordValue(us)
+		tl.mu.Lock()
+		tl.latencyLocked(done.Sub(intended).Microseconds())
 		if cfg.Rate > 0 {
 			late.RecordValue(max(started.Sub(intended).Microseconds(), 1))
 			service.RecordValue(max(done.Sub(started).Microseconds(), 1))
 		}
-		mu.Unlock()
+		tl.mu.Unlock()
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -173,7 +164,7 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 	precise := interval >= 5*time.Millisecond
 	var nextCall atomic.Int64
 	var wg sync.WaitGroup
-	sends = make([][]sent, cfg.Concurrency)
+	sends := make([][]sent, cfg.Concurrency)
 	for w := range cfg.Concurrency {
 		wg.Go(func() {
 			gen := cfg.Workload.generator(w)
@@ -197,7 +188,7 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 				done := time.Now()
 				// A call the end of the run cut off is not counted; what it
 				// got admitted is still kept for the oracle.
-				measured := measuring.Load() && runCtx.Err() == nil
+				measured := tl.measuring.Load() && runCtx.Err() == nil
 				var a, d, e, g int64
 				for i := range items {
 					switch {
@@ -223,13 +214,7 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 				if a+d > 0 { // a call answered by the failure policy alone measures no limiter
 					record(intended, started, done)
 				}
-				decisions.Add(a + d)
-				admitted.Add(a)
-				denied.Add(d)
-				errs.Add(e)
-				secErrs.Add(e)
-				degrade.Add(g)
-				if cfg.MaxOps > 0 && decisions.Load() >= cfg.MaxOps {
+				if n := tl.count(a, d, e, g); cfg.MaxOps > 0 && n >= cfg.MaxOps {
 					stop()
 				}
 			}
@@ -238,53 +223,12 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 
 	// The clock: switch to measuring after the warm-up, tick each second,
 	// stop after the duration.
-	if cfg.Warmup > 0 {
-		select {
-		case <-time.After(time.Until(measureAt)):
-		case <-runCtx.Done():
-		}
-	}
-	measuring.Store(true)
-	mStart := time.Now()
-	tick := time.NewTicker(time.Second)
-	end := time.NewTimer(cfg.Duration)
-	var last int64
-loop:
-	for t := 1; ; t++ {
-		select {
-		case <-runCtx.Done():
-			break loop
-		case <-end.C:
-			stop()
-			break loop
-		case <-tick.C:
-		}
-		mu.Lock()
-		s := Second{T: t, P50: ms(second.ValueAtQuantile(50)), P99: ms(second.ValueAtQuantile(99))}
-		second.Reset()
-		mu.Unlock()
-		cur := decisions.Load()
-		s.Decisions, last = cur-last, cur
-		s.Errors = secErrs.Swap(0)
-		r.Series = append(r.Series, s)
-		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, "%-16s t=%3ds  %10d decisions/s  p99 %7.2f ms  errors %d\n", r.Target, t, s.Decisions, s.P99, s.Errors)
-		}
-	}
-	tick.Stop()
-	end.Stop()
-	r.Elapsed = time.Since(mStart)
+	tl.clock(runCtx, r, measureAt, cfg.Duration, stop, cfg.Progress, "decisions")
 	wg.Wait()
 
-	r.Decisions, r.Admitted, r.Denied = decisions.Load(), admitted.Load(), denied.Load()
-	r.Errors, r.Degraded = errs.Load(), degrade.Load()
-	r.PerSecond = float64(r.Decisions) / r.Elapsed.Seconds()
-	r.Latency = latencyOf(total)
+	tl.fill(r)
 	if cfg.Rate > 0 {
 		r.StartLateness, r.Service = latencyOf(late), latencyOf(service)
-	}
-	for _, q := range []float64{0, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99, 100} {
-		r.Percentiles = append(r.Percentiles, [2]float64{q, ms(total.ValueAtQuantile(q))})
 	}
 	if b, n, err := target.Memory(context.WithoutCancel(ctx)); err == nil && n > 0 {
 		r.MemoryBytes, r.MemoryRecipients, r.BytesPerRecipient = b, n, float64(b)/float64(n)
