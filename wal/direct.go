@@ -118,12 +118,13 @@ func (w *directWriter) next() {
 
 // write writes b, a whole number of blocks while w.direct. A file system
 // that took O_DIRECT at open but refuses it on a write (EINVAL) gets the
-// rest of the file through the page cache.
+// rest of the file through the page cache; should the refused write have
+// written part of b, only the rest is written again.
 func (w *directWriter) write(b []byte) error {
-	_, err := w.f.Write(b)
+	n, err := w.f.Write(b)
 	if w.direct && errors.Is(err, syscall.EINVAL) {
 		if err = w.buffered(); err == nil {
-			_, err = w.f.Write(b)
+			_, err = w.f.Write(b[n:])
 		}
 	}
 	return err
@@ -217,6 +218,7 @@ type directReader struct {
 	free   chan []byte
 	quit   chan struct{} // closed by Close
 	done   chan struct{} // closed when the goroutine returns
+	closed bool          // Close was called
 }
 
 // chunk is one read of the goroutine: data is a prefix of buf; err is io.EOF
@@ -295,8 +297,13 @@ func (d *directReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Close ends the read-ahead and closes the file.
+// Close ends the read-ahead and closes the file. A second Close returns
+// os.ErrClosed, as an *os.File's does.
 func (d *directReader) Close() error {
+	if d.closed {
+		return os.ErrClosed
+	}
+	d.closed = true
 	close(d.quit)
 	<-d.done
 	return d.f.Close()

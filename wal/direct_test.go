@@ -2,6 +2,7 @@ package wal
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -48,9 +49,14 @@ func TestDirectFilesRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, err := readInPieces(r, 65_537)
-			r.Close()
+			if cerr := r.Close(); cerr != nil {
+				t.Fatalf("size %d: Close: %v", size, cerr)
+			}
 			if err != nil || !bytes.Equal(got, want) {
 				t.Fatalf("size %d: OpenDirect read %d bytes that differ (%v)", size, len(got), err)
+			}
+			if err := r.Close(); !errors.Is(err, os.ErrClosed) {
+				t.Fatalf("size %d: a second Close returned %v, want os.ErrClosed", size, err)
 			}
 		}
 	}
