@@ -344,17 +344,24 @@ func (s *slab) finishDefrag() {
 }
 
 // abandonDefrag drops a planned defragmentation, if any: the free slots at
-// or past the ceiling go back on the free list.
+// or past the ceiling go back on the free list, at its bottom, so that
+// alloc hands out the slots below the ceiling first and the next plan finds
+// the tail chunks still emptying.
 func (s *slab) abandonDefrag() {
 	if s.ceiling == 0 {
 		return
 	}
 	s.ceiling = 0
-	for _, i := range s.high {
-		s.release(i)
+	c, n := cap(s.free)+cap(s.high), len(s.free)
+	if need := len(s.high) + n; need <= cap(s.free) {
+		s.free = s.free[:need]
+	} else {
+		s.free = append(s.free, make([]uint32, need-n)...)
 	}
-	addHeld(s.held, -int64(cap(s.high))*4)
+	copy(s.free[len(s.high):], s.free[:n])
+	copy(s.free, s.high)
 	s.high = nil
+	addHeld(s.held, int64(cap(s.free)-c)*4)
 }
 
 // trim gives all the slab's memory back if no slot is in use. Records pass

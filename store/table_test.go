@@ -2,6 +2,7 @@ package store
 
 import (
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 )
 
@@ -147,5 +148,51 @@ func TestSizeClass(t *testing.T) {
 	}
 	if len(classSizes) >= 1<<refClassBits {
 		t.Fatalf("%d classes do not fit %d bits of a ref", len(classSizes), refClassBits)
+	}
+}
+
+// TestSlabAbandonedDefragKeepsTailFree checks that a defragmentation given
+// up puts the tail's free slots back behind the others: alloc hands out
+// every free slot below the old ceiling before one at or past it, and the
+// heap account still matches what the slab holds.
+func TestSlabAbandonedDefragKeepsTailFree(t *testing.T) {
+	var held atomic.Int64
+	s := newSlab(100, &held, nil)
+	n := 6 * int(s.per)
+	for range n {
+		if _, err := s.alloc(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Free every third slot, and the whole last two chunks' worth.
+	for i := range uint32(n) {
+		if i%3 == 0 || i >= uint32(n)-2*s.per {
+			s.release(i)
+		}
+	}
+	if !s.planDefrag() {
+		t.Fatal("no defragmentation planned")
+	}
+	ceiling := s.ceiling
+	low := 0
+	for _, i := range s.free {
+		if i < ceiling {
+			low++
+		}
+	}
+	s.abandonDefrag()
+	if s.ceiling != 0 || s.high != nil {
+		t.Fatalf("plan still set: ceiling %d, %d high slots", s.ceiling, len(s.high))
+	}
+	if held.Load() != s.reserved() {
+		t.Fatalf("heap account %d bytes, slab reserves %d", held.Load(), s.reserved())
+	}
+	for k := range low {
+		if i, _ := s.alloc(); i >= ceiling {
+			t.Fatalf("alloc %d of %d free slots below the ceiling %d handed out slot %d", k, low, ceiling, i)
+		}
+	}
+	if i, _ := s.alloc(); i < ceiling {
+		t.Fatalf("slot %d below the ceiling %d after its free slots ran out", i, ceiling)
 	}
 }
