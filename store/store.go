@@ -575,9 +575,11 @@ func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, 
 				spent += compactCost - 1
 				// The smaller record may need a fresh chunk while the slot it
 				// leaves is given back only by a later pass: at the memory
-				// limit, it waits for a free slot. A failed put (no memory to
-				// map) leaves the record as it was.
-				if s.mem.over() && !sp.roomFor(len(out)) || sp.put(k, pos, out, false) != nil {
+				// limit, it waits for a free slot of its class (it adds no
+				// index entry, and stays in place within its class). A
+				// failed put (no memory to map) leaves the record as it was.
+				c := sizeClass(len(out))
+				if s.mem.over() && c != ref.class() && !sp.slabs[c].hasRoom() || sp.put(k, pos, out, false) != nil {
 					break
 				}
 				sp.compacted++

@@ -671,6 +671,64 @@ func TestSweepCompactsAtTheLimitOnlyIntoFreeSlots(t *testing.T) {
 	}
 }
 
+// TestSweepCompactsAtTheLimitWithAFullIndex: a compaction never adds an
+// index entry, so past the memory limit it takes a free slot of the
+// smaller class even when the index is at its growth threshold.
+func TestSweepCompactsAtTheLimitWithAFullIndex(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	st, err := New(Config{Partitions: 1, MaxBytes: 1}) // always over
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	next := 0
+	record := func(at int64, content uint64) {
+		k, tag := keyOf(fmt.Sprintf("+45%09d", next))
+		next++
+		if _, _, err := st.Record(0, ref, k, tag, at, window.Item{Content: content}, 0, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweep := func(now int64) {
+		for pos := 0; pos >= 0; {
+			if pos, _, err = st.Sweep(0, ref, pos, now, 4096); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Free slots of the class a compacted record takes (one send, no
+	// content): 40 such records expire, one stays so that the class keeps
+	// its chunk.
+	for range 40 {
+		record(t0-2*86_400_000, 0)
+	}
+	record(t0, 0)
+	sweep(t0)
+	if s := st.Stats(ref); s.Expired != 40 {
+		t.Fatalf("expired %d, want 40", s.Expired)
+	}
+	// Records with content, until the index is at its growth threshold.
+	sp := st.parts[0].space(ref.id, false)
+	for i := uint64(1); sp.index.hasRoom(); i++ {
+		record(t0+int64(i), i)
+	}
+	// The class of the record kept: the one a compacted record takes.
+	k, tag := keyOf(fmt.Sprintf("+45%09d", 40))
+	pos, _, _ := sp.lookup(storedKey(k), tag)
+	small := &sp.slabs[sp.index.ref(pos).class()]
+	chunks := len(small.chunks)
+	sweep(t0 + 2*3_600_000) // their content logs are dead, their sends not
+	if s := st.Stats(ref); s.Compacted == 0 {
+		t.Fatal("with 40 free slots of the smaller class and a full index, no record compacted")
+	}
+	if len(small.chunks) != chunks {
+		t.Errorf("compactions at the limit took the smaller class from %d chunks to %d", chunks, len(small.chunks))
+	}
+	if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+		t.Errorf("running count %d, recount %d", got, want)
+	}
+}
+
 // TestSweepLeavesAnUnreadableRecord: a record whose header reads but whose
 // body does not decode is left as it is, counted once per pass, and the
 // sweep goes on to compact the others.
