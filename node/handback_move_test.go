@@ -2,7 +2,9 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -718,9 +720,7 @@ func TestUnconfirmedSendIsDecidedAgainAfterRestart(t *testing.T) {
 	// A crash now: a copy of the data directory as it stands, the WAL
 	// holding the send and its mark (both appended before the answer).
 	crashed := t.TempDir()
-	if err := os.CopyFS(crashed, os.DirFS(dir)); err != nil {
-		t.Fatal(err)
-	}
+	copyLiveDir(t, crashed, dir)
 	os.Remove(filepath.Join(crashed, LockFile))
 	c, err := New(Config{Name: "node-a", DataDir: crashed, SweepInterval: -1})
 	if err != nil {
@@ -834,5 +834,36 @@ func TestReplicatedSendsBesideAFailedOneReachTheWAL(t *testing.T) {
 	want := []string{fmt.Sprintf("id 11 at -2 seq %d", seq+1), fmt.Sprintf("id 13 at 0 seq %d", seq+2)}
 	if !slices.Equal(got, want) {
 		t.Fatalf("for the WAL: %q, want %q", got, want)
+	}
+}
+
+// copyLiveDir copies the data directory src, which a running node may be
+// writing, into dst as a crash would leave it: files written atomically
+// (name.tmp, then renamed) appear once renamed, and one that goes away
+// between the listing and its copy is left out.
+func copyLiveDir(t *testing.T, dst, src string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(path string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		switch {
+		case e.IsDir():
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		case strings.HasSuffix(path, ".tmp"):
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
