@@ -1,6 +1,7 @@
 package window
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -177,4 +178,56 @@ func BenchmarkCodec(b *testing.B) {
 			b.Fatal("the record did not encode to its own bytes")
 		}
 	})
+}
+
+// BenchmarkSteadyStateBits measures where a steady-state record's bytes go
+// against the floor for its send times, over 10,000 recipients of
+// SteadyStateSends (it times nothing; b.N does not matter). It reports per
+// record: record-B, its whole size; times-B, what its recipient log takes
+// (the newest time, the log's count, age bit, width and its 29 fixed-width
+// gaps); rice-B, the same times with the gaps in a Rice code of the best
+// parameter for each record (plus 6 bits to say which), the shortest
+// per-record gap code one could decode as fast; floor-B, log2 of the number
+// of ways to place 30 distinct ms times in a day, what any exact coding of
+// the times must spend on average (issue 13's floor).
+//
+//	go test -run '^$' -bench SteadyStateBits -benchtime 1x ./window
+func BenchmarkSteadyStateBits(b *testing.B) {
+	d, _ := NewDomain("default", DefaultRules())
+	now := t0 + 86_400_000
+	rng := rand.New(rand.NewPCG(1, 1))
+	const n, day = 10_000, 86_400_000
+	var recBits, timesBits, riceBits float64
+	var st state
+	for range n {
+		rec := steadyRecord(b, d, rng, now)
+		if err := st.decode(rec); err != nil {
+			b.Fatal(err)
+		}
+		recBits += float64(8 * len(rec))
+		g := st.recip
+		var or int64
+		for i := 1; i < len(g); i++ {
+			or |= g[i] - g[i-1]
+		}
+		head := float64(timeBits + countBits + 1 + widthBits) // newest, count, age bit, width
+		timesBits += head + float64((len(g)-1)*int(widthOf(or)))
+		best := math.Inf(1)
+		for k := range maxValueBits {
+			var bitsK float64
+			for i := 1; i < len(g); i++ {
+				bitsK += float64(k + 1 + int((g[i]-g[i-1])>>k)) // quotient in unary, k low bits
+			}
+			best = min(best, bitsK)
+		}
+		riceBits += head + best
+	}
+	lg := func(x float64) float64 { v, _ := math.Lgamma(x); return v }
+	floor := (lg(day+1) - lg(30+1) - lg(day-30+1)) / math.Ln2 // log2 C(day, 30)
+	for b.Loop() {
+	}
+	b.ReportMetric(recBits/n/8, "record-B")
+	b.ReportMetric(timesBits/n/8, "times-B")
+	b.ReportMetric(riceBits/n/8, "rice-B")
+	b.ReportMetric(floor/8, "floor-B")
 }
