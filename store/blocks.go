@@ -128,6 +128,10 @@ func (b *blocks) get(n int) []byte {
 	return c[:n]
 }
 
+// hasFree reports whether take has a free block to hand out without
+// mapping more. Safe for concurrent use: another caller may take it first.
+func (b *blocks) hasFree() bool { return b.freeBytes.Load() > 0 }
+
 // take returns a zeroed block, nil if mapping fails.
 func (b *blocks) take() []byte {
 	b.mu.Lock()

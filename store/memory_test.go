@@ -306,3 +306,84 @@ func TestMemoryLimitReusesFreedRoom(t *testing.T) {
 		t.Fatalf("%+v, want 1 overshoot (the replayed record) and 1 refusal", m)
 	}
 }
+
+// TestMemoryLimitTakesFreeBlocks: past the limit, a new recipient whose
+// size class needs a new chunk is admitted when the store keeps a free block
+// (one a sweep gave back) for it: the block is taken, nothing is mapped
+// anew, and what the store holds with its free blocks stays at the limit.
+// Once the room is gone, the next new recipient is refused.
+func TestMemoryLimitTakesFreeBlocks(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 3, Window: time.Minute}})
+	st, err := New(Config{Partitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	var dec window.Decision
+	admit := func(prefix string, i int, at int64) error {
+		key, tag := keyOf(fmt.Sprint(prefix, i))
+		_, _, err := apply(st, ref, key, tag, at, window.Item{}, 0, &dec)
+		if err == nil && !dec.Admitted {
+			t.Fatalf("%s%d: %+v", prefix, i, dec)
+		}
+		return err
+	}
+	// 20,000 records of one send fill several full-size chunks of one
+	// size class; 4,000 more come a window later (enough that the sweep
+	// leaves the index its size: see table.shrink).
+	later := t0 + 2*time.Minute.Milliseconds()
+	for i := range 20_000 {
+		if err := admit("old", i, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4_000 {
+		if err := admit("kept", i, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st.Memory().MappedBytes == 0 {
+		t.Skip("the store maps no blocks on this platform")
+	}
+	// The first sweep reclaims the old records; the second moves the kept
+	// ones out of the tail chunks and gives those back as free blocks.
+	for range 2 {
+		sweepAll(t, st, ref, t0+time.Minute.Milliseconds())
+	}
+	free := st.mem.blocks.freeBytes.Load()
+	if free < 2*blockBytes {
+		t.Fatalf("%d bytes of free blocks after the sweeps, want at least 2 blocks", free)
+	}
+	m := st.Memory()
+	st.mem.limit = m.HeldBytes + free // at the limit: over() holds from here
+	fresh := 0
+	for ; ; fresh++ {
+		err := admit("fresh", fresh, later)
+		if errors.Is(err, ErrMemoryLimit) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fresh > 100_000 {
+			t.Fatal("no refusal")
+		}
+	}
+	after := st.Memory()
+	if got := st.mem.blocks.freeBytes.Load(); got > free-blockBytes {
+		t.Errorf("free blocks %d -> %d bytes: none taken by %d new recipients", free, got, fresh)
+	}
+	if after.MappedBytes != m.MappedBytes {
+		t.Errorf("mapped %d -> %d bytes for new recipients at the limit", m.MappedBytes, after.MappedBytes)
+	}
+	if held := after.HeldBytes + st.mem.blocks.freeBytes.Load(); held > st.mem.limit {
+		t.Errorf("held with free blocks %d bytes, past the limit %d", held, st.mem.limit)
+	}
+	if after.Refused != 1 || after.Overshoots != 0 {
+		t.Errorf("%+v, want 1 refusal and no overshoot", after)
+	}
+	if got, want := after.HeldBytes, heldNow(st); got != want {
+		t.Fatalf("running count %d, recount %d", got, want)
+	}
+	t.Logf("%d new recipients admitted at the limit; free blocks %d -> %d bytes", fresh, free, st.mem.blocks.freeBytes.Load())
+}

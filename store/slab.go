@@ -239,6 +239,22 @@ func (s *slab) hasRoom() bool {
 	return c < len(s.chunks)
 }
 
+// hasHeldRoom reports whether alloc would hand out a slot without adding to
+// what the store holds with its free blocks (memory.over): a slot of its
+// own (hasRoom), or a next chunk that is a block the store keeps free, taken
+// rather than mapped anew. A caller under another partition's lock may take
+// that block first; the store then passes its limit by one block.
+func (s *slab) hasHeldRoom() bool {
+	if s.hasRoom() {
+		return true
+	}
+	if s.next == maxSlots {
+		return false
+	}
+	c, _ := s.locate(s.next)
+	return s.fromBlocks(c) && s.chunkLen(c) >= minBlockUse && s.blocks.hasFree()
+}
+
 // inUse returns the slots holding a record: those handed out, less the free
 // ones (on the free list, or waiting past a planned ceiling).
 func (s *slab) inUse() uint32 { return s.next - uint32(len(s.free)+len(s.high)) }

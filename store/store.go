@@ -155,10 +155,12 @@ func (sp *space) heldBytes() int64 {
 	return n
 }
 
-// roomFor reports whether a new record of n bytes fits sp without
-// allocating: a free slot in its size class and room in the index.
+// roomFor reports whether a new record of n bytes fits sp without adding
+// to what the store holds with its free blocks: room in the index, and a
+// free slot in its size class or a free block for the class's next chunk
+// (slab.hasHeldRoom).
 func (sp *space) roomFor(n int) bool {
-	return sp != nil && sp.index.hasRoom() && sp.slabs[sizeClass(n)].hasRoom()
+	return sp != nil && sp.index.hasRoom() && sp.slabs[sizeClass(n)].hasHeldRoom()
 }
 
 // New returns an empty store.
@@ -575,11 +577,12 @@ func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, 
 				spent += compactCost - 1
 				// The smaller record may need a fresh chunk while the slot it
 				// leaves is given back only by a later pass: at the memory
-				// limit, it waits for a free slot of its class (it adds no
-				// index entry, and stays in place within its class). A
-				// failed put (no memory to map) leaves the record as it was.
+				// limit, it waits for a free slot of its class or a free
+				// block for the class's next chunk (it adds no index entry,
+				// and stays in place within its class). A failed put (no
+				// memory to map) leaves the record as it was.
 				c := sizeClass(len(out))
-				if s.mem.over() && c != ref.class() && !sp.slabs[c].hasRoom() || sp.put(k, pos, out, false) != nil {
+				if s.mem.over() && c != ref.class() && !sp.slabs[c].hasHeldRoom() || sp.put(k, pos, out, false) != nil {
 					break
 				}
 				sp.compacted++
