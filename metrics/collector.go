@@ -73,6 +73,8 @@ var (
 		"Memory the store holds, all domains (index, slabs, request ids), on the Go heap or mapped outside it, bytes.")
 	descStoreMapped = desc("freqring_store_mapped_bytes",
 		"Memory the store mapped outside the Go heap: huge-page slab chunks, in use or kept for reuse, and index tables of 2 MiB or more; pages never touched take none, bytes.")
+	descStoreFree = desc("freqring_store_free_bytes",
+		"Slab chunks the store gave back and keeps, zeroed, for reuse: part of freqring_store_mapped_bytes, resident, counted toward the limit, bytes.")
 	descStoreLimit = desc("freqring_store_limit_bytes",
 		"The store's memory limit (StoreBudget of --max-memory), bytes; 0 means no limit.")
 	descStoreRefused = desc("freqring_store_refused_items_total",
@@ -110,7 +112,7 @@ var (
 var allDescs = []*prometheus.Desc{
 	descServing, descChecked, descDecisions, descRuleDenied, descRuleShadowDenied, descFailed, descDuplicates,
 	descForwarded, descRingEpoch, descRingMembers, descPartitions, descOwnedRecords, descDomainRecords,
-	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreLimit, descStoreRefused,
+	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
 }
@@ -174,6 +176,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descOwnedRecords, float64(s.Ring.OwnedRecords))
 	gauge(descStoreHeld, float64(s.Memory.HeldBytes))
 	gauge(descStoreMapped, float64(s.Memory.MappedBytes))
+	gauge(descStoreFree, float64(s.Memory.FreeBytes))
 	gauge(descStoreLimit, float64(s.Memory.MaxBytes))
 	counter(descStoreRefused, s.Memory.Refused)
 	counter(descWALAppends, s.WAL.Appends)

@@ -759,7 +759,12 @@ type MemoryStats struct {
 	// (kept until the store is unreachable), and its large index tables
 	// (unmapped as they are replaced).
 	MappedBytes int64
-	MaxBytes    int64 // Config.MaxBytes; 0 means no limit
+	// FreeBytes is the part of MappedBytes in slab chunks given back (by the
+	// sweep, a partition's move) and kept, zeroed, for the next chunk the
+	// store needs: resident, counted toward MaxBytes, and room a new
+	// recipient may take at the limit.
+	FreeBytes int64
+	MaxBytes  int64 // Config.MaxBytes; 0 means no limit
 	// Refused counts the items Apply refused with ErrMemoryLimit.
 	Refused int64
 	// Overshoots counts the records that replay (Insert), backups (Record)
@@ -770,6 +775,7 @@ type MemoryStats struct {
 
 // Memory returns the store's memory account. It takes no lock.
 func (s *Store) Memory() MemoryStats {
-	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: s.mem.blocks.carved.Load() + s.mem.blocks.tableBytes.Load(), MaxBytes: s.mem.limit,
-		Refused: s.mem.refused.Load(), Overshoots: s.mem.overshoots.Load()}
+	b := s.mem.blocks
+	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: b.carved.Load() + b.tableBytes.Load(), FreeBytes: b.freeBytes.Load(),
+		MaxBytes: s.mem.limit, Refused: s.mem.refused.Load(), Overshoots: s.mem.overshoots.Load()}
 }

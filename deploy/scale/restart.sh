@@ -129,6 +129,10 @@ if [ -n "$gc_share" ]; then
 	awk -v n="$n" -v now="$rss_served" -v peak="$rss_peak" 'BEGIN {
 		printf "rss_after_bench_GiB=%.2f rss_after_bench_B/recipient=%.1f rss_peak_GiB=%.2f rss_peak_B/recipient=%.1f\n", now*1024/2^30, now*1024/n, peak*1024/2^30, peak*1024/n
 	}'
+	# What the store held, had mapped and kept free for reuse after the
+	# bench, from the /metrics page read then.
+	awk -v n="$n" '/^freqring_store_held_bytes /{h=$2} /^freqring_store_mapped_bytes /{m=$2} /^freqring_store_free_bytes /{f=$2}
+		END {printf "after_bench: store_B/recipient=%.1f store_mapped_B/recipient=%.1f store_free_B/recipient=%.1f\n", h/n, m/n, f/n}' "$work/metrics.after-bench"
 	echo "$gc_share"
 fi
 if [ -n "$serving_snap" ]; then
