@@ -350,7 +350,7 @@ func TestMemoryLimitTakesFreeBlocks(t *testing.T) {
 	for range 2 {
 		sweepAll(t, st, ref, t0+time.Minute.Milliseconds())
 	}
-	free := st.mem.blocks.freeBytes.Load()
+	free := st.Memory().FreeBytes
 	if free < 2*blockBytes {
 		t.Fatalf("%d bytes of free blocks after the sweeps, want at least 2 blocks", free)
 	}
@@ -370,13 +370,13 @@ func TestMemoryLimitTakesFreeBlocks(t *testing.T) {
 		}
 	}
 	after := st.Memory()
-	if got := st.mem.blocks.freeBytes.Load(); got > free-blockBytes {
+	if got := after.FreeBytes; got > free-blockBytes {
 		t.Errorf("free blocks %d -> %d bytes: none taken by %d new recipients", free, got, fresh)
 	}
 	if after.MappedBytes != m.MappedBytes {
 		t.Errorf("mapped %d -> %d bytes for new recipients at the limit", m.MappedBytes, after.MappedBytes)
 	}
-	if held := after.HeldBytes + st.mem.blocks.freeBytes.Load(); held > st.mem.limit {
+	if held := after.HeldBytes + after.FreeBytes; held > st.mem.limit {
 		t.Errorf("held with free blocks %d bytes, past the limit %d", held, st.mem.limit)
 	}
 	if after.Refused != 1 || after.Overshoots != 0 {
@@ -385,5 +385,5 @@ func TestMemoryLimitTakesFreeBlocks(t *testing.T) {
 	if got, want := after.HeldBytes, heldNow(st); got != want {
 		t.Fatalf("running count %d, recount %d", got, want)
 	}
-	t.Logf("%d new recipients admitted at the limit; free blocks %d -> %d bytes", fresh, free, st.mem.blocks.freeBytes.Load())
+	t.Logf("%d new recipients admitted at the limit; free blocks %d -> %d bytes", fresh, free, after.FreeBytes)
 }
