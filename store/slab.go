@@ -227,8 +227,12 @@ func (s *slab) release(i uint32) {
 	addHeld(s.held, int64(cap(s.free)-c)*4)
 }
 
-// hasRoom reports whether alloc would hand out a slot without allocating.
-func (s *slab) hasRoom() bool {
+// hasHeldRoom reports whether alloc would hand out a slot without adding to
+// what the store holds with its free blocks (memory.over): a free slot, room
+// in its chunks, or a next chunk that is a block the store keeps free, taken
+// rather than mapped anew. A caller under another partition's lock may take
+// that block first; the store then passes its limit by one block.
+func (s *slab) hasHeldRoom() bool {
 	if len(s.free) > 0 {
 		return true
 	}
@@ -236,23 +240,7 @@ func (s *slab) hasRoom() bool {
 		return false
 	}
 	c, _ := s.locate(s.next)
-	return c < len(s.chunks)
-}
-
-// hasHeldRoom reports whether alloc would hand out a slot without adding to
-// what the store holds with its free blocks (memory.over): a slot of its
-// own (hasRoom), or a next chunk that is a block the store keeps free, taken
-// rather than mapped anew. A caller under another partition's lock may take
-// that block first; the store then passes its limit by one block.
-func (s *slab) hasHeldRoom() bool {
-	if s.hasRoom() {
-		return true
-	}
-	if s.next == maxSlots {
-		return false
-	}
-	c, _ := s.locate(s.next)
-	return s.fromBlocks(c) && s.chunkLen(c) >= minBlockUse && s.blocks.hasFree()
+	return c < len(s.chunks) || s.fromBlocks(c) && s.chunkLen(c) >= minBlockUse && s.blocks.hasFree()
 }
 
 // inUse returns the slots holding a record: those handed out, less the free
