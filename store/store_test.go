@@ -642,13 +642,7 @@ func TestSweepCompactsAtTheLimitOnlyIntoFreeSlots(t *testing.T) {
 		}
 	}
 	now := t0 + n + 2*3_600_000
-	sweep := func() {
-		for pos := 0; pos >= 0; {
-			if pos, _, err = st.Sweep(0, ref, pos, now, 2048); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	sweep := func() { sweepAll(t, st, ref, now-ref.rules.Longest()) }
 	sweep()
 	if s := st.Stats(ref); s.Compacted != 0 {
 		t.Fatalf("at the limit with no free slot of the smaller class, %d records compacted", s.Compacted)
@@ -689,13 +683,7 @@ func TestSweepCompactsAtTheLimitWithAFullIndex(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sweep := func(now int64) {
-		for pos := 0; pos >= 0; {
-			if pos, _, err = st.Sweep(0, ref, pos, now, 4096); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	sweep := func(now int64) { sweepAll(t, st, ref, now-ref.rules.Longest()) }
 	// Free slots of the class a compacted record takes (one send, no
 	// content): 40 such records expire, one stays so that the class keeps
 	// its chunk.
