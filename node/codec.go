@@ -86,8 +86,10 @@ func recvDecoded(recv func(any) error, v any) error {
 }
 
 // decodeInvalid returns a copy of sd whose handlers decode their requests
-// with recvDecoded.
-func decodeInvalid(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
+// with recvDecoded. A stream's messages then go to check, with the stream's
+// context and full method name, which may refuse them (the guard's bind:
+// the Peer service's streams, whose messages name their caller).
+func decodeInvalid(sd *grpc.ServiceDesc, check func(ctx context.Context, method string, req any) error) *grpc.ServiceDesc {
 	c := *sd
 	c.Methods = slices.Clone(sd.Methods)
 	for i := range c.Methods {
@@ -99,15 +101,28 @@ func decodeInvalid(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 	c.Streams = slices.Clone(sd.Streams)
 	for i := range c.Streams {
 		h := c.Streams[i].Handler
-		c.Streams[i].Handler = func(srv any, ss grpc.ServerStream) error { return h(srv, decodingStream{ss}) }
+		method := "/" + sd.ServiceName + "/" + c.Streams[i].StreamName
+		c.Streams[i].Handler = func(srv any, ss grpc.ServerStream) error {
+			return h(srv, decodingStream{ServerStream: ss, method: method, check: check})
+		}
 	}
 	return &c
 }
 
-// decodingStream is a server stream whose RecvMsg decodes with recvDecoded.
-type decodingStream struct{ grpc.ServerStream }
+// decodingStream is a server stream whose RecvMsg decodes with recvDecoded,
+// then lets check refuse the message.
+type decodingStream struct {
+	grpc.ServerStream
+	method string
+	check  func(ctx context.Context, method string, req any) error
+}
 
-func (s decodingStream) RecvMsg(m any) error { return recvDecoded(s.ServerStream.RecvMsg, m) }
+func (s decodingStream) RecvMsg(m any) error {
+	if err := recvDecoded(s.ServerStream.RecvMsg, m); err != nil {
+		return err
+	}
+	return s.check(s.Context(), s.method, m)
+}
 
 // decodeCheckRequest decodes b into req (reset first) as proto.Unmarshal
 // does, with two differences: recipients and domains are not checked for

@@ -656,7 +656,7 @@ func TestDamagedMembersFileStopsOpen(t *testing.T) {
 	}
 	g := gossip.Config{BindAddr: "127.0.0.1", RejoinInterval: -1}
 	ln := NewLocalNetwork()
-	n, err := New(Config{Name: "node-a", AdvertiseAddr: "node-a.in-memory:1", Peers: ln.Peers(), Cluster: &g, DataDir: dir, SweepInterval: -1})
+	n, err := New(Config{Name: "node-a", AdvertiseAddr: "node-a.in-memory:1", Peers: ln.Peers(), Cluster: &g, DataDir: dir, SweepInterval: -1, InsecurePeers: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ func startLocalCfg(t *testing.T, ln *LocalNetwork, cfg Config, join ...string) *
 	name := cfg.Name
 	addr := name + ".in-memory:1"
 	cfg.AdvertiseAddr, cfg.Cluster, cfg.SweepInterval = addr, &g, -1
+	cfg.InsecurePeers = true // a LocalNetwork: no listener anyone could call
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -1117,6 +1117,9 @@ func (n *Node) peerView(caller string, epoch uint64, sameEpoch bool) (*cluster, 
 // member left out of the ring for its older protocol still acquires from
 // this node while the majority has not yet changed binaries.
 func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+	if req.Node == n.cfg.Name {
+		return nil, n.refuse("a node never acquires from itself, and %q is this node's name", req.Node)
+	}
 	r, err := n.peerRing(req.Node, req.RingEpoch, true)
 	if err != nil {
 		return nil, err
@@ -1165,6 +1168,9 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 // Release answers Peer.Release: it drops its copy of each partition it
 // neither owns nor backs under its ring, nor owes its owner (rule 7).
 func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	if req.Node == n.cfg.Name {
+		return nil, n.refuse("a node never releases to itself, and %q is this node's name", req.Node)
+	}
 	r, err := n.peerRing(req.Node, req.RingEpoch, true)
 	if err != nil {
 		return nil, err

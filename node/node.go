@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
@@ -185,6 +187,26 @@ type Config struct {
 	// the same CA signed is not taken for a peer; "" means any verified
 	// certificate.
 	PeerName string
+	// PeerKeys are the keys the cluster's members share (the gossip keys:
+	// cmd/freqring reads one file for both). The node signs every call it
+	// makes to a peer with the first (when Peers is nil; else Peers must
+	// carry PeerCallCredentials) and takes a Peer call signed under any of
+	// them, naming its caller (security.go). nil means calls are not
+	// signed.
+	PeerKeys Keys
+	// InsecurePeers lets anyone who reaches the listener call the Peer
+	// service. A cluster member (Cluster set) needs PeerKeys, PeerMTLS or
+	// this; use it only on a network where nobody else can reach the
+	// listener, or while a cluster moves to PeerKeys (members sign their
+	// calls, and take unsigned ones too, until every one has the keys).
+	InsecurePeers bool
+	// AdminTokens are the bearer tokens an operator's Admin.SetOverride and
+	// DeleteOverride must carry (or, under PeerMTLS, a verified client
+	// certificate). nil means none: such calls are refused unless
+	// InsecureAdmin.
+	AdminTokens Keys
+	// InsecureAdmin lets anyone who reaches the listener change overrides.
+	InsecureAdmin bool
 
 	// Services register further gRPC services for the node on the server
 	// NewGRPCServer returns, beside the node's own: the Envoy rate limit
@@ -258,6 +280,12 @@ func (c *Config) validate() error {
 	if c.AsyncBound < 1 || c.AsyncBound > 1<<20 {
 		return fmt.Errorf("node: AsyncBound %d out of range [1, %d]", c.AsyncBound, 1<<20)
 	}
+	if c.Cluster != nil && c.PeerKeys == nil && !c.PeerMTLS && !c.InsecurePeers {
+		return fmt.Errorf("node: %w", ErrNoPeerAuth)
+	}
+	if c.PeerKeys != nil && len(c.PeerKeys.Keys()) == 0 {
+		return errors.New("node: PeerKeys holds no key")
+	}
 	if c.PeerMTLS && (c.TLS == nil || c.TLS.ClientAuth < tls.VerifyClientCertIfGiven) {
 		return fmt.Errorf("node: PeerMTLS needs TLS with ClientAuth at least VerifyClientCertIfGiven (have TLS %v)", c.TLS != nil)
 	}
@@ -272,6 +300,11 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// ErrNoPeerAuth is New's error for a cluster member whose Peer service
+// would take calls from anyone: Config.PeerKeys, PeerMTLS or InsecurePeers
+// must say who its peers are.
+var ErrNoPeerAuth = errors.New("a cluster member needs peer authentication: cluster keys (--cluster-keys FILE: `head -c 32 /dev/urandom | base64 > FILE`, the same file on every member), or peer certificates (--tls-cert, --tls-key, --tls-ca); --insecure-peers runs without, for a network nobody else can reach")
 
 // Node decides checks against its rules over in-memory records. It is safe
 // for concurrent use.
@@ -295,6 +328,7 @@ type Node struct {
 
 	clus  atomic.Pointer[cluster] // set by Open; RPCs may read it before
 	peers Peers
+	guard *guard // who may call the Peer and Admin services (security.go)
 	ho    *handoff
 	// moverCtx is cancelled by Close: it ends partition moves in progress.
 	moverCtx  context.Context
@@ -398,8 +432,13 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), store: st, peers: cfg.Peers, started: time.Now(),
 		stopping: make(chan struct{}), usage: tr}
 	if n.peers == nil {
-		n.peers = GRPCPeers()
+		var opts []grpc.DialOption
+		if cfg.PeerKeys != nil {
+			opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(PeerCallCredentials(cfg.Name, cfg.PeerKeys)))
+		}
+		n.peers = GRPCPeers(opts...)
 	}
+	n.guard = newGuard(&n.cfg, n.log)
 	n.ho = newHandoff(st.Partitions())
 	n.replicators = map[string]*replicator{}
 	n.unacked = make([]atomic.Int64, st.Partitions())
@@ -522,6 +561,10 @@ type Stats struct {
 	// their partition's backup and sends the backup did not confirm;
 	// ReplicationLag is the sends admitted and not yet on a backup (async).
 	ReplicatedSends, ReplicationFailures, ReplicationLag int64
+	// RefusedPeerCalls and RefusedAdminCalls count the calls to the Peer and
+	// Admin services refused because their caller was not authenticated as
+	// a member or an operator (security.go).
+	RefusedPeerCalls, RefusedAdminCalls int64
 	// ReplicateCalls counts the Replicate calls made to backups, each
 	// carrying the sends of concurrent batches; ReplicateUnaryCalls those of
 	// them made as unary calls instead of on a ReplicateStream (a backup of
@@ -572,7 +615,8 @@ func (n *Node) Stats() Stats {
 		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
 		Memory: n.store.Memory(), Serving: n.Serving(),
 		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load(),
-		ReplicateCalls: n.replCalls.Load(), ReplicateUnaryCalls: n.replUnaryCalls.Load()}
+		ReplicateCalls: n.replCalls.Load(), ReplicateUnaryCalls: n.replUnaryCalls.Load(),
+		RefusedPeerCalls: n.guard.refusedPeer.Load(), RefusedAdminCalls: n.guard.refusedAdmin.Load()}
 	for p := range n.unacked {
 		s.ReplicationLag += n.unacked[p].Load()
 	}

@@ -191,8 +191,8 @@ func (n *Node) SetOverride(ctx context.Context, req *pb.OverrideSetRequest) (*pb
 	if o.Version == 0 {
 		o.Version = n.nowMs()
 	}
-	if o.Version < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "override %q: version: %d is negative", o.Name, o.Version)
+	if err := n.checkVersion("override "+strconvQuote(o.Name), o.Version); err != nil {
+		return nil, err
 	}
 	n.admin.mu.Lock()
 	defer n.admin.mu.Unlock()
@@ -235,6 +235,9 @@ func (n *Node) DeleteOverride(ctx context.Context, req *pb.OverrideDeleteRequest
 	if version == 0 {
 		version = n.nowMs()
 	}
+	if err := n.checkVersion("delete of override "+strconvQuote(req.Name), version); err != nil {
+		return nil, err
+	}
 	n.admin.mu.Lock()
 	defer n.admin.mu.Unlock()
 	prev, ok := n.admin.list[req.Name]
@@ -252,6 +255,29 @@ func (n *Node) DeleteOverride(ctx context.Context, req *pb.OverrideDeleteRequest
 	n.log.Info("admin override lifted", "override", req.Name)
 	return &pb.OverrideDeleteResponse{Node: n.cfg.Name, Deleted: true}, nil
 }
+
+// MaxVersionAhead is how far ahead of a node's clock the version of an
+// admin override or of its deletion (unix ms, the time it was made) may be.
+// A version far ahead would outrank every change an operator makes until
+// then: one of 2^62 could never be lifted.
+const MaxVersionAhead = time.Minute
+
+// checkVersion refuses a version (unix ms) that is negative or more than
+// MaxVersionAhead ahead of the node's clock; what names the change.
+func (n *Node) checkVersion(what string, version int64) error {
+	now := n.nowMs()
+	switch {
+	case version < 0:
+		return status.Errorf(codes.InvalidArgument, "%s: version: %d is negative", what, version)
+	case version > now+MaxVersionAhead.Milliseconds():
+		return status.Errorf(codes.InvalidArgument, "%s: version: %d is %v ahead of node %s's clock (%d ms), more than %v: versions are the unix milliseconds of the change; is the caller's clock right?",
+			what, version, (time.Duration(version-now) * time.Millisecond).Round(time.Second), n.cfg.Name, now, MaxVersionAhead)
+	}
+	return nil
+}
+
+// strconvQuote quotes a name for a message.
+func strconvQuote(s string) string { return fmt.Sprintf("%q", s) }
 
 // commitOverrides makes next the admin layer: on disk first, then in
 // memory and in the view. Callers hold n.admin.mu.
@@ -387,6 +413,10 @@ func (n *Node) SyncOverrides(ctx context.Context) {
 			local = max(local, v)
 		}
 		if e.o.Version <= local {
+			continue
+		}
+		if err := n.checkVersion("override "+strconvQuote(name), e.o.Version); err != nil {
+			n.log.Warn("override sync: a peer's override is versioned ahead of this node's clock: not adopted", "override", name, "err", err)
 			continue
 		}
 		if e.deleted {

@@ -105,13 +105,15 @@ func (s adminServer) ListOverrides(ctx context.Context, req *pb.OverrideListRequ
 
 // NewGRPCServer returns a gRPC server with the node's Limiter, Peer and
 // Admin services and Config.Services, gRPC health (NOT_SERVING until the caller sets it) and reflection registered,
-// and the health server. It enforces Config.Limits; opts come after them.
+// and the health server. It enforces Config.Limits and who may call the
+// Peer and Admin services (security.go); opts come after them.
 func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
-	opts = append(append(n.cfg.Limits.serverOptions(), grpc.ForceServerCodecV2(newServerCodec())), opts...) // codec.go
+	opts = append(append(n.cfg.Limits.serverOptions(), grpc.ForceServerCodecV2(newServerCodec()), // codec.go
+		grpc.ChainUnaryInterceptor(n.guard.unary), grpc.ChainStreamInterceptor(n.guard.stream)), opts...) // security.go
 	srv := grpc.NewServer(opts...)
-	srv.RegisterService(decodeInvalid(&pb.Limiter_ServiceDesc), limiterServer{n: n}) // codec.go
-	srv.RegisterService(decodeInvalid(&pb.Peer_ServiceDesc), peerServer{n: n})
-	srv.RegisterService(decodeInvalid(&pb.Admin_ServiceDesc), adminServer{n: n})
+	srv.RegisterService(decodeInvalid(&pb.Limiter_ServiceDesc, n.guard.bind), limiterServer{n: n}) // codec.go
+	srv.RegisterService(decodeInvalid(&pb.Peer_ServiceDesc, n.guard.bind), peerServer{n: n})
+	srv.RegisterService(decodeInvalid(&pb.Admin_ServiceDesc, n.guard.bind), adminServer{n: n})
 	for _, register := range n.cfg.Services {
 		register(srv, n)
 	}
@@ -140,7 +142,7 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	srv, hs := n.NewGRPCServer(n.serverOptions()...)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
-	n.log.Info("listening", "addr", lis.Addr().String(), "tls", n.cfg.TLS != nil, "peer_mtls", n.cfg.PeerMTLS, "rules", n.view.Load().rules.Source(), "domains", n.view.Load().names, "partitions", n.store.Partitions(), "data_dir", n.cfg.DataDir)
+	n.log.Info("listening", "addr", lis.Addr().String(), "tls", n.cfg.TLS != nil, "peer_mtls", n.cfg.PeerMTLS, "peer_keys", n.cfg.PeerKeys != nil, "insecure_peers", n.cfg.InsecurePeers, "rules", n.view.Load().rules.Source(), "domains", n.view.Load().names, "partitions", n.store.Partitions(), "data_dir", n.cfg.DataDir)
 	if err := n.Open(ctx); err != nil {
 		srv.Stop()
 		<-errc

@@ -24,7 +24,8 @@ import (
 func TestShutdownEndsWatchers(t *testing.T) {
 	for _, clustered := range []bool{false, true} {
 		t.Run(map[bool]string{false: "alone", true: "gossip"}[clustered], func(t *testing.T) {
-			cfg := node.Config{ShutdownGrace: 10 * time.Minute}
+			keys := node.StaticKeys{[]byte("0123456789abcdef0123456789abcdef")}
+			cfg := node.Config{ShutdownGrace: 10 * time.Minute, PeerKeys: keys}
 			if clustered {
 				g := nodetest.FastGossip()
 				cfg.Cluster, cfg.Name = &g, "node-0"
@@ -46,7 +47,10 @@ func TestShutdownEndsWatchers(t *testing.T) {
 			if err := nodetest.WaitServing(wctx, lis.Addr().String()); err != nil {
 				t.Fatal(err)
 			}
-			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			// Signed as a member (whose name is not in the ring): its
+			// ReplicateStream gets past the Peer service's guard.
+			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithPerRPCCredentials(node.PeerCallCredentials("stranger", keys)))
 			if err != nil {
 				t.Fatal(err)
 			}

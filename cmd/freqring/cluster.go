@@ -31,6 +31,7 @@ func cluster(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
 	tf := addTLSFlags(fs, true)
 	af := addAdminFlags(fs, true)
+	auth := addAuthFlags(fs, true)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring cluster [flags]\n\nRuns a local cluster on 127.0.0.1 until SIGINT or SIGTERM.\n\n")
 		fs.PrintDefaults()
@@ -71,10 +72,21 @@ func cluster(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			adminAddrs = append(adminAddrs, a)
 		}
 	}
+	var tokens *tokenFile
+	if *auth.adminTokens != "" {
+		if tokens, err = loadTokenFile(*auth.adminTokens); err != nil {
+			return err
+		}
+	}
 	var obsMu sync.Mutex
 	observers := map[string]*metrics.Observer{} // by node name: a restarted node keeps its histograms
 	observe := func(cfg *node.Config) {
 		nt.apply(cfg)
+		if tokens != nil {
+			cfg.AdminTokens = tokens
+		} else {
+			cfg.InsecureAdmin = *auth.insecureAdmin
+		}
 		obsMu.Lock()
 		defer obsMu.Unlock()
 		if observers[cfg.Name] == nil {

@@ -88,9 +88,10 @@ func TestThreeProcesses(t *testing.T) {
 	var procs []*exec.Cmd
 	var logs []*bytes.Buffer
 	grpcAddr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
+	keys := writeClusterKeys(t)
 	for i := range 3 {
 		args := []string{"serve", "--name", fmt.Sprintf("n%d", i), "--listen", grpcAddr(i), "--admin-listen", "off",
-			"--gossip", fmt.Sprintf("127.0.0.1:%d", ports[3+i]), "--data-dir", filepath.Join(t.TempDir(), "data")}
+			"--gossip", fmt.Sprintf("127.0.0.1:%d", ports[3+i]), "--data-dir", filepath.Join(t.TempDir(), "data"), "--cluster-keys", keys}
 		if i > 0 {
 			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", ports[3]))
 		}

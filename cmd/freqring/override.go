@@ -30,6 +30,7 @@ func overrideCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	addr := fs.String("addr", "127.0.0.1:7070", "gRPC address of any node: the command applies to every member of its ring")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
 	tf := addTLSFlags(fs, false)
+	tokenPath := fs.String("token-file", "", "file of admin tokens (the nodes' --admin-token-file): its first token is sent with each call as the operator's credentials")
 	var domain, recipients, prefixes *string
 	var exempt *bool
 	limits := limitFlags{}
@@ -64,6 +65,11 @@ func overrideCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	tok, err := tokenDialOption(*tokenPath)
+	if err != nil {
+		return err
+	}
+	dial = append(dial, tok...)
 	rr, err := withLimiter(ctx, *addr, dial, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.RingResponse, error) {
 		return c.Ring(ctx, &pb.RingRequest{})
 	})

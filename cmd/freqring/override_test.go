@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/rules"
 
@@ -17,13 +18,26 @@ import (
 // is refused by every member and changes nothing; "delete" lifts it.
 func TestOverrideCommand(t *testing.T) {
 	ctx := context.Background()
-	lc, err := nodetest.Start(ctx, nodetest.Config{Size: 2, Rules: rules.Default()})
+	tokens := writeTokenFile(t)
+	operator, err := loadTokenFile(tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc, err := nodetest.Start(ctx, nodetest.Config{Size: 2, Rules: rules.Default(), Node: func(cfg *node.Config) { cfg.AdminTokens = operator }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lc.Close()
 	addr := lc.Addrs()[0]
+	// Without the operator's token, every member refuses.
 	code, out, errOut := runCmd(ctx, "override", "set", "--addr", addr, "--prefixes", "+1555", "--limit", "recipient-1m=1", "vip")
+	if code == 0 || strings.Count(out, "Unauthenticated") != 2 || !strings.Contains(out, "--admin-token-file") {
+		t.Fatalf("set without a token: exit %d\n%s%s", code, out, errOut)
+	}
+	runCmd := func(ctx context.Context, args ...string) (int, string, string) {
+		return runCmd(ctx, append(args, "--token-file", tokens)...)
+	}
+	code, out, errOut = runCmd(ctx, "override", "set", "--addr", addr, "--prefixes", "+1555", "--limit", "recipient-1m=1", "vip")
 	if code != 0 || strings.Count(out, `set "vip", version `) != 2 {
 		t.Fatalf("set: exit %d\n%s%s", code, out, errOut)
 	}

@@ -10,6 +10,9 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -134,41 +137,220 @@ func (f *tlsFlags) nodeTLS(clustered bool, log *slog.Logger) (nodeTLS, error) {
 	return t, nil
 }
 
-// serveSecurity applies the TLS flags and the gossip keys file to cfg, a
-// cluster member if cfg.Cluster is set, and returns the gossip keyring
-// (nil without --gossip-keys) for watchGossipKeys.
-func serveSecurity(cfg *node.Config, tf *tlsFlags, keysPath string, log *slog.Logger) (*gossip.Keyring, error) {
-	var keyring *gossip.Keyring
-	if keysPath != "" {
+// authFlags are serve's flags that say who may call the Peer and Admin
+// services (besides the TLS flags).
+type authFlags struct {
+	clusterKeys, gossipKeys *string // one file; --gossip-keys is its old name
+	insecurePeers           *bool
+	adminTokens             *string
+	insecureAdmin           *bool
+}
+
+// addAuthFlags defines the authentication flags on fs; serving in one
+// process on loopback (freqring cluster) has no --insecure-peers: its nodes
+// share a key they make.
+func addAuthFlags(fs *flag.FlagSet, cluster bool) *authFlags {
+	f := &authFlags{}
+	f.adminTokens = fs.String("admin-token-file", "", "file of admin bearer tokens, one a line (at least 16 bytes each: `head -c 32 /dev/urandom | base64`): Admin calls that change overrides must carry one (freqring override --token-file); read again when the file changes")
+	if cluster {
+		f.insecureAdmin = fs.Bool("insecure-admin", true, "let any caller on 127.0.0.1 change overrides when no --admin-token-file is given")
+		return f
+	}
+	f.clusterKeys = fs.String("cluster-keys", "", "file of the cluster's keys, one base64 key (16, 24 or 32 bytes: `head -c 32 /dev/urandom | base64`) a line, the primary first, the same file on every member: they encrypt and authenticate gossip and sign every call between members; required with --gossip or --join unless --insecure-peers or peer certificates (--tls-ca). Applied again when the file changes (key rotation: docs/security.md)")
+	f.gossipKeys = fs.String("gossip-keys", "", "the old name of --cluster-keys")
+	f.insecurePeers = fs.Bool("insecure-peers", false, "let anyone who reaches --listen call the Peer service (forward, move partitions, replicate) when the node has no cluster keys or peer certificates; only for a network nobody else can reach, or while a cluster moves to --cluster-keys")
+	f.insecureAdmin = fs.Bool("insecure-admin", false, "let anyone who reaches --listen change overrides without a token (no --admin-token-file)")
+	return f
+}
+
+// keysPath returns the cluster keys file and the name of the flag that
+// gave it (--cluster-keys, or its old name --gossip-keys), for messages.
+func (f *authFlags) keysPath() (path, flagName string, err error) {
+	if f.clusterKeys == nil {
+		return "", "", nil
+	}
+	if *f.gossipKeys != "" && *f.clusterKeys != "" && *f.gossipKeys != *f.clusterKeys {
+		return "", "", usagef("--cluster-keys %q and --gossip-keys %q: give one (--gossip-keys is its old name)", *f.clusterKeys, *f.gossipKeys)
+	}
+	if *f.clusterKeys == "" && *f.gossipKeys != "" {
+		return *f.gossipKeys, "--gossip-keys", nil
+	}
+	return *f.clusterKeys, "--cluster-keys", nil
+}
+
+// secrets are the files serveSecurity loaded, for their watchers.
+type secrets struct {
+	keysPath   string
+	keyring    *gossip.Keyring // nil without cluster keys
+	tokensPath string
+	tokens     *tokenFile // nil without --admin-token-file
+}
+
+// serveSecurity applies the TLS flags, the cluster keys and the admin
+// tokens to cfg, a cluster member if cfg.Cluster is set (cfg.Name set), and
+// returns what the watchers reload. A cluster member with neither cluster
+// keys nor peer certificates is refused unless --insecure-peers.
+func serveSecurity(cfg *node.Config, tf *tlsFlags, af *authFlags, log *slog.Logger) (secrets, error) {
+	var sec secrets
+	var err error
+	var flagName string
+	if sec.keysPath, flagName, err = af.keysPath(); err != nil {
+		return sec, err
+	}
+	if sec.keysPath != "" {
 		if cfg.Cluster == nil {
-			return nil, usagef("--gossip-keys needs --gossip or --join")
+			return sec, usagef("%s needs --gossip or --join: the keys are the cluster's", flagName)
 		}
-		keys, err := gossipKeys(keysPath)
+		keys, err := gossipKeys(sec.keysPath)
 		if err != nil {
-			return nil, err
+			return sec, fmt.Errorf("%s%s", flagName, strings.TrimPrefix(err.Error(), "--cluster-keys"))
 		}
-		if keyring, err = gossip.NewKeyring(keys); err != nil {
-			return nil, fmt.Errorf("--gossip-keys %s: %w", keysPath, err)
+		if sec.keyring, err = gossip.NewKeyring(keys); err != nil {
+			return sec, fmt.Errorf("%s %s: %w", flagName, sec.keysPath, err)
 		}
-		cfg.Cluster.Keyring = keyring
+		cfg.Cluster.Keyring = sec.keyring
+		cfg.PeerKeys = sec.keyring
+	}
+	if af.insecurePeers != nil {
+		cfg.InsecurePeers = *af.insecurePeers
+	}
+	cfg.InsecureAdmin = *af.insecureAdmin
+	if sec.tokensPath = *af.adminTokens; sec.tokensPath != "" {
+		if sec.tokens, err = loadTokenFile(sec.tokensPath); err != nil {
+			return sec, err
+		}
+		cfg.AdminTokens = sec.tokens
+		cfg.InsecureAdmin = false
 	}
 	nt, err := tf.nodeTLS(cfg.Cluster != nil, log)
 	if err != nil {
-		return nil, err
+		return sec, err
 	}
 	nt.apply(cfg)
-	return keyring, nil
+	if cfg.Cluster != nil && cfg.PeerKeys == nil && !cfg.PeerMTLS && !cfg.InsecurePeers {
+		return sec, usagef("%s", strings.TrimPrefix(node.ErrNoPeerAuth.Error(), "node: "))
+	}
+	if cfg.PeerKeys != nil && cfg.Peers != nil {
+		// Peers over TLS: they sign their calls too.
+		cfg.Peers = node.GRPCPeers(append(nt.dial, grpc.WithPerRPCCredentials(node.PeerCallCredentials(cfg.Name, cfg.PeerKeys)))...)
+	}
+	if cfg.InsecurePeers {
+		log.Warn("--insecure-peers: anyone who reaches the gRPC listener may call the Peer service (close partitions, forge sends); give every member --cluster-keys", "listen", cfg.AdvertiseAddr)
+	}
+	if cfg.InsecureAdmin {
+		log.Warn("--insecure-admin: anyone who reaches the gRPC listener may change overrides; use --admin-token-file")
+	}
+	return sec, nil
+}
+
+// watch reloads the cluster keys and the admin tokens when their files
+// change, until ctx is done.
+func (sec secrets) watch(ctx context.Context, wg *sync.WaitGroup, log *slog.Logger) {
+	if sec.keyring != nil {
+		wg.Go(func() { watchGossipKeys(ctx, sec.keysPath, sec.keyring, time.Second, log) })
+	}
+	if sec.tokens != nil {
+		wg.Go(func() { watchFile(ctx, sec.tokensPath, time.Second, func() { sec.tokens.reload(log) }) })
+	}
+}
+
+// tokenFile is an admin token file, read again by its watcher: a node.Keys.
+type tokenFile struct {
+	path   string
+	tokens atomic.Pointer[[][]byte]
+}
+
+// minTokenBytes is the shortest admin token taken.
+const minTokenBytes = 16
+
+// loadTokenFile reads the admin tokens file at path.
+func loadTokenFile(path string) (*tokenFile, error) {
+	t := &tokenFile{path: path}
+	toks, err := readTokens(path)
+	if err != nil {
+		return nil, err
+	}
+	t.tokens.Store(&toks)
+	return t, nil
+}
+
+// Keys returns the tokens, the first line's first.
+func (t *tokenFile) Keys() [][]byte { return *t.tokens.Load() }
+
+// reload reads the file again; a file that does not parse is logged and
+// changes nothing.
+func (t *tokenFile) reload(log *slog.Logger) {
+	toks, err := readTokens(t.path)
+	if err != nil {
+		log.Error("admin tokens not changed", "err", err)
+		return
+	}
+	if slices.EqualFunc(toks, t.Keys(), bytes.Equal) {
+		return
+	}
+	t.tokens.Store(&toks)
+	log.Info("admin tokens changed", "file", t.path, "tokens", len(toks))
+}
+
+// readTokens reads a token file: one token a line, blank lines and lines
+// starting with # skipped.
+func readTokens(path string) ([][]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--admin-token-file %s: %w", path, err)
+	}
+	var toks [][]byte
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if len(line) < minTokenBytes {
+			return nil, fmt.Errorf("--admin-token-file %s: line %d: a token of %d bytes; use at least %d (head -c 32 /dev/urandom | base64)", path, i+1, len(line), minTokenBytes)
+		}
+		toks = append(toks, []byte(line))
+	}
+	if len(toks) == 0 {
+		return nil, fmt.Errorf("--admin-token-file %s: no token in the file", path)
+	}
+	return toks, nil
+}
+
+// bearerToken is the per-call credentials of a command that calls the Admin
+// service with an operator's token.
+type bearerToken string
+
+func (t bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+
+// RequireTransportSecurity is false: a node on loopback or a private
+// network takes tokens over plaintext (docs/security.md says what that
+// exposes).
+func (bearerToken) RequireTransportSecurity() bool { return false }
+
+// tokenDialOption returns the dial option that sends the first token of
+// the file at path with every call; none for "".
+func tokenDialOption(path string) ([]grpc.DialOption, error) {
+	if path == "" {
+		return nil, nil
+	}
+	toks, err := readTokens(path)
+	if err != nil {
+		return nil, usagef("%s", strings.Replace(err.Error(), "--admin-token-file", "--token-file", 1))
+	}
+	return []grpc.DialOption{grpc.WithPerRPCCredentials(bearerToken(toks[0]))}, nil
 }
 
 // gossipKeys reads the gossip keys file at path (see gossip.ParseKeys).
 func gossipKeys(path string) ([][]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("--gossip-keys %s: %w", path, err)
+		return nil, fmt.Errorf("--cluster-keys %s: %w", path, err)
 	}
 	keys, err := gossip.ParseKeys(b)
 	if err != nil {
-		return nil, fmt.Errorf("--gossip-keys %s: %w", path, err)
+		return nil, fmt.Errorf("--cluster-keys %s: %w", path, err)
 	}
 	return keys, nil
 }
@@ -178,6 +360,27 @@ func gossipKeys(path string) ([][]byte, error) {
 // until ctx is done. A file that does not parse is logged and changes
 // nothing.
 func watchGossipKeys(ctx context.Context, path string, kr *gossip.Keyring, interval time.Duration, log *slog.Logger) {
+	watchFile(ctx, path, interval, func() {
+		keys, err := gossipKeys(path)
+		if err != nil {
+			log.Error("gossip keys not changed", "err", err)
+			return
+		}
+		if slices.EqualFunc(keys, kr.Keys(), bytes.Equal) {
+			return
+		}
+		if err := kr.Set(keys); err != nil {
+			log.Error("gossip keys not changed", "err", err)
+			return
+		}
+		log.Info("gossip keys changed", "file", path, "keys", len(keys))
+	})
+}
+
+// watchFile calls changed at its first tick and whenever the modification
+// time or size of the file at path changes, checking every interval, until
+// ctx is done.
+func watchFile(ctx context.Context, path string, interval time.Duration, changed func()) {
 	stamp := func() (time.Time, int64) {
 		fi, err := os.Stat(path)
 		if err != nil {
@@ -200,18 +403,6 @@ func watchGossipKeys(ctx context.Context, path string, kr *gossip.Keyring, inter
 			continue
 		}
 		mod, size = m, s
-		keys, err := gossipKeys(path)
-		if err != nil {
-			log.Error("gossip keys not changed", "err", err)
-			continue
-		}
-		if slices.EqualFunc(keys, kr.Keys(), bytes.Equal) {
-			continue
-		}
-		if err := kr.Set(keys); err != nil {
-			log.Error("gossip keys not changed", "err", err)
-			continue
-		}
-		log.Info("gossip keys changed", "file", path, "keys", len(keys))
+		changed()
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"encoding/base64"
 	"log/slog"
@@ -100,6 +101,13 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{append([]string{"serve", "--tls-cert", cert, "--tls-key", key, "--tls-client-auth", "maybe"}, listen...), 2, `--tls-client-auth "maybe"`},
 		{append([]string{"serve", "--gossip-keys", keysFile}, listen...), 2, "--gossip-keys needs --gossip or --join"},
 		{append([]string{"serve", "--gossip-keys", keysFile, "--gossip", "127.0.0.1:0"}, listen...), 1, "--gossip-keys " + keysFile + ": gossip: keys line 2"},
+		{append([]string{"serve", "--cluster-keys", keysFile, "--gossip", "127.0.0.1:0"}, listen...), 1, "--cluster-keys " + keysFile + ": gossip: keys line 2"},
+		{append([]string{"serve", "--cluster-keys", keysFile, "--gossip-keys", missing, "--gossip", "127.0.0.1:0"}, listen...), 2, "give one"},
+		// A cluster member that would take Peer calls from anyone.
+		{append([]string{"serve", "--gossip", "127.0.0.1:0"}, listen...), 2, "a cluster member needs peer authentication: cluster keys (--cluster-keys FILE"},
+		{append([]string{"serve", "--join", "127.0.0.1:1", "--admin-token-file", missing}, listen...), 1, "--admin-token-file " + missing},
+		{append([]string{"serve", "--admin-token-file", keysFile}, listen...), 1, "line 2: a token of 5 bytes; use at least 16"},
+		{[]string{"override", "list", "--token-file", missing}, 2, "--token-file " + missing},
 		{[]string{"check", "--tls-ca", missing, "r"}, 1, "--tls-ca " + missing},
 		{[]string{"status", "--tls-cert", cert}, 2, "give both or neither"},
 	} {
@@ -181,4 +189,26 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// writeClusterKeys writes a cluster keys file of one random key and returns
+// its path.
+func writeClusterKeys(t *testing.T) string {
+	t.Helper()
+	key := make([]byte, 32)
+	rand.Read(key)
+	path := filepath.Join(t.TempDir(), "cluster.keys")
+	testcert.WriteFile(t, path, []byte(base64.StdEncoding.EncodeToString(key)+"\n"))
+	return path
+}
+
+// writeTokenFile writes an admin token file of one random token and
+// returns its path.
+func writeTokenFile(t *testing.T) string {
+	t.Helper()
+	tok := make([]byte, 24)
+	rand.Read(tok)
+	path := filepath.Join(t.TempDir(), "admin.token")
+	testcert.WriteFile(t, path, []byte("# the operators' token\n"+base64.StdEncoding.EncodeToString(tok)+"\n"))
+	return path
 }

@@ -40,7 +40,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	tf := addTLSFlags(fs, true)
 	af := addAdminFlags(fs, false)
 	hf := addHTTPFlags(fs)
-	gossipKeysPath := fs.String("gossip-keys", "", "file of gossip encryption keys, one base64 key (16, 24 or 32 bytes) a line, the primary first; encrypts and authenticates gossip, and is applied again when the file changes (key rotation: README, Security)")
+	auth := addAuthFlags(fs, false)
 	dataDir := fs.String("data-dir", "", "directory of the write-ahead log and snapshots (default: memory only, a restart forgets every send)")
 	syncPolicy := fs.String("sync", "batch", "WAL fsync policy: batch (fsync before each reply), interval (every --sync-interval), none (leave it to the OS)")
 	syncInterval := fs.Duration("sync-interval", 10*time.Millisecond, "fsync period with --sync interval")
@@ -166,7 +166,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		nc.Cluster = gc
 	}
-	keyring, err := serveSecurity(&nc, tf, *gossipKeysPath, logger)
+	if nc.Name == "" {
+		// The default name, resolved here: the node signs its peer calls
+		// with it.
+		if nc.Name, err = os.Hostname(); err != nil {
+			return fmt.Errorf("--name is not set and the host name is unknown: %w", err)
+		}
+	}
+	sec, err := serveSecurity(&nc, tf, auth, logger)
 	if err != nil {
 		return err
 	}
@@ -236,13 +243,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	rulesWatcher.Go(func() { watchRules(rctx, *rulesPath, rs, *rulesWatch, n, logger) })
 	defer rulesWatcher.Wait()
 	defer cancelRules()
-	if keyring != nil {
-		var watcher sync.WaitGroup
-		wctx, cancel := context.WithCancel(ctx)
-		watcher.Go(func() { watchGossipKeys(wctx, *gossipKeysPath, keyring, time.Second, logger) })
-		defer watcher.Wait()
-		defer cancel()
-	}
+	var watchers sync.WaitGroup
+	wctx, cancelWatch := context.WithCancel(ctx)
+	sec.watch(wctx, &watchers, logger)
+	defer watchers.Wait()
+	defer cancelWatch()
 	return n.Serve(ctx, lis)
 }
 

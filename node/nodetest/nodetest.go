@@ -14,6 +14,7 @@ package nodetest
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -57,6 +58,11 @@ type Config struct {
 	// serve) dial nodes with; nil means plaintext. A cluster whose Node hook
 	// turns TLS on passes its TLS credentials here.
 	DialOptions []grpc.DialOption
+	// PeerKeys are the cluster keys its nodes sign their peer calls with
+	// (node.Config.PeerKeys); nil means a random key Start makes, so that
+	// every test cluster authenticates its peers as a production one does.
+	// Gossip stays plaintext unless Gossip carries a Keyring.
+	PeerKeys node.Keys
 	// Node, if set, adjusts each node's config last.
 	Node func(cfg *node.Config)
 	// StartTimeout bounds the wait for a node to serve and for rings to
@@ -133,6 +139,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	if cfg.NamePrefix == "" {
 		cfg.NamePrefix = "node-"
+	}
+	if cfg.PeerKeys == nil {
+		key := make([]byte, 32)
+		rand.Read(key)
+		cfg.PeerKeys = node.StaticKeys{key}
 	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 30 * time.Second
@@ -214,7 +225,7 @@ func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
 	}
 	m.GossipAddr = fmt.Sprintf("127.0.0.1:%d", gc.BindPort)
 	ncfg := node.Config{Rules: c.cfg.Rules, Clock: c.cfg.Clock, Name: m.Name, AdvertiseAddr: m.Addr,
-		Cluster: &gc, Logger: c.cfg.Logger}
+		Cluster: &gc, Logger: c.cfg.Logger, PeerKeys: c.cfg.PeerKeys}
 	if c.cfg.DataDir != "" {
 		ncfg.DataDir = filepath.Join(c.cfg.DataDir, m.Name)
 	}
