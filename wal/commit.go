@@ -12,11 +12,12 @@ type batch struct {
 	buf    []byte  // framed records
 	n      int     // records in buf
 	sync   bool    // fsync after writing, whatever the policy (Sync)
-	rotate bool    // cut a new segment after writing (Rotate)
-	res    *result // shared by everyone waiting on this batch; nil until the first
+	rotate  bool    // cut a new segment after writing (Rotate)
+	recover bool    // bring a failed log back before writing (Recover)
+	res     *result // shared by everyone waiting on this batch; nil until the first
 }
 
-func (b *batch) hasWork() bool { return len(b.buf) > 0 || b.sync || b.rotate }
+func (b *batch) hasWork() bool { return len(b.buf) > 0 || b.sync || b.rotate || b.recover }
 
 // result is what the flusher tells the waiters of one batch. A new one is
 // made per batch, so a waiter may read it after the batch buffer is reused.
@@ -245,7 +246,7 @@ func (l *Log) flushLoop() {
 		}
 		l.flush(b, closing, sticky)
 
-		b.n, b.sync, b.rotate, b.res = 0, false, false, nil
+		b.n, b.sync, b.rotate, b.recover, b.res = 0, false, false, false, nil
 		if cap(b.buf) > 2*l.opts.MaxBatchBytes {
 			b.buf = nil // after a huge record; do not keep the memory
 		}

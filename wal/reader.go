@@ -90,6 +90,7 @@ func (l *Log) recover() error {
 		}
 		l.segs = append(l.segs, info)
 		l.f, l.seq, l.size, l.end = f, seq, info.Size, end
+		l.good = l.size
 	} else {
 		last := l.segs[len(l.segs)-1]
 		f, err := os.OpenFile(last.Path, os.O_WRONLY, 0)
@@ -97,6 +98,7 @@ func (l *Log) recover() error {
 			return fmt.Errorf("wal: %w", err)
 		}
 		l.f, l.seq, l.size, l.end = f, last.Seq, last.Size, lastEnd
+		l.good = l.size
 	}
 	// A last segment with skipped damage is sealed at once, so that nothing
 	// more is appended after the damage and retention removes it in time.

@@ -80,7 +80,10 @@ type Options struct {
 	// observer's hook here; the package stays free of metrics libraries.
 	OnFsync func(d time.Duration)
 
-	testHookFlush    func() // called by the flusher after it takes a batch; tests only
+	testHookFlush func() // called by the flusher after it takes a batch; tests only
+	// testHookWriteAt, if set, writes a batch in place of the active
+	// segment's WriteAt: tests fail writes (a full disk) with it.
+	testHookWriteAt  func(f *os.File, b []byte, off int64) (int, error)
 	testHookPrepare  func() // called by the preparer before it makes a spare segment; tests only
 	testHookPrepared func() // called by the preparer once a spare segment is ready for a cut; tests only
 	noSpare          bool   // no preparer: every cut makes a plain file; tests and benchmarks only
@@ -187,10 +190,13 @@ type Stats struct {
 	SkippedBytes int64 // damaged bytes skipped by Open (Options.SkipCorrupt)
 	PreparedCuts int64 // segments cut from a spare segment the preparer had zeroed in advance
 	GroupWaits   int64 // batches the flusher held back for announced appends (Expect)
+	Failures     int64 // times a write or fsync error failed the log (see Recover)
+	Recoveries   int64 // times Recover brought a failed log back
 }
 
 type counters struct {
 	appends, batches, bytes, fsyncs, fsyncNanos, rotations, tornBytes, skippedBytes, preparedCuts, groupWaits atomic.Int64
+	failures, recoveries                                                                                      atomic.Int64
 }
 
 // Log is an append-only write-ahead log of opaque payloads, kept as a
@@ -205,7 +211,7 @@ type Log struct {
 	spare   *batch        // the other buffer; nil while the flusher writes it
 	room    chan struct{} // closed when the flusher takes pending; nil when nobody waits for room
 	closed  bool
-	err     error         // sticky write or fsync error; the log takes no more appends
+	err     error         // sticky write or fsync error; the log takes no more appends until Recover clears it
 	arrived chan struct{} // cap 1: an announced Append joined pending, or an announcement was withdrawn
 	segs    []SegmentInfo // every segment, oldest first; the last one is active
 
@@ -216,6 +222,10 @@ type Log struct {
 	seq  uint64   // active segment's sequence number
 	size int64    // active segment's logical size: the end of its last record, where the next batch goes
 	end  int64    // active segment's file length; more than size while it ends in unused pre-zeroed bytes
+	// good is the end of the last batch of the active segment whose
+	// Appends were told it succeeded: Recover truncates the segment to it,
+	// dropping what a failed write or fsync left after it.
+	good int64
 
 	// The preparer goroutine keeps one spare segment ready for the next cut.
 	// Only one spare exists at a time, so sends on these channels never block.
@@ -224,6 +234,7 @@ type Log struct {
 	prepRetry chan struct{} // cap 1: a cut found no spare; after a failure the preparer tries again
 	prepWant  chan struct{} // cap 1: the active segment has reached PrepareAfter
 
+	failed   atomic.Bool             // err is set
 	active   atomic.Pointer[os.File] // f, for the sync loop
 	written  atomic.Int64            // bytes written since Open, for the sync loop
 	expected atomic.Int64            // Appends announced by Expect and not yet made
@@ -390,5 +401,48 @@ func (l *Log) Stats() Stats {
 		SkippedBytes: c.skippedBytes.Load(),
 		PreparedCuts: c.preparedCuts.Load(),
 		GroupWaits:   c.groupWaits.Load(),
+		Failures:     c.failures.Load(),
+		Recoveries:   c.recoveries.Load(),
 	}
+}
+
+// Failed reports whether a write or fsync error failed the log: Appends,
+// Sync and Rotate then fail with Err until Recover succeeds. It takes no
+// lock.
+func (l *Log) Failed() bool { return l.failed.Load() }
+
+// Err returns the error that failed the log, nil while it takes appends.
+func (l *Log) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Recover brings a failed log back once the cause of its failure has
+// cleared (space freed, a device back): it truncates the active segment to
+// the end of the last batch whose Appends were told they succeeded, so that
+// nothing they were told failed stays in the log, fsyncs and seals it, and
+// cuts a new segment; then the log takes appends again. If any step fails,
+// the log stays failed and Recover returns why: call it again later. On a
+// log that has not failed it does nothing and returns nil. Safe for
+// concurrent use.
+func (l *Log) Recover() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	if l.err == nil {
+		l.mu.Unlock()
+		return nil
+	}
+	b := l.pending
+	if !b.hasWork() {
+		l.work.Signal()
+	}
+	b.recover = true
+	res := b.result()
+	l.mu.Unlock()
+	<-res.done
+	return res.err
 }

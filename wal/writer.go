@@ -10,12 +10,15 @@ import (
 
 // flush writes one batch and tells its waiters. Flusher only.
 func (l *Log) flush(b *batch, closing bool, sticky error) {
+	if b.recover && sticky != nil && !closing {
+		sticky = l.reopen(sticky)
+	}
 	seq, base := l.seq, l.size
 	err := sticky
 	if err == nil && len(b.buf) > 0 {
 		// pwrite at the logical end: over the zeros of a pre-zeroed segment,
 		// or past the end of the file.
-		if _, werr := l.f.WriteAt(b.buf, l.size); werr != nil {
+		if _, werr := l.writeAt(b.buf, l.size); werr != nil {
 			err = fmt.Errorf("wal: %w", werr)
 		} else {
 			l.size += int64(len(b.buf))
@@ -42,6 +45,9 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 	}
 	if err != nil && sticky == nil {
 		l.fail(err)
+	}
+	if err == nil {
+		l.good = l.size // told success below
 	}
 
 	res := b.res
@@ -71,14 +77,51 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 	}
 }
 
-// fail records the first write or fsync error; the log then refuses appends.
+// writeAt writes b at off in the active segment: pwrite(2), or the test
+// hook that stands for it.
+func (l *Log) writeAt(b []byte, off int64) (int, error) {
+	if l.opts.testHookWriteAt != nil {
+		return l.opts.testHookWriteAt(l.f, b, off)
+	}
+	return l.f.WriteAt(b, off)
+}
+
+// fail records the first write or fsync error; the log then refuses appends
+// until Recover succeeds.
 func (l *Log) fail(err error) {
 	l.mu.Lock()
 	if l.err == nil {
 		l.err = err
-		l.logger.Error("wal: log failed; reopen to recover", "err", err)
+		l.failed.Store(true)
+		l.stats.failures.Add(1)
+		l.logger.Error("wal: log failed: appends fail until it recovers (Recover)", "err", err)
 	}
 	l.mu.Unlock()
+}
+
+// reopen is Recover's work in the flusher, for a log failed with sticky: it
+// truncates the active segment to the end of its last batch told it
+// succeeded, seals it and cuts a new one, and clears the error. It returns
+// nil once the log takes appends again, else why not, the log still
+// failed. Flusher only.
+func (l *Log) reopen(sticky error) error {
+	if err := l.f.Truncate(l.good); err != nil {
+		return fmt.Errorf("wal: recover: truncate %s to %d bytes: %w (failed with: %w)", segmentName(l.seq), l.good, err, sticky)
+	}
+	l.size, l.end = l.good, l.good
+	l.mu.Lock()
+	l.segs[len(l.segs)-1].Size = l.good
+	l.mu.Unlock()
+	if _, err := l.rotate(); err != nil {
+		return fmt.Errorf("wal: recover: %w (failed with: %w)", err, sticky)
+	}
+	l.mu.Lock()
+	l.err = nil
+	l.failed.Store(false)
+	l.mu.Unlock()
+	l.stats.recoveries.Add(1)
+	l.logger.Info("wal: log recovered: appends go to a new segment", "file", segmentName(l.seq), "failed_with", sticky)
+	return nil
 }
 
 func (l *Log) fsync(f *os.File) error {
@@ -147,6 +190,9 @@ func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 		if w == synced {
 			continue
 		}
+		if l.failed.Load() {
+			continue // Recover seals the failed segment; appends go to a new one
+		}
 		f := l.active.Load()
 		if err := l.fsync(f); err != nil {
 			if errors.Is(err, os.ErrClosed) {
@@ -154,7 +200,7 @@ func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 				continue
 			}
 			l.fail(fmt.Errorf("wal: fsync %s: %w", filepath.Base(f.Name()), err))
-			return
+			continue
 		}
 		synced = w
 	}
@@ -184,6 +230,7 @@ func (l *Log) rotate() (Position, error) {
 	}
 	old := l.f
 	l.f, l.seq, l.size, l.end = f, info.Seq, info.Size, end
+	l.good = l.size
 	l.active.Store(f)
 	l.mu.Lock()
 	l.segs[len(l.segs)-1].Sealed = true
