@@ -143,8 +143,14 @@
 // fsynced, and Open truncates the torn tail of the last one.
 //
 // After a write or fsync error the Log refuses all further appends and
-// returns that error: the file may hold a partial record, and the pages an
-// fsync failed to write may be gone. Reopening truncates the torn tail.
+// returns that error (Failed, Err): the file may hold a partial record, and
+// the pages an fsync failed to write may be gone. Recover brings it back once
+// the cause has cleared (space freed, a device back), without a restart: it
+// truncates the active segment to the end of the last batch whose Appends
+// were told they succeeded (under SyncBatch, the last one fsynced), so that
+// nothing an Append was told failed stays in the log, seals that segment and
+// cuts a new one. A Recover that fails leaves the log failed; call it again
+// later. Reopening the directory truncates a torn tail as well.
 //
 // # Retention
 //
