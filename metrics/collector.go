@@ -91,6 +91,16 @@ var (
 		"Write-ahead log segments sealed and followed by a new one.")
 	descSnapshots = desc("freqring_snapshots_total",
 		"Snapshots written since start.")
+	descSnapshotFailures = desc("freqring_snapshot_failures_total",
+		"Snapshots that failed, or were not tried for lack of disk space; the previous snapshot and the WAL after it stay.")
+	descWALFailed = desc("freqring_wal_failed",
+		"1 while the write-ahead log has failed (a write or fsync error): the node records nothing and is not ready until it recovers.")
+	descWALFailures = desc("freqring_wal_failures_total",
+		"Times a write or fsync error failed the write-ahead log.")
+	descWALRecoveries = desc("freqring_wal_recoveries_total",
+		"Times a failed write-ahead log recovered without a restart.")
+	descRefusedCalls = desc("freqring_refused_calls_total",
+		"Calls to the Peer and Admin services refused because the caller was not authenticated as a member or an operator, by service.", "service")
 	descReplicated = desc("freqring_replicated_sends_total",
 		"Sends acknowledged by their partition's backup.")
 	descReplicateCalls = desc("freqring_replicate_calls_total",
@@ -114,6 +124,7 @@ var allDescs = []*prometheus.Desc{
 	descForwarded, descRingEpoch, descRingMembers, descPartitions, descOwnedRecords, descDomainRecords,
 	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
+	descSnapshotFailures, descWALFailed, descWALFailures, descWALRecoveries, descRefusedCalls,
 	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
 }
 
@@ -122,6 +133,14 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range allDescs {
 		ch <- d
 	}
+}
+
+// b2f is 1 for true, 0 for false.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // epochMask keeps the bits of a ring epoch that a float64 holds exactly.
@@ -136,11 +155,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
-	serving := 0.0
-	if s.Serving {
-		serving = 1
-	}
-	gauge(descServing, serving)
+	gauge(descServing, b2f(s.Serving))
 	counter(descChecked, s.Checks)
 	for _, d := range s.Domains {
 		counter(descDecisions, d.Admitted, d.Name, "admitted")
@@ -185,6 +200,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descWALFsyncs, s.WAL.Fsyncs)
 	counter(descWALRotations, s.WAL.Rotations)
 	counter(descSnapshots, s.Snapshots)
+	counter(descSnapshotFailures, s.SnapshotFailures)
+	gauge(descWALFailed, b2f(s.WALFailed))
+	counter(descWALFailures, s.WAL.Failures)
+	counter(descWALRecoveries, s.WAL.Recoveries)
+	counter(descRefusedCalls, s.RefusedPeerCalls, "peer")
+	counter(descRefusedCalls, s.RefusedAdminCalls, "admin")
 	counter(descReplicated, s.ReplicatedSends)
 	counter(descReplicateCalls, s.ReplicateCalls)
 	counter(descReplicateUnaryCalls, s.ReplicateUnaryCalls)

@@ -368,19 +368,24 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		rs = n.takeReplicaSet(cnt, r.Len())
 		defer n.releaseReplicaSet(rs)
 	}
-	now := n.nowMs()
-	var dec *window.Decision
-	var admitted, denied, failed, refunds int64
-	var tl tally
 	var enc *walEncoder
+	var flight int // walFlight slot, with a WAL
+	var takenBack int64
 	if t != nil {
+		n.refuseWhileWALFailed(b, idx)
 		enc, _ = n.encoders.Get().(*walEncoder)
 		if enc == nil {
 			enc = new(walEncoder)
 		}
 		enc.reset()
 		defer n.encoders.Put(enc)
+		takenBack = n.takenBack.Load()
+		flight = n.flight.enter()
 	}
+	now := n.nowMs()
+	var dec *window.Decision
+	var admitted, denied, failed, refunds int64
+	var tl tally
 	for j := range cnt {
 		i := j
 		if idx != nil {
@@ -506,10 +511,47 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, mu
 		n.failUnreplicated(ctx, resp, rs)
 	}
 	if walErr != nil {
-		n.log.Error("WAL append failed: the batch was decided in memory but is not durable", "err", walErr)
-		return nil, status.Errorf(codes.Unavailable, "write-ahead log: %v", walErr)
+		undone := n.takeBack(ctx, enc.bytes(), r)
+		n.takenBack.Add(1)
+		n.flight.leave(flight)
+		if ok, held := n.walLogs.allow(time.Now().UnixNano(), walLogEvery); ok {
+			n.log.Error("WAL append failed: the call's sends were taken back and it failed; calls that record fail until the log recovers",
+				"sends_taken_back", undone, "failed_calls_not_logged", held, "err", walErr)
+		}
+		return nil, status.Errorf(codes.Unavailable, "node %s: write-ahead log: %v; nothing of this call was recorded; retry", n.cfg.Name, walErr)
+	}
+	if t != nil {
+		n.flight.leave(flight)
+		if len(resp.Duplicates) > 0 {
+			n.confirmDuplicates(ctx, resp, takenBack)
+		}
 	}
 	return resp, nil
+}
+
+// walLogEvery bounds how often failed WAL appends are logged.
+const walLogEvery = 10 * time.Second
+
+// confirmDuplicates holds the answers of items answered from their request
+// id (resp.Duplicates) until the calls that recorded them have ended: a
+// duplicate is answered as recorded only once the first attempt is durable.
+// If any call's WAL append failed since the call began (takenBack moved),
+// the first attempt may have been taken back: those items fail as
+// retryable, and the retry is decided afresh.
+func (n *Node) confirmDuplicates(ctx context.Context, resp *pb.CheckResponse, takenBack int64) {
+	err := n.flight.wait(ctx)
+	if err == nil && n.takenBack.Load() == takenBack {
+		return
+	}
+	msg := fmt.Sprintf("node %s: an earlier attempt of this request id may not be durable (the write-ahead log failed); retry", n.cfg.Name)
+	if err != nil {
+		msg = fmt.Sprintf("node %s: waiting for an earlier attempt of this request id to be durable: %v; retry", n.cfg.Name, err)
+	}
+	for _, j := range resp.Duplicates {
+		resp.Admitted[j], resp.Recorded[j] = false, false
+		resp.Errors = append(resp.Errors, &pb.ItemError{Index: j, Code: uint32(codes.Unavailable), Message: msg})
+	}
+	sortErrors(resp.Errors)
 }
 
 // applyChunk decides, in the store, answers lo to hi-1 of decide (items

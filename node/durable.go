@@ -1,13 +1,19 @@
 package node
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
+	"github.com/freqring/freqring/ring"
 	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
 )
@@ -23,6 +29,12 @@ type durable struct {
 	snapBytes int64         // wal Stats.Bytes when the last snapshot started
 	snapAt    int64         // node clock (unix ns) when the last snapshot started
 	snapTook  time.Duration // wall time the last snapshot took to write and verify
+	snapSize  int64         // bytes of the last snapshot written or loaded; 0 for none
+	// snapFailed counts the snapshots that failed in a row (0 after one
+	// that succeeded); retryAt is when the next may start (unix ns, node
+	// clock), backing off after each failure.
+	snapFailed int
+	retryAt    int64
 	// last is the newest intact snapshot's file name (loaded at Open or
 	// written and verified since), "" for none. The next snapshot keeps it,
 	// and the WAL from its replay start, as the fallback if the new one is
@@ -71,6 +83,10 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 			lock.unlock()
 		}
 	}()
+	if err := probeDir(dir); err != nil {
+		return rs, err
+	}
+	n.removeLeftovers(dir)
 	if err := n.loadOverrides(); err != nil {
 		return rs, err
 	}
@@ -132,6 +148,7 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 	if ss != nil {
 		from = ss.from
 	}
+	n.checkWALStart(log, ss, now)
 	t := time.Now()
 	err = log.Replay(from, func(_ wal.Position, p []byte) error {
 		if err := ctx.Err(); err != nil {
@@ -199,6 +216,7 @@ func (n *Node) recover(ctx context.Context) (rs RecoveryStats, err error) {
 	n.dur = &durable{log: log, dir: dir, lock: lock, snapBytes: log.Stats().Bytes, snapAt: n.cfg.Clock.Now()}
 	if ss != nil {
 		n.dur.last = filepath.Base(ss.file)
+		n.dur.snapSize = rs.SnapshotBytes
 	}
 	if resnap {
 		if err := n.snapshot(); err != nil {
@@ -292,7 +310,7 @@ func (n *Node) snapshot() error {
 		os.Remove(filepath.Join(d.dir, name))
 		return fmt.Errorf("node: snapshot failed verification, removed; %s stays: %w", d.last, err)
 	}
-	d.snapBytes, d.snapAt, d.snapTook = walBytes, nowNs, time.Since(start)
+	d.snapBytes, d.snapAt, d.snapTook, d.snapSize = walBytes, nowNs, time.Since(start), st.Bytes
 	if n.cfg.Observer != nil {
 		n.cfg.Observer.Snapshot(d.snapTook)
 	}
@@ -360,31 +378,218 @@ func snapshotDue(interval time.Duration, walBytes, grown int64, age, took time.D
 	return (walBytes > 0 && grown >= walBytes) || (interval > 0 && age >= interval && grown > 0)
 }
 
-// durableLoop takes snapshots and expires WAL segments until ctx is done.
+// durableLoop brings a failed WAL back, takes snapshots and expires WAL
+// segments until ctx is done.
 func (n *Node) durableLoop(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var rec walRecovery
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		if !n.recoverWAL(&rec) {
+			continue // no snapshot or retention while the WAL has failed
+		}
 		d := n.dur
 		d.mu.Lock()
 		grown := d.log.Stats().Bytes - d.snapBytes
-		age := time.Duration(n.cfg.Clock.Now() - d.snapAt)
+		now := n.cfg.Clock.Now()
+		age := time.Duration(now - d.snapAt)
 		took := d.snapTook
+		retry := now >= d.retryAt
 		d.mu.Unlock()
-		if snapshotDue(n.cfg.SnapshotInterval, n.cfg.SnapshotWALBytes, grown, age, took) {
-			if err := n.snapshot(); err != nil {
-				n.log.Error("snapshot failed", "err", err)
-			}
+		if retry && snapshotDue(n.cfg.SnapshotInterval, n.cfg.SnapshotWALBytes, grown, age, took) {
+			n.trySnapshot()
 		}
 		if err := n.retain(); err != nil {
 			n.log.Error("WAL retention failed", "err", err)
 		}
 	}
+}
+
+// walRecovery is durableLoop's state of a failed WAL.
+type walRecovery struct {
+	failed bool          // the WAL had failed at the last look
+	next   time.Time     // the next Recover, while failed
+	wait   time.Duration // the pause before the one after
+	logs   throttle
+}
+
+// Backoff of WAL recoveries and of snapshots after failures.
+const (
+	walRetryMin  = time.Second
+	walRetryMax  = 30 * time.Second
+	snapRetryMin = 10 * time.Second
+	snapRetryMax = 10 * time.Minute
+)
+
+// recoverWAL tries, while the WAL has failed, to bring it back
+// (wal.Log.Recover), backing off from walRetryMin to walRetryMax between
+// tries, and tells Serve's health of each change. It reports whether the
+// WAL takes appends.
+func (n *Node) recoverWAL(rec *walRecovery) bool {
+	log := n.dur.log
+	if !log.Failed() {
+		if rec.failed {
+			rec.failed = false
+			n.servingChanged()
+		}
+		return true
+	}
+	now := time.Now()
+	if !rec.failed {
+		rec.failed, rec.next, rec.wait = true, now.Add(walRetryMin), walRetryMin
+		n.log.Error("the write-ahead log failed: the node records nothing and reports not ready until it recovers; it retries with backoff",
+			"err", log.Err(), "retry_in", walRetryMin)
+		n.servingChanged()
+		return false
+	}
+	if now.Before(rec.next) {
+		return false
+	}
+	err := log.Recover()
+	if err == nil {
+		rec.failed = false
+		n.log.Info("the write-ahead log recovered: the node records and reports ready again")
+		n.servingChanged()
+		return true
+	}
+	rec.wait = min(2*rec.wait, walRetryMax)
+	rec.next = now.Add(rec.wait)
+	if ok, held := rec.logs.allow(now.UnixNano(), walLogEvery); ok {
+		n.log.Warn("the write-ahead log has not recovered yet", "err", err, "retry_in", rec.wait, "tries_not_logged", held)
+	}
+	return false
+}
+
+// trySnapshot takes a snapshot if the data directory has room for it, and
+// backs off after a failure: the next try comes snapRetryMin after the
+// first failure, twice as long after each further one, at most
+// snapRetryMax.
+func (n *Node) trySnapshot() {
+	d := n.dur
+	err := n.checkSnapshotRoom()
+	if err == nil {
+		err = n.snapshot()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err == nil {
+		d.snapFailed, d.retryAt = 0, 0
+		return
+	}
+	d.snapFailed++
+	wait := min(snapRetryMin<<min(d.snapFailed-1, 16), snapRetryMax)
+	d.retryAt = n.cfg.Clock.Now() + int64(wait)
+	n.snapshotFailures.Add(1)
+	n.log.Error("snapshot failed: the previous one and the WAL after it stay", "err", err, "failed_in_a_row", d.snapFailed, "retry_in", wait)
+}
+
+// snapshotHeadroom is the room, beyond a snapshot's estimated size, that a
+// snapshot leaves on the data directory's file system: the WAL's next
+// segments need it more than the snapshot does.
+const snapshotHeadroom = 64 << 20
+
+// checkSnapshotRoom fails if the data directory's file system lacks room
+// for a snapshot: as large as the last one, or as the records' live bytes
+// if larger, plus a tenth, plus snapshotHeadroom or a WAL segment,
+// whichever is more.
+func (n *Node) checkSnapshotRoom() error {
+	d := n.dur
+	free, ok := freeBytes(d.dir)
+	if !ok {
+		return nil // unknown here: try
+	}
+	var live int64
+	v := n.view.Load()
+	for _, name := range v.names {
+		live += n.store.Stats(v.domains[name].ref).LiveBytes
+	}
+	d.mu.Lock()
+	need := max(d.snapSize, live)
+	d.mu.Unlock()
+	need += need/10 + max(snapshotHeadroom, cmp.Or(n.cfg.SegmentBytes, 64<<20))
+	if free < need {
+		return fmt.Errorf("%w: %s has %d bytes free, a snapshot needs about %d (its estimated size, a tenth more, and room for the WAL)", errNoRoom, d.dir, free, need)
+	}
+	return nil
+}
+
+// errNoRoom is a snapshot not tried for lack of disk space.
+var errNoRoom = errors.New("node: no room for a snapshot")
+
+// probeDir fails if dir cannot take a new file: a node that could not write
+// its WAL or snapshots would fail every check it must record.
+func probeDir(dir string) error {
+	path := filepath.Join(dir, ".probe.tmp")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err == nil {
+		_, err = f.Write(make([]byte, 4096))
+		if serr := f.Sync(); err == nil {
+			err = serr
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if rerr := os.Remove(path); err == nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("node: the data directory %s cannot take a new file (%w): free space or fix its permissions, or give another --data-dir", dir, err)
+	}
+	return nil
+}
+
+// removeLeftovers removes the temporary files an interrupted write left in
+// dir: a snapshot, overrides, members or usage file written as NAME.tmp and
+// renamed only once complete.
+func (n *Node) removeLeftovers(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if name := e.Name(); e.Type().IsRegular() && strings.HasSuffix(name, ".tmp") {
+			path := filepath.Join(dir, name)
+			if err := os.Remove(path); err != nil {
+				n.log.Warn("a leftover temporary file could not be removed", "file", path, "err", err)
+				continue
+			}
+			n.log.Info("removed a leftover temporary file of an interrupted write", "file", path)
+		}
+	}
+}
+
+// checkWALStart logs what recovery cannot replay: segments deleted after a
+// snapshot whose file is now missing. Segments are deleted before the
+// replay start of the snapshot before the newest, or when every send in
+// them is older than the longest window; a WAL whose first segment was made
+// within the longest window, with no snapshot that replays from it or
+// before, lost the snapshot that covered what came before.
+func (n *Node) checkWALStart(log *wal.Log, ss *snapshotState, nowMs int64) {
+	segs := log.Segments()
+	if len(segs) == 0 || segs[0].Seq <= 1 {
+		return
+	}
+	first := segs[0]
+	if ss != nil && ss.from.Seq >= first.Seq {
+		return
+	}
+	longest := n.view.Load().longest
+	if first.Created/int64(time.Millisecond) <= nowMs-longest {
+		return // what came before is older than every window
+	}
+	snap := "none"
+	if ss != nil {
+		snap = filepath.Base(ss.file)
+	}
+	n.log.Error("the WAL begins within the longest window and no snapshot covers what came before it: a snapshot is missing, and the sends only it held are lost",
+		"first_segment", filepath.Base(first.Path), "created", time.Unix(0, first.Created).UTC(),
+		"longest_window", time.Duration(longest)*time.Millisecond, "snapshot", snap)
 }
 
 // walTicket is a WAL append that a call announced as soon as it arrived (wal
@@ -415,4 +620,166 @@ func (t *walTicket) cancel() {
 // windowItem is the item a WAL send records.
 func windowItem(s walSend) window.Item {
 	return window.Item{Content: s.content, Cost: s.cost, Mode: window.RecordOnly}
+}
+
+// walFailedError is the error of an item that would be recorded while the
+// WAL has failed: nothing is recorded until it recovers.
+func (n *Node) walFailedError() *itemError {
+	return &itemError{codes.Unavailable, fmt.Sprintf("node %s: the write-ahead log failed (%v): it records nothing until the log recovers; retry",
+		n.cfg.Name, n.dur.log.Err())}
+}
+
+// refuseWhileWALFailed fails, while the WAL has failed, every item of b
+// (idx, or all when nil) that would record a send or a refund, before it
+// reaches the store: none of them could be made durable. Peeks go on.
+func (n *Node) refuseWhileWALFailed(b *batch, idx []int) {
+	if n.dur == nil || !n.dur.log.Failed() {
+		return
+	}
+	var ierr *itemError
+	each(len(b.items), idx, func(i int) {
+		if x := &b.items[i]; x.err == nil && (x.refund || x.it.Mode != window.Peek) {
+			if ierr == nil {
+				ierr = n.walFailedError()
+			}
+			x.err = ierr
+		}
+	})
+}
+
+// each calls fn with every index of idx, or 0 to n-1 when idx is nil.
+func each(n int, idx []int, fn func(i int)) {
+	if idx == nil {
+		for i := range n {
+			fn(i)
+		}
+		return
+	}
+	for _, i := range idx {
+		fn(i)
+	}
+}
+
+// takeBack undoes in the store the sends and refunds of a WAL payload whose
+// append failed: a send is taken back (store.Unrecord, which also makes a
+// retry of its request id a new attempt) and a refunded send recorded again,
+// so that memory agrees with the log, which holds none of them (wal.Recover
+// truncates a failed batch away). Under r, each one's inverse goes to the
+// partition's backup, which may hold it already. It returns how many it
+// undid.
+func (n *Node) takeBack(ctx context.Context, payload []byte, r *ring.Ring) int {
+	v := n.view.Load()
+	now := n.nowMs()
+	var rs *replicaSet
+	if r != nil && n.cfg.Replication != ReplicationOff && r.Len() > 1 {
+		rs = n.takeReplicaSet(0, r.Len())
+		defer n.releaseReplicaSet(rs)
+	}
+	undone := 0
+	err := decodeWAL(payload, func(s walSend) error {
+		dv := v.domains[s.domain]
+		if dv == nil || s.unconfirmed {
+			return nil
+		}
+		p := n.store.PartitionOf(s.key)
+		var err error
+		if s.refund {
+			_, _, err = n.store.Record(p, dv.ref, s.key, s.tag, s.at, windowItem(s), s.id, now)
+		} else {
+			_, _, err = n.store.Unrecord(p, dv.ref, s.key, s.tag, s.at, windowItem(s), s.id, 0, now)
+		}
+		if err != nil {
+			n.log.Error("taking back a send the WAL did not take failed: memory counts it until it expires", "partition", p, "at", s.at, "err", err)
+			return nil
+		}
+		undone++
+		if rs != nil {
+			s.refund, s.seq = !s.refund, 0
+			rs.add(r, p, -1, s)
+		}
+		return nil
+	})
+	if err != nil {
+		n.log.Error("BUG: a WAL payload this node encoded does not decode", "err", err)
+	}
+	if rs != nil && len(rs.backups) > 0 {
+		n.replicate(context.WithoutCancel(ctx), r, rs)
+		for _, rb := range rs.backups {
+			if rb.err != nil {
+				n.log.Warn("a backup did not take back sends its owner's WAL did not take: it counts them until they expire", "backup", rb.member.Name, "sends", len(rb.sends), "err", rb.err)
+			}
+		}
+	}
+	return undone
+}
+
+// walFlight tells when the calls whose sends are in the store but not yet
+// in the WAL have ended: a duplicate is answered as recorded only once the
+// append of the call that recorded it has ended (Node.durableBarrier). A
+// call enters before its store changes and leaves after its append and any
+// take-back. Safe for concurrent use.
+type walFlight struct {
+	mu      sync.Mutex // guards the fields below
+	epoch   uint64     // calls enter slot epoch&1
+	count   [2]int
+	drained [2]chan struct{} // closed when the slot's count reaches 0 after a barrier began on it
+
+	barrier sync.Mutex // serializes barriers: each drains the slot the one before it left filling
+}
+
+// enter counts a call in and returns its slot for leave.
+func (f *walFlight) enter() int {
+	f.mu.Lock()
+	s := int(f.epoch & 1)
+	f.count[s]++
+	f.mu.Unlock()
+	return s
+}
+
+// leave counts a call of slot s out.
+func (f *walFlight) leave(s int) {
+	f.mu.Lock()
+	if f.count[s]--; f.count[s] == 0 && f.drained[s] != nil {
+		close(f.drained[s])
+		f.drained[s] = nil
+	}
+	f.mu.Unlock()
+}
+
+// wait returns once every call that entered before it has left, or when
+// ctx is done.
+func (f *walFlight) wait(ctx context.Context) error {
+	f.barrier.Lock()
+	defer f.barrier.Unlock()
+	f.mu.Lock()
+	s := int(f.epoch & 1)
+	if f.count[s^1] > 0 {
+		// Left filled by a barrier whose caller gave up: drain it first,
+		// as no call enters it now, so that the flip below leaves no call
+		// of before this barrier in the slot later calls enter.
+		if err := f.drain(ctx, s^1); err != nil {
+			return err
+		}
+		f.mu.Lock()
+	}
+	if f.count[s] == 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	f.epoch++ // later calls enter the other slot
+	return f.drain(ctx, s)
+}
+
+// drain waits until slot s is empty or ctx is done; f.mu is held, and
+// released.
+func (f *walFlight) drain(ctx context.Context, s int) error {
+	ch := make(chan struct{})
+	f.drained[s] = ch
+	f.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -329,7 +329,20 @@ type Node struct {
 	clus  atomic.Pointer[cluster] // set by Open; RPCs may read it before
 	peers Peers
 	guard *guard // who may call the Peer and Admin services (security.go)
-	ho    *handoff
+	// flight tracks the calls between their store changes and the end of
+	// their WAL append; takenBack counts the calls whose failed append
+	// made them take their sends back; walLogs throttles those failures'
+	// log lines (durable.go).
+	flight    walFlight
+	takenBack atomic.Int64
+	walLogs   throttle
+	// snapshotFailures counts the snapshots that failed or were not tried
+	// for lack of room.
+	snapshotFailures atomic.Int64
+	// servingKick wakes Serve's health loop when Serving may have changed
+	// (the WAL failed or recovered).
+	servingKick chan struct{}
+	ho          *handoff
 	// moverCtx is cancelled by Close: it ends partition moves in progress.
 	moverCtx  context.Context
 	stopMover context.CancelFunc
@@ -430,7 +443,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), store: st, peers: cfg.Peers, started: time.Now(),
-		stopping: make(chan struct{}), usage: tr}
+		stopping: make(chan struct{}), usage: tr, servingKick: make(chan struct{}, 1)}
 	if n.peers == nil {
 		var opts []grpc.DialOption
 		if cfg.PeerKeys != nil {
@@ -533,6 +546,10 @@ type Stats struct {
 	Checks, Admitted, Denied, Failed int64 // items decided here since start
 	ForwardedOut, ForwardedIn        int64 // items sent to their owners; items peers sent here
 	Snapshots                        int64 // snapshots written since start
+	SnapshotFailures                 int64 // snapshots that failed, or were not tried for lack of disk space, since start
+	// WALFailed reports that the WAL has failed (a write or fsync error):
+	// the node records nothing, and Serving is false, until it recovers.
+	WALFailed bool
 	// FailedByCode counts, by gRPC code name ("Unavailable"), the items this
 	// node answered with an error: those failed here (Failed) and those
 	// whose owner did not answer a forward. Codes never seen are absent.
@@ -622,7 +639,9 @@ func (n *Node) Stats() Stats {
 	}
 	if n.dur != nil {
 		s.WAL = n.dur.log.Stats()
+		s.WALFailed = n.dur.log.Failed()
 	}
+	s.SnapshotFailures = n.snapshotFailures.Load()
 	if c := n.clus.Load(); c != nil && c.ms != nil {
 		s.Gossip = c.ms.Stats()
 	}

@@ -189,7 +189,18 @@ func (t *tally) flush(c *decisionCounters) {
 }
 
 // Serving reports whether the node decides: true once Open has recovered
-// and joined, false again from the moment Serve begins to shut down (before
-// it hands its partitions over) and after Close. A readiness probe reads
-// it. Safe for concurrent use.
-func (n *Node) Serving() bool { return n.ready.Load() && !n.shuttingDown.Load() }
+// and joined, false while its WAL has failed (it records nothing until the
+// WAL recovers), false again from the moment Serve begins to shut down
+// (before it hands its partitions over) and after Close. A readiness probe
+// reads it. Safe for concurrent use.
+func (n *Node) Serving() bool {
+	return n.ready.Load() && !n.shuttingDown.Load() && (n.dur == nil || !n.dur.log.Failed())
+}
+
+// servingChanged wakes Serve's health loop: Serving may have changed.
+func (n *Node) servingChanged() {
+	select {
+	case n.servingKick <- struct{}{}:
+	default:
+	}
+}

@@ -381,6 +381,9 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n.dur != nil && n.dur.log.Failed() {
+		return nil, status.Error(codes.Unavailable, n.walFailedError().msg)
+	}
 	v := n.view.Load()
 	sc := replicatedScratches.Get().(*replicatedScratch)
 	defer sc.release()
@@ -470,12 +473,16 @@ func (sc *replicatedScratch) release() {
 }
 
 // logReplicated appends what recordReplicated returned to the WAL and waits
-// until it is durable; nil does nothing.
+// until it is durable; nil does nothing. If the append fails, the sends are
+// taken back from the store, which then agrees with the WAL, and the owner
+// fails the items.
 func (n *Node) logReplicated(ctx context.Context, enc *walEncoder) error {
 	if enc == nil {
 		return nil
 	}
-	if _, err := n.dur.log.Append(ctx, enc.bytes()); err != nil {
+	if _, err := n.dur.log.Append(context.WithoutCancel(ctx), enc.bytes()); err != nil {
+		n.takeBack(ctx, enc.bytes(), nil)
+		n.takenBack.Add(1)
 		return status.Errorf(codes.Unavailable, "node %s: write-ahead log: %v", n.cfg.Name, err)
 	}
 	return nil

@@ -204,8 +204,7 @@ type guard struct {
 
 	d                         derivedKeys
 	refusedPeer, refusedAdmin atomic.Int64
-	lastLog                   atomic.Int64 // unix ns of the last refusal logged
-	unlogged                  atomic.Int64 // refusals since then
+	logs                      throttle // of refused calls
 }
 
 func newGuard(cfg *Config, log *slog.Logger) *guard {
@@ -401,13 +400,9 @@ func (g *guard) verifiedCert(ctx context.Context, name string) string {
 // refusalLogEvery with the number of refusals since the last line.
 func (g *guard) refused(c *atomic.Int64, method, addr, why string) {
 	c.Add(1)
-	now := time.Now().UnixNano()
-	last := g.lastLog.Load()
-	if now-last < int64(refusalLogEvery) || !g.lastLog.CompareAndSwap(last, now) {
-		g.unlogged.Add(1)
-		return
+	if ok, held := g.logs.allow(time.Now().UnixNano(), refusalLogEvery); ok {
+		g.log.Warn("call refused", "method", method, "from", addr, "why", why, "refusals_not_logged", held)
 	}
-	g.log.Warn("call refused", "method", method, "from", addr, "why", why, "refused_since_last_line", g.unlogged.Swap(0))
 }
 
 // serverOptions returns the gRPC options of the node's listener: TLS

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -120,8 +121,36 @@ func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.S
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	setHealth(hs, healthpb.HealthCheckResponse_NOT_SERVING)
+	hs.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
 	reflection.Register(srv)
 	return srv, hs
+}
+
+// LivenessService is the gRPC health service name that answers SERVING from
+// the moment the server exists until it shuts down: a liveness probe asks
+// it, so that a node whose WAL has failed (not ready, "" NOT_SERVING) is not
+// restarted but waits for its WAL to recover.
+const LivenessService = "liveness"
+
+// healthLoop keeps the readiness statuses of hs ("" and the Limiter
+// service) in line with Serving, waking on servingKick, until ctx is done.
+func (n *Node) healthLoop(ctx context.Context, hs *health.Server) {
+	serving := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.servingKick:
+		}
+		if s := n.Serving(); s != serving {
+			serving = s
+			st := healthpb.HealthCheckResponse_NOT_SERVING
+			if s {
+				st = healthpb.HealthCheckResponse_SERVING
+			}
+			setHealth(hs, st)
+		}
+	}
 }
 
 func setHealth(hs *health.Server, s healthpb.HealthCheckResponse_ServingStatus) {
@@ -150,12 +179,20 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	setHealth(hs, healthpb.HealthCheckResponse_SERVING)
 	n.log.Info("serving")
+	var health sync.WaitGroup
+	hctx, stopHealth := context.WithCancel(ctx)
+	health.Go(func() { n.healthLoop(hctx, hs) })
+	n.servingChanged() // the WAL may have failed since Open
 	select {
 	case err := <-errc:
+		stopHealth()
+		health.Wait()
 		n.Close()
 		return err
 	case <-ctx.Done():
 	}
+	stopHealth()
+	health.Wait()
 	n.shuttingDown.Store(true) // readiness goes false before the hand-over
 	grace := n.cfg.ShutdownGrace
 	n.log.Info("shutting down", "grace", grace)

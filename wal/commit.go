@@ -9,9 +9,9 @@ import (
 // batch is one group-commit buffer. Two of them alternate: appends fill the
 // pending one while the flusher writes the other.
 type batch struct {
-	buf    []byte  // framed records
-	n      int     // records in buf
-	sync   bool    // fsync after writing, whatever the policy (Sync)
+	buf     []byte  // framed records
+	n       int     // records in buf
+	sync    bool    // fsync after writing, whatever the policy (Sync)
 	rotate  bool    // cut a new segment after writing (Rotate)
 	recover bool    // bring a failed log back before writing (Recover)
 	res     *result // shared by everyone waiting on this batch; nil until the first
