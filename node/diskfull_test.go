@@ -4,13 +4,11 @@ package node_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,49 +20,6 @@ import (
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/node/nodetest"
 )
-
-// smallDisk mounts a tmpfs of size bytes at a new directory and returns it;
-// it is unmounted at the end of the test. It skips the test where mounting
-// is not allowed (not root), unless CI_REQUIRE_TMPFS is set.
-func smallDisk(t *testing.T, size int) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		if os.Getenv("CI_REQUIRE_TMPFS") != "" {
-			t.Fatalf("mounting a tmpfs (CI_REQUIRE_TMPFS is set): %v", err)
-		}
-		t.Skipf("mounting a tmpfs needs root: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, 0); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
-
-// fillDisk writes a file at path until the file system is full and returns
-// its size.
-func fillDisk(t *testing.T, path string) int64 {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	chunk := make([]byte, 4096)
-	var n int64
-	for {
-		k, err := f.Write(chunk)
-		n += int64(k)
-		if errors.Is(err, syscall.ENOSPC) {
-			return n
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 // serveDir serves a single node on dir (WAL segments of 256 KiB, no
 // snapshot but on shutdown) and returns it, its address and a channel that
@@ -120,7 +75,7 @@ func waitHealth(t *testing.T, addr, service string, want healthpb.HealthCheckRes
 // freed it recovers without a restart, reports ready again and records the
 // retries. After a restart it counts exactly the sends it acknowledged.
 func TestDiskFullAcknowledgesNothingItLoses(t *testing.T) {
-	disk := smallDisk(t, 8<<20)
+	disk := node.SmallDisk(t, 8<<20)
 	data := filepath.Join(disk, "data")
 	n, addr, stop, served := serveDir(t, data)
 	defer stop()
@@ -128,7 +83,7 @@ func TestDiskFullAcknowledgesNothingItLoses(t *testing.T) {
 	ctx := context.Background()
 
 	filler := filepath.Join(disk, "filler")
-	fillDisk(t, filler)
+	node.FillDisk(t, filler)
 	acked := map[string]bool{} // recipient -> its send acknowledged
 	var failed []string        // recipients whose call failed for the WAL
 	id := func(rcp string) uint64 {

@@ -294,7 +294,7 @@ func (n *Node) snapshot() error {
 	// Every send appended before the rotation is in a segment before from,
 	// and in the records the snapshot copies; later ones carry higher shard
 	// sequence numbers than the snapshot saves, or are in it already.
-	from, err := d.log.Rotate()
+	from, err := d.replayStart()
 	if err != nil {
 		return fmt.Errorf("node: snapshot: %w", err)
 	}
@@ -337,6 +337,20 @@ func (n *Node) snapshot() error {
 	n.log.Info("snapshot written", "file", name, "records", st.Records, "bytes", st.Bytes, "kept", prev,
 		"took", time.Since(start), "write", wrote.Sub(start), "verify", time.Since(wrote), "wal_segments_removed", removed)
 	return nil
+}
+
+// replayStart returns where the replay of a snapshot begun now starts:
+// the first position of a new segment (wal.Log.Rotate), or of the active
+// one if it holds no record yet and no snapshot starts there, so that a
+// snapshot tried again after a failure cuts no segment. A record appended
+// meanwhile lands at or after it, and replays as any later send does. d.mu
+// is held.
+func (d *durable) replayStart() (wal.Position, error) {
+	segs := d.log.Segments()
+	if last := segs[len(segs)-1]; last.Size == last.First.Offset && d.last != snapName(last.Seq) {
+		return last.First, nil
+	}
+	return d.log.Rotate()
 }
 
 // retain deletes WAL segments whose every send is older than the longest
@@ -488,15 +502,10 @@ func (n *Node) trySnapshot() {
 	n.log.Error("snapshot failed: the previous one and the WAL after it stay", "err", err, "failed_in_a_row", d.snapFailed, "retry_in", wait)
 }
 
-// snapshotHeadroom is the room, beyond a snapshot's estimated size, that a
-// snapshot leaves on the data directory's file system: the WAL's next
-// segments need it more than the snapshot does.
-const snapshotHeadroom = 64 << 20
-
 // checkSnapshotRoom fails if the data directory's file system lacks room
 // for a snapshot: as large as the last one, or as the records' live bytes
-// if larger, plus a tenth, plus snapshotHeadroom or a WAL segment,
-// whichever is more.
+// if larger, plus a tenth, plus two WAL segments (the next one and its
+// spare), which the WAL needs more than the snapshot does.
 func (n *Node) checkSnapshotRoom() error {
 	d := n.dur
 	free, ok := freeBytes(d.dir)
@@ -511,7 +520,7 @@ func (n *Node) checkSnapshotRoom() error {
 	d.mu.Lock()
 	need := max(d.snapSize, live)
 	d.mu.Unlock()
-	need += need/10 + max(snapshotHeadroom, cmp.Or(n.cfg.SegmentBytes, 64<<20))
+	need += need/10 + 2*cmp.Or(n.cfg.SegmentBytes, 64<<20)
 	if free < need {
 		return fmt.Errorf("%w: %s has %d bytes free, a snapshot needs about %d (its estimated size, a tenth more, and room for the WAL)", errNoRoom, d.dir, free, need)
 	}
