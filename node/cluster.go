@@ -65,6 +65,10 @@ func (n *Node) startCluster(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node: joining the cluster: %w", err)
 	}
+	if err := n.refuseTakenName(ctx, ms); err != nil {
+		ms.Close()
+		return err
+	}
 	c.ms = ms
 	// Every partition is closed until this node acquires it under a ring
 	// that makes it the owner (handoff.go).
@@ -99,6 +103,41 @@ func (n *Node) startCluster(ctx context.Context) error {
 	})
 	n.loops.Go(func() { n.moverLoop(n.moverCtx, rings) })
 	n.loops.Go(func() { n.handbackLoop(n.moverCtx) })
+	return nil
+}
+
+// nameProbeTimeout bounds the call that finds out whether a member seen
+// under this node's name still answers.
+const nameProbeTimeout = 2 * time.Second
+
+// ErrNameTaken is Open's error for a node whose name a live member has: two
+// members with one name split the ring.
+var ErrNameTaken = errors.New("node: the name is taken")
+
+// refuseTakenName fails if a member seen under this node's own name while
+// joining (gossip.NameConflicts) still answers as that name: a second
+// process with the same name, which gossip ignores, so that this one would
+// own every partition alone. A member that does not answer, or answers
+// under another name, is a former run of this node at another address that
+// the others have not seen go yet: gossip lets this one in once they have.
+func (n *Node) refuseTakenName(ctx context.Context, ms *gossip.Membership) error {
+	for _, c := range ms.NameConflicts() {
+		if c.GRPCAddr == "" || c.GRPCAddr == n.cfg.AdvertiseAddr {
+			continue
+		}
+		p, err := n.peers.Peer(ring.Member{Name: n.cfg.Name, Addr: c.GRPCAddr})
+		if err != nil {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, nameProbeTimeout)
+		st, err := p.Status(pctx, &pb.StatusRequest{})
+		cancel()
+		if err == nil && st.Node == n.cfg.Name {
+			return fmt.Errorf("%w: %q is the name of a live member at %s (gossip %s); this node advertises %s: give each node a unique --name (without one, the host name is used)",
+				ErrNameTaken, n.cfg.Name, c.GRPCAddr, c.GossipAddr, n.cfg.AdvertiseAddr)
+		}
+		n.log.Warn("a member seen under this node's name does not answer as it: taken for a former run of this node", "other_grpc_addr", c.GRPCAddr, "other_gossip_addr", c.GossipAddr, "err", err)
+	}
 	return nil
 }
 

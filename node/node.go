@@ -280,6 +280,9 @@ func (c *Config) validate() error {
 	if c.AsyncBound < 1 || c.AsyncBound > 1<<20 {
 		return fmt.Errorf("node: AsyncBound %d out of range [1, %d]", c.AsyncBound, 1<<20)
 	}
+	if unroutable(c.AdvertiseAddr) {
+		return fmt.Errorf("node: AdvertiseAddr %q is a wildcard no client or peer can dial: give this host's address (--advertise HOST:PORT), or none to advertise its routable address", c.AdvertiseAddr)
+	}
 	if c.Cluster != nil && c.PeerKeys == nil && !c.PeerMTLS && !c.InsecurePeers {
 		return fmt.Errorf("node: %w", ErrNoPeerAuth)
 	}

@@ -30,6 +30,8 @@ type Peer interface {
 	Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error)
 	// ListOverrides lists the peer's overrides and tombstones (Node.ListOverrides, on the Admin service).
 	ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error)
+	// Status asks the peer who it is (Node.Status, on the Limiter service).
+	Status(ctx context.Context, req *pb.StatusRequest) (*pb.StatusResponse, error)
 }
 
 // MaxPeerResponseBytes bounds a peer's answer (an Acquire carries partition
@@ -68,20 +70,29 @@ func (g *grpcPeers) Peer(m ring.Member) (Peer, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if conn := g.conns[m.Addr]; conn != nil {
-		return grpcPeer{pb.NewPeerClient(conn), pb.NewAdminClient(conn)}, nil
+		return newGRPCPeer(conn), nil
 	}
 	conn, err := grpc.NewClient(m.Addr, g.opts...)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "dialling %s (%s): %v", m.Name, m.Addr, err)
 	}
 	g.conns[m.Addr] = conn
-	return grpcPeer{pb.NewPeerClient(conn), pb.NewAdminClient(conn)}, nil
+	return newGRPCPeer(conn), nil
 }
 
 // grpcPeer is a Peer over one gRPC connection.
 type grpcPeer struct {
 	c pb.PeerClient
 	a pb.AdminClient
+	l pb.LimiterClient
+}
+
+func newGRPCPeer(conn *grpc.ClientConn) grpcPeer {
+	return grpcPeer{pb.NewPeerClient(conn), pb.NewAdminClient(conn), pb.NewLimiterClient(conn)}
+}
+
+func (p grpcPeer) Status(ctx context.Context, req *pb.StatusRequest) (*pb.StatusResponse, error) {
+	return p.l.Status(ctx, req)
 }
 
 func (p grpcPeer) ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error) {
@@ -214,6 +225,10 @@ func (p localPeer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillRespo
 
 func (p localPeer) ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error) {
 	return localCall(p, ctx, req, (*Node).ListOverrides)
+}
+
+func (p localPeer) Status(ctx context.Context, req *pb.StatusRequest) (*pb.StatusResponse, error) {
+	return localCall(p, ctx, req, (*Node).Status)
 }
 
 // localCall calls method on the node registered at p's address, cloning the

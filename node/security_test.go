@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -237,4 +238,33 @@ func TestAdminNeedsOperatorToken(t *testing.T) {
 	bare := metadata.AppendToOutgoingContext(ctx, "authorization", token)
 	_, err = pb.NewAdminClient(dialPlain(t, addr)).SetOverride(bare, &pb.OverrideSetRequest{Override: vip})
 	wantCode(t, "SetOverride with a bare token", err, codes.Unauthenticated)
+}
+
+// TestNameTakenRefusesToStart: a second process that joins under the name of
+// a live member (two nodes on one host without --name both take the host
+// name) refuses to start, saying to set --name, instead of owning every
+// partition alone beside it; the member keeps its ring.
+func TestNameTakenRefusesToStart(t *testing.T) {
+	ctx := context.Background()
+	keys := node.StaticKeys{[]byte("0123456789abcdef0123456789abcdef")}
+	lc, err := nodetest.Start(ctx, nodetest.Config{Size: 1, PeerKeys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	first := lc.Members()[0]
+	g := nodetest.FastGossip()
+	g.Join = []string{first.GossipAddr}
+	twin, err := node.New(node.Config{Name: first.Name, AdvertiseAddr: "127.0.0.1:1", Cluster: &g, PeerKeys: keys, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = twin.Open(ctx)
+	if !errors.Is(err, node.ErrNameTaken) || !strings.Contains(err.Error(), "--name") || !strings.Contains(err.Error(), first.Addr) {
+		t.Fatalf("Open under a live member's name: %v", err)
+	}
+	twin.Close()
+	if r := first.Node.Ring(); r.Len() != 1 || !r.Has(first.Name) {
+		t.Fatalf("the member's ring after the twin's attempt: %v", r.Members())
+	}
 }

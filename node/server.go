@@ -166,7 +166,16 @@ func setHealth(hs *health.Server, s healthpb.HealthCheckResponse_ServingStatus) 
 // and returns nil.
 func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	if n.cfg.AdvertiseAddr == "" {
-		n.cfg.AdvertiseAddr = lis.Addr().String()
+		addr, err := advertiseFor(lis.Addr().String())
+		if err != nil {
+			lis.Close()
+			return err
+		}
+		if addr != lis.Addr().String() {
+			n.log.Info("advertising this host's routable address: the listener is on every interface; --advertise chooses another",
+				"listen", lis.Addr().String(), "advertise", addr)
+		}
+		n.cfg.AdvertiseAddr = addr
 	}
 	srv, hs := n.NewGRPCServer(n.serverOptions()...)
 	errc := make(chan error, 1)

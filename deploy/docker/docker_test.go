@@ -3,6 +3,8 @@ package docker_test
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -68,11 +70,23 @@ type env struct {
 	image   string // freqring:test-<id>
 	network string
 	subnet  *net.IPNet
+	// keys is a directory holding the cluster's keys file, keys, mounted
+	// read-only into every container (as deploy/k8s mounts its Secret).
+	keys string
 }
 
 func newEnv(t *testing.T) *env {
 	id := fmt.Sprintf("%d-%04x", os.Getpid(), rand.Uint32()&0xffff)
 	e := &env{t: t, id: id, label: "freqring-test=" + id, image: "freqring:test-" + id, network: "freqring-test-" + id}
+	e.keys = t.TempDir()
+	key := make([]byte, 32)
+	crand.Read(key)
+	if err := os.WriteFile(filepath.Join(e.keys, "keys"), []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(e.keys, 0o755); err != nil { // the containers' user reads it
+		t.Fatal(err)
+	}
 	t.Logf("docker objects of this run carry label %s; if a run is killed before its cleanup, remove them with\n"+
 		"  docker rm -f $(docker ps -aq --filter label=%s); docker network rm %s; docker volume rm $(docker volume ls -q --filter label=%s); docker rmi %s",
 		e.label, e.label, e.network, e.label, e.image)
@@ -235,14 +249,14 @@ func (e *env) runNode(ctx context.Context, i int) *container {
 	}
 	args := []string{"run", "-d", "--name", c.cname, "--hostname", c.name, "--label", e.label,
 		"--network", e.network, "--ip", c.ip, "--network-alias", "freqring-peers",
-		"--volume", c.volume + ":/data",
+		"--volume", c.volume + ":/data", "--volume", e.keys + ":/etc/freqring/cluster:ro",
 		// As the StatefulSet's securityContext: read-only root, no privileges.
 		"--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
 		e.image,
 		"serve", "--listen", "0.0.0.0:7070", "--data-dir", "/data",
 		"--name", c.name, "--advertise", c.grpcAddr(),
 		"--gossip", "0.0.0.0:7946", "--gossip-advertise", net.JoinHostPort(c.ip, "7946"),
-		"--join", "freqring-peers:7946",
+		"--join", "freqring-peers:7946", "--cluster-keys", "/etc/freqring/cluster/keys",
 	}
 	if _, err := docker(ctx, args...); err != nil {
 		t.Fatal(err)

@@ -22,6 +22,11 @@
 //     (see exact_test.go). Counting more than that is allowed: a send
 //     recorded by a call whose reply was lost.
 //
+// The nodes share cluster keys, as deploy/k8s's do, and right after they
+// start, a client without them calls every Peer and Admin call that would
+// close partitions, forge sends or lift limits, on every node: each must be
+// refused (outsiderRefused).
+//
 // It also fails when the harness or the cluster breaks: a node that never
 // converges, a call that hangs past its deadline, a container that stops by
 // itself or exits non-zero on a graceful stop. The step table is printed
@@ -51,6 +56,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/bench"
@@ -163,6 +170,8 @@ func TestCluster(t *testing.T) {
 		return ""
 	}, "")
 
+	h.outsiderRefused(three)
+
 	h.step("kill -9 freqring-1", []string{"freqring-0", "freqring-2"}, convergeWithin, func() string {
 		h.docker("kill", "--signal", "KILL", h.nodes["freqring-1"].cname)
 		h.running["freqring-1"] = false
@@ -220,6 +229,65 @@ func TestCluster(t *testing.T) {
 		t.Errorf("%d load calls returned more than %v after their %v deadline", n, hangSlack, callTimeout)
 	}
 	h.judge()
+}
+
+// outsiderRefused calls, as a client that reaches the gRPC port of each of
+// names but holds no cluster key or admin token, every Peer and Admin call
+// that would let it close partitions, forge sends or lift limits: every one
+// must be refused with UNAUTHENTICATED. The load goes on meanwhile; its
+// audit at the end shows the cluster kept deciding exactly.
+func (h *harness) outsiderRefused(names []string) {
+	t := h.t
+	for _, name := range names {
+		conn := h.conns[name]
+		ctx, cancel := context.WithTimeout(h.ctx, callTimeout)
+		ring, err := pb.NewLimiterClient(conn).Ring(ctx, &pb.RingRequest{})
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: Ring: %v", name, err)
+		}
+		peer, admin := pb.NewPeerClient(conn), pb.NewAdminClient(conn)
+		parts := []uint32{0, 1, 2, 3}
+		calls := map[string]func(context.Context) error{
+			"Acquire naming itself": func(ctx context.Context) error {
+				_, err := peer.Acquire(ctx, &pb.AcquireRequest{Node: name, RingEpoch: ring.Epoch, Partitions: parts})
+				return err
+			},
+			"Release": func(ctx context.Context) error {
+				_, err := peer.Release(ctx, &pb.ReleaseRequest{Node: name, RingEpoch: ring.Epoch, Partitions: parts})
+				return err
+			},
+			"Replicate": func(ctx context.Context) error {
+				_, err := peer.Replicate(ctx, &pb.ReplicateRequest{Node: name, RingEpoch: ring.Epoch})
+				return err
+			},
+			"Fill": func(ctx context.Context) error {
+				_, err := peer.Fill(ctx, &pb.FillRequest{Node: name, RingEpoch: ring.Epoch})
+				return err
+			},
+			"Handback": func(ctx context.Context) error {
+				_, err := peer.Handback(ctx, &pb.HandbackRequest{Node: name, RingEpoch: ring.Epoch, Partitions: parts})
+				return err
+			},
+			"SetOverride exempting everyone": func(ctx context.Context) error {
+				_, err := admin.SetOverride(ctx, &pb.OverrideSetRequest{Override: &pb.Override{Name: "all", Domain: "default", Prefixes: []string{"+"}, Exempt: true}})
+				return err
+			},
+			"DeleteOverride": func(ctx context.Context) error {
+				_, err := admin.DeleteOverride(ctx, &pb.OverrideDeleteRequest{Name: "vip"})
+				return err
+			},
+		}
+		for what, call := range calls {
+			ctx, cancel := context.WithTimeout(h.ctx, callTimeout)
+			err := call(ctx)
+			cancel()
+			if status.Code(err) != codes.Unauthenticated {
+				t.Errorf("%s: an outsider's %s: %v, want UNAUTHENTICATED", name, what, err)
+			}
+		}
+	}
+	t.Logf("outsider: every Peer and Admin call refused (UNAUTHENTICATED) on %v", names)
 }
 
 // forgetDeadAfter is the nodes' ForgetDeadAfter: serve has no flag for it,

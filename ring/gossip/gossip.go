@@ -251,6 +251,9 @@ type Membership struct {
 	// excluded is, for each serving member left out of the ring because it
 	// disagrees with it, why; written by rebuild.
 	excluded map[string]string
+	// conflicts are the members seen under this member's own name at
+	// another gossip address, by that address (NameConflicts).
+	conflicts map[string]NameConflict
 
 	changedCh chan struct{} // capacity 1; "nodes changed", drained by eventLoop
 	done      chan struct{} // closed by Close; stops eventLoop and rejoinLoop
@@ -296,6 +299,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 			Key: agreementKey{rules: cfg.Agreement.Rules, protocol: cfg.Agreement.Protocol, placement: effectivePlacement(cfg.Placement)}},
 		nodes:     make(map[string]nodeInfo),
 		departed:  make(map[string]Departure),
+		conflicts: make(map[string]NameConflict),
 		changedCh: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		watchers:  make(map[chan *ring.Ring]struct{}),
@@ -746,9 +750,42 @@ func (d delegate) NotifyLeave(n *memberlist.Node) {
 }
 
 func (d delegate) NotifyConflict(existing, other *memberlist.Node) {
+	if existing.Name == d.m.cfg.NodeName {
+		md, _ := decodeMeta(other.Meta)
+		d.m.nodesMu.Lock()
+		d.m.conflicts[other.Address()] = NameConflict{GossipAddr: other.Address(), GRPCAddr: md.GRPC}
+		d.m.nodesMu.Unlock()
+		d.m.log.Error("gossip: another member uses this member's name: unless it is a former run of this one that others have not yet seen go, give each member a unique name",
+			"name", existing.Name, "this_addr", existing.Address(), "other_addr", other.Address(), "other_grpc_addr", md.GRPC)
+		return
+	}
 	d.m.log.Warn("gossip: name conflict; the newcomer is ignored until the old member is dead for DeadNodeReclaimTime",
 		"member", existing.Name, "existing_addr", existing.Address(), "new_addr", other.Address(),
 		"reclaim_time", d.m.cfg.DeadNodeReclaimTime)
+}
+
+// NameConflict is a member seen under this member's own name at another
+// gossip address: another process with the same name, or a former run of
+// this one (restarted at another address) that the others have not yet seen
+// go.
+type NameConflict struct {
+	GossipAddr string // its gossip host:port
+	GRPCAddr   string // its gRPC host:port, from its metadata ("" if it had none)
+}
+
+// NameConflicts returns the members seen under this member's own name at
+// another address since Start, in no order. A member that sees one while it
+// starts should find out whether it still answers (at GRPCAddr) and, if so,
+// refuse to go on: two members with one name split the ring (memberlist
+// ignores the newcomer, which then owns everything alone).
+func (m *Membership) NameConflicts() []NameConflict {
+	m.nodesMu.Lock()
+	defer m.nodesMu.Unlock()
+	out := make([]NameConflict, 0, len(m.conflicts))
+	for _, c := range m.conflicts {
+		out = append(out, c)
+	}
+	return out
 }
 
 func (d delegate) put(n *memberlist.Node) nodeInfo {
