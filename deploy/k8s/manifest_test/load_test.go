@@ -27,6 +27,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -51,6 +52,7 @@ type objects struct {
 	statefulSets []*appsv1.StatefulSet
 	pdbs         []*policyv1.PodDisruptionBudget
 	configMaps   []*corev1.ConfigMap
+	netPolicies  []*networkingv1.NetworkPolicy
 }
 
 // decodeStrict decodes one YAML or JSON document into the API type its kind
@@ -77,8 +79,11 @@ func decodeStrict(objs *objects, src string, doc []byte) error {
 	case "v1/ConfigMap":
 		o := &corev1.ConfigMap{}
 		objs.configMaps, target = append(objs.configMaps, o), o
+	case "networking.k8s.io/v1/NetworkPolicy":
+		o := &networkingv1.NetworkPolicy{}
+		objs.netPolicies, target = append(objs.netPolicies, o), o
 	default:
-		return fmt.Errorf("%s: kind %q is not one this test knows (Service, StatefulSet, PodDisruptionBudget, ConfigMap)", src, gvk)
+		return fmt.Errorf("%s: kind %q is not one this test knows (Service, StatefulSet, PodDisruptionBudget, ConfigMap, NetworkPolicy)", src, gvk)
 	}
 	if err := yaml.UnmarshalStrict(doc, target); err != nil {
 		return fmt.Errorf("%s: %s: %v", src, gvk, err)

@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -281,10 +282,21 @@ func TestStatefulSet(t *testing.T) {
 			t.Errorf("%s is not a grpc probe (the image has no shell or curl; health is gRPC)", name)
 		case pr.GRPC.Port != d.grpcPort:
 			t.Errorf("%s port %d, want the grpc containerPort %d", name, pr.GRPC.Port, d.grpcPort)
-		case pr.GRPC.Service != nil && *pr.GRPC.Service != "" && *pr.GRPC.Service != "freqring.v1.Limiter":
+		case pr.GRPC.Service != nil && *pr.GRPC.Service != "" && *pr.GRPC.Service != "freqring.v1.Limiter" && *pr.GRPC.Service != node.LivenessService:
 			t.Errorf("%s asks for health of service %q, which the node does not report", name, *pr.GRPC.Service)
 		}
 	}
+	// Liveness asks the service that stays SERVING while the process runs:
+	// a node whose WAL failed is not ready, and must not be restarted for it.
+	if pr := d.ctr.LivenessProbe; pr != nil && pr.GRPC != nil && (pr.GRPC.Service == nil || *pr.GRPC.Service != node.LivenessService) {
+		t.Errorf("livenessProbe asks for health of service %v, want %q (the readiness services turn NOT_SERVING while the WAL has failed)", pr.GRPC.Service, node.LivenessService)
+	}
+	for name, pr := range map[string]*corev1.Probe{"startupProbe": d.ctr.StartupProbe, "readinessProbe": d.ctr.ReadinessProbe} {
+		if pr != nil && pr.GRPC != nil && pr.GRPC.Service != nil && *pr.GRPC.Service == node.LivenessService {
+			t.Errorf("%s asks for %q, which is SERVING before the node recovers and while its WAL has failed", name, node.LivenessService)
+		}
+	}
+	checkSecrets(t, d)
 	if pr := d.ctr.StartupProbe; pr != nil {
 		if budget := time.Duration(max(pr.PeriodSeconds, 10)*max(pr.FailureThreshold, 3)) * time.Second; budget < 5*time.Minute {
 			t.Errorf("startupProbe allows %v for recovery, want at least 5m (snapshot load and WAL replay)", budget)
@@ -612,7 +624,7 @@ func TestTLSOverlay(t *testing.T) {
 	spec := d.sts.Spec.Template.Spec
 	for flag, want := range map[string]struct{ secret, key string }{
 		"tls-cert": {"freqring-tls", "tls.crt"}, "tls-key": {"freqring-tls", "tls.key"},
-		"tls-ca": {"freqring-tls", "ca.crt"}, "gossip-keys": {"freqring-gossip-keys", "keys"},
+		"tls-ca": {"freqring-tls", "ca.crt"},
 	} {
 		file, ok := d.flags[flag]
 		if !ok {
@@ -634,6 +646,7 @@ func TestTLSOverlay(t *testing.T) {
 			t.Errorf("--%s=%s is not key %s of Secret %s mounted read-only", flag, file, want.key, want.secret)
 		}
 	}
+	checkSecrets(t, d)
 	admin := checkAdmin(t, d, "https")
 	if d.flags["admin-tls"] != "true" {
 		t.Errorf("--admin-tls=%q, want true: the admin listener shares the gRPC certificate", d.flags["admin-tls"])
@@ -650,6 +663,97 @@ func TestTLSOverlay(t *testing.T) {
 	if d.flags["tls-client-auth"] == "" || d.flags["tls-server-name"] == "" {
 		t.Errorf("flags %v: want --tls-client-auth and --tls-server-name", d.flags)
 	}
+}
+
+// checkSecrets checks that the node of d authenticates its peers and its
+// operators: --cluster-keys and --admin-token-file name keys of the Secret
+// freqring, mounted read-only, and no flag runs it without them.
+func checkSecrets(t *testing.T, d *deployment) {
+	t.Helper()
+	spec := d.sts.Spec.Template.Spec
+	for flag, key := range map[string]string{"cluster-keys": "cluster-keys", "admin-token-file": "admin-token"} {
+		file, ok := d.flags[flag]
+		if !ok {
+			t.Errorf("--%s not set: the Peer service (or Admin's changes) would take calls from anyone who reaches the gRPC port", flag)
+			continue
+		}
+		found := false
+		for _, m := range d.ctr.VolumeMounts {
+			if path.Dir(file) != m.MountPath || !m.ReadOnly {
+				continue
+			}
+			for _, v := range spec.Volumes {
+				if v.Name == m.Name && v.Secret != nil && v.Secret.SecretName == "freqring" && (v.Secret.Optional == nil || !*v.Secret.Optional) && path.Base(file) == key {
+					found = true
+				}
+			}
+		}
+		if !found {
+			t.Errorf("--%s=%s is not key %s of Secret freqring (not optional) mounted read-only", flag, file, key)
+		}
+	}
+	for _, flag := range []string{"insecure-peers", "insecure-admin", "gossip-keys"} {
+		if v, ok := d.flags[flag]; ok && v != "false" {
+			t.Errorf("--%s=%s set", flag, v)
+		}
+	}
+}
+
+// TestNetworkPolicy: only the nodes reach each other's gossip port, TCP and
+// UDP; the gRPC and admin ports stay open (clients, probes, Prometheus).
+func TestNetworkPolicy(t *testing.T) {
+	d := load(t)
+	if len(d.objs.netPolicies) != 1 {
+		t.Fatalf("%d NetworkPolicies, want 1", len(d.objs.netPolicies))
+	}
+	np := d.objs.netPolicies[0]
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	if err != nil || sel.Empty() || !sel.Matches(d.podLabels) {
+		t.Fatalf("NetworkPolicy %s selects %v (%v), not the pods %v", np.Name, np.Spec.PodSelector, err, d.podLabels)
+	}
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("NetworkPolicy %s: policyTypes %v lack Ingress", np.Name, np.Spec.PolicyTypes)
+	}
+	// open reports whether some rule lets traffic from everyone (no from)
+	// or from the nodes alone (a from of the pods' labels) reach port.
+	open := func(port int32, p corev1.Protocol) (fromAnyone, fromNodes bool) {
+		for _, r := range np.Spec.Ingress {
+			has := len(r.Ports) == 0
+			for _, rp := range r.Ports {
+				has = has || (rp.Port != nil && d.portOf(t, *rp.Port) == port && proto(ptrOr(rp.Protocol)) == p)
+			}
+			if !has {
+				continue
+			}
+			if len(r.From) == 0 {
+				fromAnyone = true
+			}
+			for _, f := range r.From {
+				s, err := metav1.LabelSelectorAsSelector(f.PodSelector)
+				if f.PodSelector != nil && err == nil && !s.Empty() && s.Matches(d.podLabels) && f.NamespaceSelector == nil && f.IPBlock == nil {
+					fromNodes = true
+				} else {
+					fromAnyone = true // another source: count it as open
+				}
+			}
+		}
+		return
+	}
+	for _, p := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+		if anyone, nodes := open(d.gossip, p); anyone || !nodes {
+			t.Errorf("gossip port %d/%s: open to others %v, to the nodes %v; want the nodes only", d.gossip, p, anyone, nodes)
+		}
+	}
+	if anyone, _ := open(d.grpcPort, corev1.ProtocolTCP); !anyone {
+		t.Errorf("gRPC port %d closed to clients", d.grpcPort)
+	}
+}
+
+func ptrOr(p *corev1.Protocol) corev1.Protocol {
+	if p == nil {
+		return corev1.ProtocolTCP
+	}
+	return *p
 }
 
 // checkAdmin checks the admin listener of d: --admin-listen on every
