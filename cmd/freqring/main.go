@@ -56,7 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var err error
 	switch args[0] {
 	case "serve":
-		err = serve(ctx, args[1:], stderr)
+		err = serve(ctx, args[1:], stdout, stderr)
 	case "check":
 		err = check(ctx, args[1:], stdout, stderr)
 	case "rules":
