@@ -102,8 +102,15 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
+// flagSetSeen, when set, is called with every command's flag set before
+// it parses: TestFlagReference renders docs/configuration.md from them.
+var flagSetSeen func(*flag.FlagSet)
+
 // parseFlags parses args into fs, sending its usage output to w.
 func parseFlags(fs *flag.FlagSet, args []string, w io.Writer) error {
+	if flagSetSeen != nil {
+		flagSetSeen(fs)
+	}
 	fs.SetOutput(w)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
