@@ -5,7 +5,7 @@
 //	freqring status [flags]                show the ring and each member
 //	freqring stats [flags]                 usage statistics per day and domain, summed over the cluster
 //	freqring cluster [flags]               run a local cluster in one process
-//	freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
+//	freqring bench [flags]                 measure freqring, and the Redis sorted-set design, under load
 //	freqring synth [flags]                 write a data directory of N recipients at steady state
 //	freqring rules validate FILE           check a rules file
 //	freqring rules default                 print the embedded default rules
@@ -33,7 +33,7 @@ Usage:
   freqring stats [flags]                 usage statistics per day and domain, summed over the cluster
   freqring override set|delete|list      change or list overrides on every member
   freqring cluster [flags]               run a local cluster in one process
-  freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
+  freqring bench [flags]                 measure freqring, and the Redis sorted-set design, under load
   freqring synth [flags]                 write a data directory of N recipients at steady state
   freqring rules validate FILE           check a rules file
   freqring rules default                 print the embedded default rules
