@@ -462,7 +462,8 @@ var (
 	timeRE     = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
 	dateRE     = regexp.MustCompile(`\d{4}-\d\d-\d\d`)
 	unixMsRE   = regexp.MustCompile(`\b\d{13}\b`)
-	fracDurRE  = regexp.MustCompile(`\b\d+\.\d+m?s\b`)
+	retryRE    = regexp.MustCompile(`retry after \d+(\.\d+)?m?s\b`)
+	lastDurRE  = regexp.MustCompile(`(?m) \d+(\.\d+)?m?s$`) // the retry-after column
 	spaceRE    = regexp.MustCompile(`[ \t]+`)
 	retryMsRE  = regexp.MustCompile(`\b\d+ ms\b`)
 	httpDateRE = regexp.MustCompile(`(?m)^Date: .*$`)
@@ -470,13 +471,14 @@ var (
 )
 
 // normalize hides what changes from run to run: timestamps and dates, unix
-// ms (override versions), fractional durations (retry-after), column
+// ms (override versions), retry-after durations, column
 // spacing and trailing blank lines.
 func normalize(s string) string {
 	s = timeRE.ReplaceAllString(s, "<time>")
 	s = dateRE.ReplaceAllString(s, "<date>")
 	s = unixMsRE.ReplaceAllString(s, "<unix-ms>")
-	s = fracDurRE.ReplaceAllString(s, "<duration>")
+	s = retryRE.ReplaceAllString(s, "retry after <duration>")
+	s = lastDurRE.ReplaceAllString(s, " <duration>")
 	s = retryMsRE.ReplaceAllString(s, "<n> ms")
 	s = httpDateRE.ReplaceAllString(s, "Date: <date>")
 	s = lengthRE.ReplaceAllString(s, "Content-Length: <n>")
