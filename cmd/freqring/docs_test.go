@@ -14,8 +14,8 @@ package main
 //     the directive starts, on free ports) and what each prints must be
 //     what the block shows after it, up to timestamps, unix-ms versions,
 //     retry-after durations and column spacing (see normalize).
-//   - Every freqring command line in sh and console blocks names an
-//     existing command and flags it defines.
+//   - Every freqring command line in sh and console blocks, and in inline
+//     code, names an existing command and flags it defines.
 //   - Relative links point to files and headings that exist; no Markdown
 //     names paths outside the repository, issue numbers or seeds.
 
@@ -224,37 +224,70 @@ func commandLines(b mdBlock) []string {
 // command and flags that exist.
 func checkCommandFlags(t *testing.T, b mdBlock) {
 	for _, line := range commandLines(b) {
-		words, _, err := shellWords(line)
-		if err != nil {
-			t.Errorf("%s: %q: %v", b.where(), line, err)
+		checkCommandLine(t, b.where(), line)
+	}
+}
+
+// checkCommandLine checks that a freqring command line names a command and
+// flags that exist; a placeholder (COMMAND, [flags], ...) is let be.
+func checkCommandLine(t *testing.T, where, line string) {
+	words, _, err := shellWords(line)
+	if err != nil {
+		t.Errorf("%s: %q: %v", where, line, err)
+		return
+	}
+	if len(words) < 2 || words[0] != "freqring" || strings.ToLower(words[1]) != words[1] {
+		return
+	}
+	cmd := words[1:2]
+	if words[1] == "override" && len(words) > 2 {
+		cmd = words[1:3]
+	}
+	switch words[1] {
+	case "rules", "version", "help":
+		return // no flags
+	}
+	if !slices.ContainsFunc(flagCommands, func(c []string) bool { return slices.Equal(c, cmd) }) {
+		if words[1] == "override" && (len(cmd) < 2 || strings.Contains(cmd[1], "|") || strings.HasPrefix(cmd[1], "-")) {
+			return // "override set|delete|list"
+		}
+		t.Errorf("%s: %q: no command freqring %s", where, line, strings.Join(cmd, " "))
+		return
+	}
+	fset := commandFlags(t, cmd)
+	for _, w := range words[1+len(cmd):] {
+		if w == "--" {
+			break
+		}
+		if !strings.HasPrefix(w, "-") || w == "-" {
 			continue
 		}
-		if len(words) < 2 || words[0] != "freqring" {
-			continue
+		name, _, _ := strings.Cut(strings.TrimLeft(w, "-"), "=")
+		if fset.Lookup(name) == nil && name != "h" && name != "help" {
+			t.Errorf("%s: %q: freqring %s has no flag --%s", where, line, strings.Join(cmd, " "), name)
 		}
-		cmd := words[1:2]
-		if words[1] == "override" && len(words) > 2 {
-			cmd = words[1:3]
-		}
-		switch words[1] {
-		case "rules", "version", "help":
-			continue // no flags
-		}
-		if !slices.ContainsFunc(flagCommands, func(c []string) bool { return slices.Equal(c, cmd) }) {
-			t.Errorf("%s: %q: no command freqring %s", b.where(), line, strings.Join(cmd, " "))
-			continue
-		}
-		fset := commandFlags(t, cmd)
-		for _, w := range words[1+len(cmd):] {
-			if w == "--" {
-				break
+	}
+}
+
+var inlineCommandRE = regexp.MustCompile("`(freqring [^`]+)`")
+
+// TestDocInlineCommands checks the freqring command lines in the
+// Markdown's inline code, as TestDocBlocks does those of its blocks.
+func TestDocInlineCommands(t *testing.T) {
+	root := repoRoot(t)
+	t.Chdir(root)
+	for _, f := range markdownFiles(t, root) {
+		b, _ := os.ReadFile(f)
+		inFence := false
+		for i, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "```") {
+				inFence = !inFence
 			}
-			if !strings.HasPrefix(w, "-") || w == "-" {
+			if inFence {
 				continue
 			}
-			name, _, _ := strings.Cut(strings.TrimLeft(w, "-"), "=")
-			if fset.Lookup(name) == nil {
-				t.Errorf("%s: %q: freqring %s has no flag --%s", b.where(), line, strings.Join(cmd, " "), name)
+			for _, m := range inlineCommandRE.FindAllStringSubmatch(l, -1) {
+				checkCommandLine(t, fmt.Sprintf("%s:%d", f, i+1), strings.ReplaceAll(m[1], `\|`, "|"))
 			}
 		}
 	}
