@@ -29,7 +29,7 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 // The metrics a Collector exports. Their names are a public contract (the
-// README lists them; deploy/monitoring uses them).
+// docs/operations.md lists them, a test checks it; deploy/monitoring uses them).
 var (
 	descServing = desc("freqring_serving",
 		"1 while the node decides (recovered and joined, not shutting down), else 0.")

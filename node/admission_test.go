@@ -47,7 +47,7 @@ func (r *rulesByName) apply(cfg *node.Config) {
 	// starved machine (1.8 s seen at 0.05 of a core), where 1 s let a node
 	// forget a member falsely declared dead and decide alone beside it: the
 	// split longer than ForgetDeadAfter that rule 5 lets both sides decide
-	// through (README, "The bound through a network partition").
+	// through (docs/cluster.md, "Replication modes and what a failure can cost").
 	cfg.SweepInterval, cfg.ForgetDeadAfter = -1, 10*time.Second
 	if rs, ok := r.by[cfg.Name]; ok {
 		cfg.Rules = rs

@@ -70,18 +70,35 @@
 //	observe.go    the Observer hooks (timings for metrics), decision counters by domain, rule and code, Serving
 //	walrec.go     the WAL payload of one Check
 //	usage.go      usage statistics: what decide counts, the Usage RPC, the DATA_DIR/usage file
-//	server.go     the gRPC services, health, reflection, Serve
-//	security.go   TLS on the listener; the Peer service kept to verified peers
+//	server.go     the gRPC services, health (and its liveness service), reflection, Serve
+//	security.go   who may call what: members' signed calls, operators' tokens, TLS
+//	advertise.go  the address to advertise for a listener on every interface
+//	throttle.go   a log line at most once per period
 //
-// # Transport security
+// # Who may call what
 //
-// Config.TLS puts the listener on TLS; the node never reads certificate
-// files (cmd/freqring does, and reloads them through the tls.Config's
-// callbacks). With Config.PeerMTLS the Peer service answers UNAUTHENTICATED
-// unless the caller's client certificate was verified (and, with PeerName,
-// is valid for that name); the Limiter service asks for client certificates
-// as TLS.ClientAuth says. Peers dial each other through Config.Peers, which
-// GRPCPeers with TLS credentials makes.
+// The Limiter service is open to whoever reaches the listener. The Peer
+// service takes only members' calls: each is signed with Config.PeerKeys
+// (HMAC-SHA256 of the method, the caller's name and the time), or comes
+// with a client certificate verified under Config.PeerMTLS; a signed
+// request that names another member is refused. Admin's changes need an
+// operator: a bearer token of Config.AdminTokens, or a verified client
+// certificate. A cluster member needs PeerKeys, PeerMTLS or
+// Config.InsecurePeers (security.go). Config.TLS puts the listener on TLS;
+// the node never reads certificate or key files (cmd/freqring does, and
+// reloads them). Peers dial each other through Config.Peers; a node whose
+// Peers is nil signs its calls itself.
+//
+// # A failed disk
+//
+// A call whose WAL append fails takes its sends back (the store's
+// Unrecord, and the inverse to the backups) before it fails, so that memory
+// agrees with the log and a retry is decided afresh; a duplicate is
+// answered as recorded only once the call that recorded it has ended
+// (walFlight). While the WAL has failed the node records nothing and
+// Serving is false; durableLoop brings the WAL back with backoff
+// (wal.Log.Recover). Snapshots need room on the disk and back off after
+// failures (durable.go).
 //
 // # Memory
 //

@@ -27,7 +27,7 @@ import (
 )
 
 // BenchmarkGRPCCheck measures decisions/s and call latency of one node on
-// 127.0.0.1 under the README's load: batches of 100 items of the default
+// 127.0.0.1 under the load of docs/benchmarks.md: batches of 100 items of the default
 // rules, recipients uniform over 1M, content from 16 templates, 64
 // concurrent callers over 4 connections, load generator in the same process.
 //

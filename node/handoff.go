@@ -67,7 +67,7 @@ import (
 //     are in it (gossip.Agreement): one whose rules differ owns nothing,
 //     forwards its callers' checks, and is asked for its partitions like a
 //     leaving member, so a rules change never has two rule sets deciding for
-//     one partition (README, "Changing the rules of a cluster").
+//     one partition (docs/cluster.md, "Changing the rules of a cluster").
 //  7. A node that decided for a partition and finds it owned by another
 //     under its new ring hands it back (Peer.Handback): the owner closes it
 //     and acquires it again from every member. Members see rings at

@@ -294,14 +294,14 @@ func (g *guard) check(ctx context.Context, method string) (context.Context, erro
 		}
 		if !ok {
 			g.refused(&g.refusedAdmin, method, addr, why)
-			return ctx, status.Errorf(codes.Unauthenticated, "%s from %s: %s", method, addr, why)
+			return ctx, status.Errorf(codes.Unauthenticated, "%s: %s", method, why)
 		}
 		return ctx, nil
 	}
 	ctx, ok, why := g.member(ctx, method)
 	if !ok {
 		g.refused(&g.refusedPeer, method, addr, why)
-		return ctx, status.Errorf(codes.Unauthenticated, "%s from %s: %s", method, addr, why)
+		return ctx, status.Errorf(codes.Unauthenticated, "%s: %s", method, why)
 	}
 	return ctx, nil
 }

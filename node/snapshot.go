@@ -438,8 +438,8 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 // the file once, and the store it fills is as large: at 100M recipients the
 // two (12.7 GB each) do not fit in 24 GiB together, and while the cache
 // held the file the store's huge pages were found by reclaim and
-// compaction, which made recovery take half as long again (see README,
-// "Restart at 100M without the page cache").
+// compaction, which made recovery take half as long again (measured at
+// 100M recipients with deploy/scale/restart.sh; docs/benchmarks.md).
 const dropCachedStep = 64 << 20
 
 // imageWork is one partition image of a snapshot, for a loading worker.

@@ -1,6 +1,6 @@
 // Package rules turns a rules file into an immutable rule set: it parses and
 // validates the YAML (errors read "file:line: domain, rule, field and value"),
-// holds the embedded default rules (DESIGN §1: Huawei Cloud's published SMS
+// holds the embedded default rules (Huawei Cloud's published SMS
 // limits), and gives each set a stable hash that nodes compare across a
 // cluster.
 //

@@ -304,8 +304,8 @@ func (d *Domain) Longest() int64 { return max(d.recipSpan, d.contentSpan, d.coun
 // HasContentRules reports whether any rule of the domain is content-scoped.
 func (d *Domain) HasContentRules() bool { return d.contentCap > 0 }
 
-// DefaultRules are the rules of DESIGN §1, the embedded default domain:
-// Huawei Cloud's published SMS limits per number.
+// DefaultRules are the rules of the embedded default domain: Huawei
+// Cloud's published SMS limits per number.
 func DefaultRules() []Rule {
 	return []Rule{
 		{Name: "recipient-1m", Scope: ScopeRecipient, Limit: 15, Window: time.Minute},

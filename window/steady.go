@@ -16,7 +16,7 @@ type Send struct {
 // million recipients is 30 sends a day each. 27 sends fall uniformly at random
 // in (now-24h, now-1h] and 3 in (now-1h, now], each of the 3 with its own
 // content, so the record holds 30 recipient timestamps and 3 live content
-// logs. The memory and speed figures in the README use this state.
+// logs. The memory and speed figures of docs/benchmarks.md use this state.
 func SteadyStateSends(rng *rand.Rand, now int64) []Send {
 	return AppendSteadyStateSends(make([]Send, 0, 30), rng, now)
 }

@@ -5,7 +5,7 @@
 //	reg.MustRegister(clientmetrics.NewCollector(c))
 //
 // Metric names start with freqring_client_ and are a public contract (the
-// README lists them). No label holds a recipient or a content.
+// docs/operations.md lists them). No label holds a recipient or a content.
 package clientmetrics
 
 import (

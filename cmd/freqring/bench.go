@@ -21,7 +21,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	targets := fs.String("target", "freqring", "comma-separated targets, run one after the other on the same workload: freqring, redis (the four-key script), redis-per-rule (the seed's script once per rule)")
+	targets := fs.String("target", "freqring", "comma-separated targets, run one after the other on the same workload: freqring, redis (the four-key script), redis-per-rule (the original one-rule script, once per rule)")
 	addr := fs.String("addr", "127.0.0.1:7070", "comma-separated gRPC addresses of freqring nodes (the client learns the ring from them)")
 	redisAddr := fs.String("redis", "127.0.0.1:6379", "Redis address")
 	startRedis := fs.Bool("start-redis", false, "start a local redis-server on 127.0.0.1 for the run (Debian's redis-server), instead of using --redis")
@@ -46,8 +46,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxDelay := fs.Duration("max-delay", 0, "freqring client: how long each coalesced RPC waits for more single checks after its first (0 or negative: no wait, the client's default)")
 	unary := fs.Bool("unary", false, "freqring client: send coalesced single checks and batches as unary Check RPCs instead of on CheckStreams (for comparison)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
-	workload := fs.String("workload", "messages", "messages (seed 000: recipients and templates) or api (seed 004: app+ip and app+user+interface keys, two checks a call)")
-	algorithm := fs.String("algorithm", "fixed-window", "--workload api: the rules' algorithm, fixed-window (seed 004's Redis design; --target redis runs it), sliding-counter (seed 003's; --target redis runs its Redis hash), token-bucket, leaky-bucket or gcra (freqring only: no Redis design in the seeds); ignored with --rules")
+	workload := fs.String("workload", "messages", "messages (recipients and message templates) or api (app+ip and app+user+interface keys, two checks a call)")
+	algorithm := fs.String("algorithm", "fixed-window", "--workload api: the rules' algorithm, fixed-window (--target redis runs a counter per key and hour in one Lua script), sliding-counter (--target redis runs a Redis hash of sixty one-minute counters), token-bucket, leaky-bucket or gcra (freqring only: no Redis design to compare); ignored with --rules")
 	apps := fs.Int("apps", 100, "--workload api: apps")
 	ips := fs.Int("ips", 10_000, "--workload api: client IPs")
 	users := fs.Int("users", 100_000, "--workload api: users")
@@ -55,7 +55,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	refund := fs.Bool("refund", false, "--workload api, freqring: refund a key's admission when the call's other key denies it (so that it counts allowed calls only, as the Redis scripts do)")
 	tf := addTLSFlags(fs, false)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: freqring bench [flags]\n\nWith --workload api, runs seed 004's open-platform API workload (each call checks app+ip in domain\napi-ip, 10,000 an hour, and app+user+interface in api-user, 1,000 an hour; --zipf 0 means 1.1 there,\nnegative uniform) against freqring and/or Redis (--target freqring,redis).\nOtherwise, runs the seed's workload against freqring and/or Redis running the seed's design, and prints\ndecisions/s, latency percentiles, memory per recipient and the over-admission count.\nIt starts nothing unless --start-cluster or --start-redis asks.\n\n")
+		fmt.Fprintf(fs.Output(), "Usage: freqring bench [flags]\n\nWith --workload api, runs an open-platform API workload (each call checks app+ip in domain\napi-ip, 10,000 an hour, and app+user+interface in api-user, 1,000 an hour; --zipf 0 means 1.1 there,\nnegative uniform) against freqring and/or Redis (--target freqring,redis).\nOtherwise, runs the message workload (recipients drawn over --recipients, --templates contents, the\ndefault rules) against freqring and/or Redis running the sorted-set design, and prints\ndecisions/s, latency percentiles, memory per recipient and the over-admission count.\nIt starts nothing unless --start-cluster or --start-redis asks.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, stderr); err != nil {

@@ -131,7 +131,7 @@ func benchAPI(ctx context.Context, o apiBenchOptions, stdout, stderr io.Writer) 
 			t = ft
 		case "redis":
 			if a := apiRules.IP.Algorithm; a != window.FixedWindow && a != window.SlidingCounter {
-				return usagef("--target redis runs seed 004's fixed-window or seed 003's sliding-counter; %v has no Redis design in the seeds", a)
+				return usagef("--target redis runs fixed-window (a counter per key and hour) or sliding-counter (a hash of sub-window counters); %v has no Redis design to compare", a)
 			}
 			if apiRules.IP.Borrow > 0 || apiRules.User.Borrow > 0 {
 				return usagef("--target redis: the rules borrow (borrow %d, %d); the seeds' Redis designs do not", apiRules.IP.Borrow, apiRules.User.Borrow)
@@ -170,7 +170,7 @@ func benchAPI(ctx context.Context, o apiBenchOptions, stdout, stderr io.Writer) 
 			break
 		}
 	}
-	fmt.Fprintf(stdout, "\nseed 004 api workload: %d apps, %d ips, %d users, %d interfaces, zipf %g; rules (%s) %d/%v per (app, ip), %d/%v per (app, user, interface); a decision is a call of two checks\n",
+	fmt.Fprintf(stdout, "\napi workload: %d apps, %d ips, %d users, %d interfaces, zipf %g; rules (%s) %d/%v per (app, ip), %d/%v per (app, user, interface); a decision is a call of two checks\n",
 		cfg.Workload.Apps, cfg.Workload.IPs, cfg.Workload.Users, cfg.Workload.Interfaces, cfg.Workload.Zipf,
 		apiRules.IP.Algorithm, apiRules.IP.Limit, apiRules.IP.Window, apiRules.User.Limit, apiRules.User.Window)
 	if err := bench.WriteAPITable(stdout, reports); err != nil {

@@ -22,7 +22,7 @@ func TestBenchAPIWorkload(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%v\n%s\n%s", err, out.String(), errb.String())
 			}
-			for _, want := range []string{"seed 004 api workload", "rules (" + alg + ")", "(app, ip):", "0 over-admitted of", "checks/s"} {
+			for _, want := range []string{"api workload:", "rules (" + alg + ")", "(app, ip):", "0 over-admitted of", "checks/s"} {
 				if !strings.Contains(out.String(), want) {
 					t.Fatalf("output lacks %q:\n%s", want, out.String())
 				}

@@ -29,11 +29,11 @@ func expectedForm(f *flag.Flag, err error) string {
 }
 
 // configKeys lists the keys a config file may set: the names of fs's flags
-// with _ for -, except config itself.
+// with _ for -, except config itself and check-config.
 func configKeys(fs *flag.FlagSet) string {
 	var keys []string
 	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name != "config" {
+		if f.Name != "config" && f.Name != "check-config" {
 			keys = append(keys, strings.ReplaceAll(f.Name, "-", "_"))
 		}
 	})

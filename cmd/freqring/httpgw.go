@@ -24,9 +24,9 @@ type httpFlags struct {
 
 func addHTTPFlags(fs *flag.FlagSet) *httpFlags {
 	return &httpFlags{
-		listen: fs.String("http-listen", "", "HTTP/JSON listen address of POST /v1/check (README, HTTP); over TLS with the gRPC listener's --tls-cert, --tls-key and --tls-client-auth when --tls-cert is set (default: off)"),
+		listen: fs.String("http-listen", "", "HTTP/JSON listen address of POST /v1/check (docs/api.md, HTTP); over TLS with the gRPC listener's --tls-cert, --tls-key and --tls-client-auth when --tls-cert is set (default: off)"),
 		legacy: fs.Bool("http-legacy-headers", false, "add X-RateLimit-Limit, -Remaining and -Reset to HTTP answers beside RateLimit-Policy and RateLimit"),
-		rls:    fs.Bool("envoy-rls", true, "serve Envoy's rate limit service (envoy.service.ratelimit.v3) on the gRPC listener (README, Envoy)"),
+		rls:    fs.Bool("envoy-rls", true, "serve Envoy's rate limit service (envoy.service.ratelimit.v3) on the gRPC listener (docs/api.md, Envoy)"),
 	}
 }
 

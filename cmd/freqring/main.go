@@ -5,7 +5,7 @@
 //	freqring status [flags]                show the ring and each member
 //	freqring stats [flags]                 usage statistics per day and domain, summed over the cluster
 //	freqring cluster [flags]               run a local cluster in one process
-//	freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
+//	freqring bench [flags]                 measure freqring, and the Redis sorted-set design, under load
 //	freqring synth [flags]                 write a data directory of N recipients at steady state
 //	freqring rules validate FILE           check a rules file
 //	freqring rules default                 print the embedded default rules
@@ -33,7 +33,7 @@ Usage:
   freqring stats [flags]                 usage statistics per day and domain, summed over the cluster
   freqring override set|delete|list      change or list overrides on every member
   freqring cluster [flags]               run a local cluster in one process
-  freqring bench [flags]                 measure freqring and the Redis design on the seed's workload
+  freqring bench [flags]                 measure freqring, and the Redis sorted-set design, under load
   freqring synth [flags]                 write a data directory of N recipients at steady state
   freqring rules validate FILE           check a rules file
   freqring rules default                 print the embedded default rules
@@ -56,7 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var err error
 	switch args[0] {
 	case "serve":
-		err = serve(ctx, args[1:], stderr)
+		err = serve(ctx, args[1:], stdout, stderr)
 	case "check":
 		err = check(ctx, args[1:], stdout, stderr)
 	case "rules":
@@ -102,8 +102,15 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
+// flagSetSeen, when set, is called with every command's flag set before
+// it parses: TestFlagReference renders docs/configuration.md from them.
+var flagSetSeen func(*flag.FlagSet)
+
 // parseFlags parses args into fs, sending its usage output to w.
 func parseFlags(fs *flag.FlagSet, args []string, w io.Writer) error {
+	if flagSetSeen != nil {
+		flagSetSeen(fs)
+	}
 	fs.SetOutput(w)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

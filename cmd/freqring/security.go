@@ -151,12 +151,12 @@ type authFlags struct {
 // share a key they make.
 func addAuthFlags(fs *flag.FlagSet, cluster bool) *authFlags {
 	f := &authFlags{}
-	f.adminTokens = fs.String("admin-token-file", "", "file of admin bearer tokens, one a line (at least 16 bytes each: `head -c 32 /dev/urandom | base64`): Admin calls that change overrides must carry one (freqring override --token-file); read again when the file changes")
+	f.adminTokens = fs.String("admin-token-file", "", "file of admin bearer tokens, one a line, at least 16 bytes each (head -c 32 /dev/urandom | base64): Admin calls that change overrides must carry one (freqring override --token-file); read again when the file changes")
 	if cluster {
 		f.insecureAdmin = fs.Bool("insecure-admin", true, "let any caller on 127.0.0.1 change overrides when no --admin-token-file is given")
 		return f
 	}
-	f.clusterKeys = fs.String("cluster-keys", "", "file of the cluster's keys, one base64 key (16, 24 or 32 bytes: `head -c 32 /dev/urandom | base64`) a line, the primary first, the same file on every member: they encrypt and authenticate gossip and sign every call between members; required with --gossip or --join unless --insecure-peers or peer certificates (--tls-ca). Applied again when the file changes (key rotation: docs/security.md)")
+	f.clusterKeys = fs.String("cluster-keys", "", "file of the cluster's keys, one base64 key of 16, 24 or 32 bytes a line (head -c 32 /dev/urandom | base64), the primary first, the same file on every member: they encrypt and authenticate gossip and sign every call between members; required with --gossip or --join unless --insecure-peers or peer certificates (--tls-ca). Applied again when the file changes (key rotation: docs/security.md)")
 	f.gossipKeys = fs.String("gossip-keys", "", "the old name of --cluster-keys")
 	f.insecurePeers = fs.Bool("insecure-peers", false, "let anyone who reaches --listen call the Peer service (forward, move partitions, replicate) when the node has no cluster keys or peer certificates; only for a network nobody else can reach, or while a cluster moves to --cluster-keys")
 	f.insecureAdmin = fs.Bool("insecure-admin", false, "let anyone who reaches --listen change overrides without a token (no --admin-token-file)")

@@ -28,11 +28,12 @@ import (
 	"github.com/freqring/freqring/wal"
 )
 
-func serve(ctx context.Context, args []string, stderr io.Writer) error {
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	configPath := fs.String("config", "", "YAML config file with the flags' names as keys, dashes as underscores (listen, rules, data_dir, ...); flags override it")
+	checkConfig := fs.Bool("check-config", false, "check the flags, the --config file and the --rules file (and the TLS and gossip key files they name), print \"configuration ok\" and exit without listening or touching the data directory")
 	listen := fs.String("listen", "127.0.0.1:7070", "gRPC listen address")
-	rulesPath := fs.String("rules", "", "rules file (default: the embedded default rules); reloaded when it changes and on SIGHUP (README, Changing the rules)")
+	rulesPath := fs.String("rules", "", "rules file (default: the embedded default rules); reloaded when it changes and on SIGHUP (docs/rules.md, Changing the rules live)")
 	rulesWatch := fs.Duration("rules-watch-interval", rules.DefaultWatchInterval, "how often to read the --rules file for changes (negative: only on SIGHUP)")
 	shards := fs.Int("shards", 0, "deprecated and ignored: the store has one lock per ring partition")
 	sweep := fs.Duration("sweep-interval", time.Minute, "how often idle records are reclaimed and sparse slab chunks given back (negative disables)")
@@ -58,7 +59,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	replication := fs.String("replication", "sync", "replication of admitted sends to their partition's backup: sync (on the backup before the reply; one crash over-admits nothing), async (replies while at most --async-bound sends of a partition are unacknowledged; a crash over-admits at most that many per partition) or off")
 	asyncBound := fs.Int("async-bound", 64, "with --replication async: sends of one partition that may be admitted before their backup has them")
 	rejoin := fs.Duration("rejoin-interval", gossip.DefaultRejoinInterval, "how often to join the seeds again, to heal a split cluster (negative disables)")
-	maxMem := fs.String("max-memory", "auto", "the process's memory budget: a size such as 12GiB or 800MiB, 0 for no limit, or auto: 90% of the container's cgroup memory limit, or no limit without one. The store may hold 3/4 of it (at most all but 96MiB); past that, items for recipients the node holds no record of fail with RESOURCE_EXHAUSTED, known recipients are decided as always. Also the Go runtime's memory limit, unless GOMEMLIMIT is set")
+	maxMem := fs.String("max-memory", "auto", "the process's memory budget: a size such as 12GiB or 800MiB, 0 for no limit, or auto: 90% of the container's cgroup memory limit or, without one, 90% of the machine's memory (MemTotal in /proc/meminfo; no limit if that cannot be read). The store may hold 3/4 of it (at most all but 96MiB); past that, items for recipients the node holds no record of fail with RESOURCE_EXHAUSTED, known recipients are decided as always. Also the Go runtime's memory limit, unless GOMEMLIMIT is set")
 	grace := fs.Duration("shutdown-grace", node.ShutdownGrace, "on SIGTERM: the longest wait for in-flight calls (and half of it for handing partitions over); the node stops as soon as they are done")
 	var lim node.Limits
 	fs.IntVar(&lim.MaxRequestBytes, "max-request-bytes", node.MaxRequestBytes, "largest request message, bytes (at most the default); larger calls fail with RESOURCE_EXHAUSTED")
@@ -105,16 +106,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return usagef("log level %q is not one of debug, info, warn, error", *logLevel)
 	}
+	if *checkConfig {
+		level = max(level, slog.LevelWarn) // a check prints its verdict, not the start-up log
+	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if *shards != 0 {
 		logger.Warn("--shards is deprecated and ignored: the store has one lock per ring partition (271 by default)", "shards", *shards)
 	}
 
 	if mode := hugePageMode(os.DirFS("/")); mode == "never" || (*heapSlabs && mode != "" && mode != "always") {
-		logger.Info("the store's records get no transparent huge pages: with millions of recipients, decisions and restarts are slower (at 100M here, 2.7x per decision); see the README, A node with 100M recipients", "thp", mode, "heap_slabs", *heapSlabs)
+		logger.Info("the store's records get no transparent huge pages: with millions of recipients, decisions and restarts are slower (at 100M here, 2.7x per decision); see docs/configuration.md, Memory limit", "thp", mode, "heap_slabs", *heapSlabs)
 	}
 	followLimit := false
-	if budget > 0 {
+	if budget > 0 && !*checkConfig {
 		if env := os.Getenv("GOMEMLIMIT"); env != "" {
 			logger.Info("GOMEMLIMIT is set: the Go runtime's memory limit is left to it; it must leave room for the store's records, which are outside the Go heap (freqring_store_mapped_bytes) unless --heap-slabs", "GOMEMLIMIT", env)
 		} else {
@@ -199,6 +203,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	n, err := node.New(nc)
 	if err != nil {
 		return err
+	}
+	if *checkConfig {
+		fmt.Fprintln(stdout, "configuration ok")
+		return nil
 	}
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -298,7 +306,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for _, key := range slices.Sorted(maps.Keys(m)) {
 		name := strings.ReplaceAll(key, "_", "-")
-		if name == "config" || fs.Lookup(name) == nil {
+		if name == "config" || name == "check-config" || fs.Lookup(name) == nil {
 			return usagef("%s: unknown key %q; the keys are the flags' names with _ for -: %s", path, key, configKeys(fs))
 		}
 		if set[name] {

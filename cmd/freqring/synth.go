@@ -23,7 +23,7 @@ func synth(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	workers := fs.Int("workers", 0, "partitions built in parallel (default: GOMAXPROCS)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring synth --data-dir DIR --recipients N [flags]\n\n"+
-			"Writes into an empty data directory a snapshot of N recipients at the seed's steady state\n"+
+			"Writes into an empty data directory a snapshot of N recipients at the steady state\n"+
 			"(30 sends over the last 24 hours, 3 contents in the last hour), in the node's own format,\n"+
 			"so that `freqring serve --data-dir DIR` starts with them.\n\n")
 		fs.PrintDefaults()

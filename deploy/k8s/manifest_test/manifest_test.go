@@ -552,11 +552,11 @@ func TestRules(t *testing.T) {
 	}
 	def := rules.Default()
 	if !reflect.DeepEqual(rs.Names(), def.Names()) {
-		t.Fatalf("domains %v, want the embedded defaults' %v (node/default_rules.yaml)", rs.Names(), def.Names())
+		t.Fatalf("domains %v, want the embedded defaults' %v (rules/default_rules.yaml)", rs.Names(), def.Names())
 	}
 	for _, name := range def.Names() {
 		if got, want := rs.Domain(name).Rules(), def.Domain(name).Rules(); !reflect.DeepEqual(got, want) {
-			t.Errorf("domain %s: rules %+v, want the embedded defaults %+v (node/default_rules.yaml); update deploy/k8s/rules.yaml or this check", name, got, want)
+			t.Errorf("domain %s: rules %+v, want the embedded defaults %+v (rules/default_rules.yaml); update deploy/k8s/rules.yaml or this check", name, got, want)
 		}
 	}
 }
