@@ -324,7 +324,9 @@ func (n *Node) failUnreplicated(ctx context.Context, resp *pb.CheckResponse, rs 
 		}
 		// The caller may have left: the marks go to the WAL all the same.
 		if _, err := n.dur.log.Append(context.WithoutCancel(ctx), marks.bytes()); err != nil {
-			n.log.Error("WAL append of unconfirmed sends failed: after a restart, a retry of one is answered with its first decision", "sends", marks.n, "err", err)
+			if ok, held := n.walLogs.allow(time.Now().UnixNano(), walLogEvery); ok {
+				n.log.Error("WAL append of unconfirmed sends failed: after a restart, a retry of one is answered with its first decision", "sends", marks.n, "failed_calls_not_logged", held, "err", err)
+			}
 		}
 	}()
 	for _, rb := range rs.backups {

@@ -127,7 +127,13 @@ func TestOutsiderCannotActAsPeerOrAdmin(t *testing.T) {
 		},
 	}
 	for what, call := range calls {
-		wantCode(t, what, call(), codes.Unauthenticated)
+		err := call()
+		wantCode(t, what, err, codes.Unauthenticated)
+		// Each refusal names the service refused and what it wants.
+		admin := strings.Contains(what, "Override")
+		if msg := status.Convert(err).Message(); admin != strings.Contains(msg, "the Admin service") || !admin != strings.Contains(msg, "the Peer service") {
+			t.Errorf("%s: %q names the wrong service", what, msg)
+		}
 	}
 	st := target.Node.Stats()
 	if st.RefusedPeerCalls != 8 || st.RefusedAdminCalls != 3 {
