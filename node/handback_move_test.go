@@ -133,7 +133,7 @@ func sendOwedBy(t *testing.T, a, b *Node, backedBy string) (int, func() uint32) 
 	}
 	b.closePartition(p)
 	b.ho.mu.Lock()
-	b.ho.owed[p], b.ho.handed[p] = true, false
+	b.ho.parts[p].owed, b.ho.parts[p].handed = true, false
 	b.ho.mu.Unlock()
 	used := func() uint32 {
 		resp, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
@@ -215,7 +215,7 @@ func TestHandbackDuringAcquisition(t *testing.T) {
 
 	close(gp.armed)
 	a.ho.mu.Lock()
-	a.ho.from[p] = map[string]bool{"node-c": true}
+	a.ho.parts[p].from = map[string]bool{"node-c": true}
 	a.ho.mu.Unlock()
 	a.ho.wake()
 	select { // the move asks node-c, and waits there
@@ -228,7 +228,7 @@ func TestHandbackDuringAcquisition(t *testing.T) {
 	}
 	// Only that handback may bring the send: b tells a nothing again.
 	b.ho.mu.Lock()
-	b.ho.handbackAt[p] = time.Now().Add(time.Hour)
+	b.ho.parts[p].handbackAt = time.Now().Add(time.Hour)
 	b.ho.mu.Unlock()
 	close(gp.release)
 	wantCounted(t, used, 2, "a counts b's send after the handback")
@@ -250,7 +250,7 @@ func TestHandbackToldAgainUntilAcquired(t *testing.T) {
 		t.Fatalf("%d handbacks dropped, want 1: the test did not lose the first", gp.dropped.Load())
 	}
 	b.ho.mu.Lock()
-	owed := b.ho.owed[p]
+	owed := b.ho.parts[p].owed
 	b.ho.mu.Unlock()
 	if owed {
 		t.Fatal("b still owes p after a acquired it")
@@ -364,11 +364,11 @@ func TestBackupRefusesWhatItDecidedElsewhere(t *testing.T) {
 		}
 	}
 	b.ho.mu.Lock()
-	b.ho.owed[p], b.ho.handed[p] = true, false
+	b.ho.parts[p].owed, b.ho.parts[p].handed = true, false
 	b.ho.mu.Unlock()
 	want("owed", "has not acquired yet")
 	b.ho.mu.Lock()
-	b.ho.handed[p] = true // acquired from b since
+	b.ho.parts[p].handed = true // acquired from b since
 	b.ho.mu.Unlock()
 	if err := replicate(); err != nil {
 		t.Fatalf("after the owner acquired it: %v", err)
@@ -400,13 +400,13 @@ func TestRetryOfUnconfirmedSendIsDecidedAgain(t *testing.T) {
 		return resp
 	}
 	b.ho.mu.Lock()
-	b.ho.owed[p], b.ho.handed[p] = true, false // b refuses p's sends (rule 7)
+	b.ho.parts[p].owed, b.ho.parts[p].handed = true, false // b refuses p's sends (rule 7)
 	b.ho.mu.Unlock()
 	if resp := check(pb.Mode_MODE_CHECK_AND_RECORD); len(resp.Errors) != 1 || resp.Errors[0].Code != uint32(codes.Unavailable) {
 		t.Fatalf("with its backup refusing: %v, want UNAVAILABLE", resp)
 	}
 	b.ho.mu.Lock()
-	b.ho.handed[p] = true
+	b.ho.parts[p].handed = true
 	b.ho.mu.Unlock()
 	wantDecidedAgain(t, a, rcp, check(pb.Mode_MODE_CHECK_AND_RECORD))
 }
@@ -455,7 +455,7 @@ func TestAcquiredBeforeClosedIsNotOwed(t *testing.T) {
 	}
 	b.closeOwing(p) // b's reconcile, late
 	b.ho.mu.Lock()
-	owed, handed := b.ho.owed[p], b.ho.handed[p]
+	owed, handed := b.ho.parts[p].owed, b.ho.parts[p].handed
 	b.ho.mu.Unlock()
 	if owed && !handed {
 		t.Fatal("b owes p, which a acquired from it")
@@ -469,7 +469,7 @@ func TestAcquiredBeforeClosedIsNotOwed(t *testing.T) {
 	b.openPartition(p)
 	b.closeOwing(p)
 	b.ho.mu.Lock()
-	owed, handed = b.ho.owed[p], b.ho.handed[p]
+	owed, handed = b.ho.parts[p].owed, b.ho.parts[p].handed
 	b.ho.mu.Unlock()
 	if !owed || handed {
 		t.Fatalf("b closed p, which it had open, and owes it: owed %v, handed %v", owed, handed)
@@ -687,13 +687,13 @@ func TestDepartedMembersCount(t *testing.T) {
 	now := time.Now()
 	gone := now.Add(-time.Second)
 	h.counted["node-c"] = gone.Add(-time.Second)
-	h.countPresent(nil, map[string]gossip.Departure{"node-a": {At: gone}, "node-b": {At: gone}, "node-c": {At: gone, Leaving: true}}, r, now)
+	h.counted.note(nil, map[string]gossip.Departure{"node-a": {At: gone}, "node-b": {At: gone}, "node-c": {At: gone, Leaving: true}}, r.Members(), now)
 	want := map[string]time.Time{"node-a": gone, "node-b": gone, "node-d": now}
-	if !maps.EqualFunc(h.counted, want, time.Time.Equal) {
+	if !maps.EqualFunc(map[string]time.Time(h.counted), want, time.Time.Equal) {
 		t.Fatalf("counted %v, want %v", h.counted, want)
 	}
 	// A member seen present later than it departed keeps the later time.
-	h.countPresent(nil, map[string]gossip.Departure{"node-d": {At: gone}}, r, now)
+	h.counted.note(nil, map[string]gossip.Departure{"node-d": {At: gone}}, r.Members(), now)
 	if !h.counted["node-d"].Equal(now) {
 		t.Fatalf("node-d counted as of %v, want %v", h.counted["node-d"], now)
 	}
@@ -710,7 +710,7 @@ func TestUnconfirmedSendIsDecidedAgainAfterRestart(t *testing.T) {
 	a, b := twoLocal(t, ln, dir)
 	rcp, p := recipientOwnedBy(a.Ring(), "node-a", "")
 	b.ho.mu.Lock()
-	b.ho.owed[p], b.ho.handed[p] = true, false // b refuses p's sends (rule 7)
+	b.ho.parts[p].owed, b.ho.parts[p].handed = true, false // b refuses p's sends (rule 7)
 	b.ho.mu.Unlock()
 	ctx := context.Background()
 	req := &pb.CheckRequest{Recipients: []string{rcp}, RequestIds: []uint64{42}}

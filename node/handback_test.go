@@ -113,7 +113,7 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 	}
 	b.closePartition(p)
 	b.ho.mu.Lock()
-	b.ho.owed[p], b.ho.handed[p] = true, false
+	b.ho.parts[p].owed, b.ho.parts[p].handed = true, false
 	b.ho.mu.Unlock()
 	if err := b.handback(ctx, r, map[string][]uint32{"node-a": {uint32(p)}}); err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 		t.Fatalf("a counts %d sends after the handback, want 2 (its own and b's)", got)
 	}
 	b.ho.mu.Lock()
-	owed := b.ho.owed[p]
+	owed := b.ho.parts[p].owed
 	b.ho.mu.Unlock()
 	if owed {
 		t.Fatal("b still owes the partition after a acquired it")
@@ -133,7 +133,7 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 	// skipped; one at a later generation is taken even under the same ring:
 	// an epoch names a member set, which recurs after a flap.
 	a.ho.mu.Lock()
-	g := a.ho.pulledGen[p]["node-b"]
+	g := a.ho.parts[p].pulledGen["node-b"]
 	a.ho.mu.Unlock()
 	moves := a.ho.moves.Load()
 	hb := func(gen uint64) {

@@ -518,7 +518,7 @@ func (n *Node) refuseOwed(sends []walSend, owner string) error {
 			continue
 		}
 		last = p
-		if h.open[p].Load() {
+		if h.parts[p].open.Load() {
 			return n.refuse("partition %d is open on %s, which decides for it under another ring; %s must acquire it first", p, n.cfg.Name, owner)
 		}
 		if h.owes(p) {
