@@ -162,26 +162,48 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, TypeInvalid, fmt.Sprintf("body: %v", err))
 		return
 	}
-	req, batch, err := DecodeCheck(body)
+	req, batch, failed, err := DecodeCheck(body)
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, TypeInvalid, err.Error())
 		return
 	}
-	resp, err := h.cfg.Checker.Check(r.Context(), req)
-	if err != nil {
-		st := status.Convert(err)
-		code, typ := httpStatus(st.Code())
-		if code == http.StatusServiceUnavailable {
-			w.Header().Set("Retry-After", "1")
+	idx := bodyIndexes(len(req.Recipients), failed)
+	resp := &pb.CheckResponse{}
+	if len(req.Recipients) > 0 { // else every item of the batch failed alone
+		resp, err = h.cfg.Checker.Check(r.Context(), req)
+		if err != nil {
+			st := status.Convert(err)
+			code, typ := httpStatus(st.Code())
+			if code == http.StatusServiceUnavailable {
+				w.Header().Set("Retry-After", "1")
+			}
+			writeProblem(w, code, typ, httpFields(st.Message(), batch, idx))
+			return
 		}
-		writeProblem(w, code, typ, httpFields(st.Message(), batch))
-		return
 	}
 	if batch {
-		h.writeBatch(w, req, resp)
+		h.writeBatch(w, req, resp, failed, idx)
 		return
 	}
 	h.writeSingle(w, req, resp)
+}
+
+// bodyIndexes maps the index of each of n items decided to its index in
+// the body, which also held the failed items; nil when none failed.
+func bodyIndexes(n int, failed []FailedItem) []int {
+	if len(failed) == 0 {
+		return nil
+	}
+	idx := make([]int, 0, n)
+	f := 0
+	for j := 0; len(idx) < n; j++ {
+		if f < len(failed) && failed[f].Index == j {
+			f++
+			continue
+		}
+		idx = append(idx, j)
+	}
+	return idx
 }
 
 // isJSON reports whether a Content-Type is application/json.
@@ -216,15 +238,20 @@ var jsonField = map[string]string{
 
 // httpFields rewrites the gRPC field a node's message names
 // ("costs[2]: ...") as this API's ("items[2].cost: ..." in a batch,
-// "cost: ..." for a single item).
-func httpFields(msg string, batch bool) string {
+// "cost: ..." for a single item). idx maps the index of an item decided to
+// its index in the body (nil: the same).
+func httpFields(msg string, batch bool, idx []int) string {
 	m := grpcField.FindStringSubmatchIndex(msg)
 	if m == nil {
 		return msg
 	}
 	name := jsonField[msg[m[2]:m[3]]]
 	if batch && m[6] >= 0 {
-		name = "items[" + msg[m[6]:m[7]] + "]." + name
+		i := msg[m[6]:m[7]]
+		if k, err := strconv.Atoi(i); err == nil && k < len(idx) {
+			i = strconv.Itoa(idx[k])
+		}
+		name = "items[" + i + "]." + name
 	}
 	return name + msg[m[1]:]
 }
@@ -286,7 +313,7 @@ func (h *Handler) writeSingle(w http.ResponseWriter, req *pb.CheckRequest, resp 
 		if code == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", "1")
 		}
-		writeProblem(w, code, typ, httpFields(e.Message, false))
+		writeProblem(w, code, typ, httpFields(e.Message, false, nil))
 		return
 	}
 	d := decision(req, resp, 0, 0)
@@ -303,19 +330,29 @@ func (h *Handler) writeSingle(w http.ResponseWriter, req *pb.CheckRequest, resp 
 	})
 }
 
-func (h *Handler) writeBatch(w http.ResponseWriter, req *pb.CheckRequest, resp *pb.CheckResponse) {
+// writeBatch answers a batch: the items of req, decided in resp, and the
+// items that failed alone in decoding, each at its index in the body (idx,
+// as from bodyIndexes).
+func (h *Handler) writeBatch(w http.ResponseWriter, req *pb.CheckRequest, resp *pb.CheckResponse, failed []FailedItem, idx []int) {
 	errs := itemErrors(resp)
-	out := BatchResponse{Results: make([]ItemResult, len(req.Recipients))}
+	out := BatchResponse{Results: make([]ItemResult, len(req.Recipients)+len(failed))}
+	for _, f := range failed {
+		out.Results[f.Index].Error = &Problem{Type: TypeInvalid, Title: http.StatusText(http.StatusBadRequest), Status: http.StatusBadRequest, Detail: f.Err.Error()}
+	}
 	off := 0
-	for i := range out.Results {
+	for i := range req.Recipients {
+		j := i
+		if idx != nil {
+			j = idx[i]
+		}
 		ruleOff := off
 		off += int(resp.RuleCounts[i]) // a failed item may have entries too
 		if e := errs[i]; e != nil {
 			code, typ := httpStatus(codes.Code(e.Code))
-			out.Results[i].Error = &Problem{Type: typ, Title: http.StatusText(code), Status: code, Detail: httpFields(e.Message, true)}
+			out.Results[j].Error = &Problem{Type: typ, Title: http.StatusText(code), Status: code, Detail: httpFields(e.Message, true, idx)}
 			continue
 		}
-		out.Results[i].Decision = decision(req, resp, i, ruleOff)
+		out.Results[j].Decision = decision(req, resp, i, ruleOff)
 	}
 	writeJSON(w, http.StatusOK, "application/json", &out)
 }

@@ -181,7 +181,7 @@ func TestOpenAPIMatchesHandler(t *testing.T) {
 		if err != nil {
 			t.Fatalf("example %s: %v", name, err)
 		}
-		if _, _, err := gateway.DecodeCheck(body); err != nil {
+		if _, _, _, err := gateway.DecodeCheck(body); err != nil {
 			t.Errorf("example %s (%s): %v", name, body, err)
 		}
 	}
@@ -191,7 +191,7 @@ func TestOpenAPIMatchesHandler(t *testing.T) {
 		t.Errorf("Item properties %v, want %v", props, want)
 	}
 	for _, p := range props { // each documented property is one the decoder knows
-		if _, _, err := gateway.DecodeCheck([]byte(`{"recipient":"a","` + p + `":null}`)); err != nil && strings.Contains(err.Error(), "unknown field") {
+		if _, _, _, err := gateway.DecodeCheck([]byte(`{"recipient":"a","` + p + `":null}`)); err != nil && strings.Contains(err.Error(), "unknown field") {
 			t.Errorf("Item property %s: %v", p, err)
 		}
 	}
