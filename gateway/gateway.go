@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -25,6 +26,10 @@ const CheckPath = "/v1/check"
 // DefaultMaxBodyBytes is the largest body accepted when
 // Config.MaxBodyBytes is 0: 1 MiB.
 const DefaultMaxBodyBytes = 1 << 20
+
+// DefaultBodyTimeout is the time to read a body when Config.BodyTimeout
+// is 0.
+const DefaultBodyTimeout = 10 * time.Second
 
 // Checker decides a batch of items; *node.Node satisfies it (and routes
 // each item to its owner). It must be safe for concurrent use.
@@ -45,6 +50,13 @@ type Config struct {
 	// MaxBodyBytes bounds a request body, bytes; larger ones are answered
 	// 413. 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time to read a request's body, from when the
+	// handler starts (the server bounds the headers'): a body that is not
+	// all there in time, such as one trickled a byte at a time, is answered
+	// 408 and its connection closed, so that a slow client cannot hold a
+	// connection and a goroutine open for as long as it likes. 0 means
+	// DefaultBodyTimeout.
+	BodyTimeout time.Duration
 }
 
 // Handler serves POST /v1/check. It is safe for concurrent use.
@@ -62,6 +74,12 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.BodyTimeout < 0 {
+		return nil, fmt.Errorf("gateway: Config.BodyTimeout %v is negative", cfg.BodyTimeout)
+	}
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
 	}
 	return &Handler{cfg: cfg}, nil
 }
@@ -127,6 +145,7 @@ const (
 	TypeConflict    = typeBase + "request-id-conflict"
 	TypeUnavailable = typeBase + "unavailable"
 	TypeTooLarge    = typeBase + "body-too-large"
+	TypeTimeout     = typeBase + "body-timeout"
 	TypeMediaType   = typeBase + "unsupported-media-type"
 	TypeMethod      = typeBase + "method-not-allowed"
 	TypeNoRoute     = typeBase + "not-found"
@@ -152,11 +171,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusServiceUnavailable, TypeUnavailable, "node is not serving: recovering, moving or shutting down; retry")
 		return
 	}
+	// A ResponseWriter that cannot set deadlines (a ResponseRecorder) reads
+	// without one.
+	rc := http.NewResponseController(w)
+	deadline := rc.SetReadDeadline(time.Now().Add(h.cfg.BodyTimeout)) == nil
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	if deadline && err == nil {
+		// The server's background read, which watches for the client going
+		// away while Check runs, must not time out and cancel the call.
+		rc.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			writeProblem(w, http.StatusRequestEntityTooLarge, TypeTooLarge, fmt.Sprintf("body: more than %d bytes", tooBig.Limit))
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			w.Header().Set("Connection", "close")
+			writeProblem(w, http.StatusRequestTimeout, TypeTimeout, fmt.Sprintf("body: not all received within %v, after %d bytes", h.cfg.BodyTimeout, len(body)))
 			return
 		}
 		writeProblem(w, http.StatusBadRequest, TypeInvalid, fmt.Sprintf("body: %v", err))

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/gateway"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/rules"
@@ -431,5 +432,53 @@ func TestCheckDuplicateKeys(t *testing.T) {
 		if d := decode[gateway.Decision](t, b); resp.StatusCode != 200 || d.Rules[0].Used != 0 {
 			t.Errorf("peek %s: %s; want nothing recorded", rcp, b)
 		}
+	}
+}
+
+// TestCheckSlowBodyTimesOut: a client that sends the headers and part of
+// the body, then stalls (as one trickling it would, past the timeout), is
+// answered 408 once the body timeout passes and its connection closed;
+// nothing is checked. The client waits for the answer, not for a time.
+func TestCheckSlowBodyTimesOut(t *testing.T) {
+	checked := make(chan struct{}, 1)
+	h, err := gateway.New(gateway.Config{BodyTimeout: 200 * time.Millisecond, Checker: checkFunc(func(r *pb.CheckRequest) (*pb.CheckResponse, error) {
+		checked <- struct{}{}
+		return nil, nil
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	pr, pw := io.Pipe()
+	go pw.Write([]byte(`{"recipient":"+8613800000000","con`)) // and no more until the answer
+	// A failsafe, far past the body timeout; it ends the body too, since the
+	// client waits for the body's last read before it gives up.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	context.AfterFunc(ctx, func() { pw.CloseWithError(ctx.Err()) })
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+gateway.CheckPath, pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.ContentLength = 100
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatalf("no answer to a stalled body: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	p := decode[gateway.Problem](t, b)
+	if resp.StatusCode != http.StatusRequestTimeout || p.Type != gateway.TypeTimeout || !strings.HasPrefix(p.Detail, "body: not all received within 200ms, after ") || !resp.Close {
+		t.Fatalf("%d close=%v %s; want 408 naming the timeout, and the connection closed", resp.StatusCode, resp.Close, b)
+	}
+	select {
+	case <-checked:
+		t.Fatal("a timed-out body was checked")
+	default:
+	}
+	if _, err := gateway.New(gateway.Config{Checker: checkFunc(nil), BodyTimeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "Config.BodyTimeout -1s is negative") {
+		t.Fatalf("negative BodyTimeout: %v", err)
 	}
 }
