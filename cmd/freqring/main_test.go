@@ -210,3 +210,38 @@ func TestServeReloadsTheRulesFile(t *testing.T) {
 	write("7")
 	waitFor("limit 7", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return limit(rr) == 7 && st.RulesReloads == 2 })
 }
+
+// TestFlagTypoSuggests: a flag that is not defined is one line naming it
+// and the closest flag, if one is close, and a pointer to -h; exit 2, and
+// no usage. The same for a config file's key.
+func TestFlagTypoSuggests(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--lisen", "x"}, "freqring serve: flag provided but not defined: -lisen (did you mean --listen?)\nRun \"freqring serve -h\" for its flags.\n"},
+		{[]string{"serve", "-data_dir=/x"}, "freqring serve: flag provided but not defined: -data_dir (did you mean --data-dir?)\nRun \"freqring serve -h\" for its flags.\n"},
+		{[]string{"check", "r", "--adr", "x"}, "freqring check: flag provided but not defined: -adr (did you mean --addr?)\nRun \"freqring check -h\" for its flags.\n"},
+		{[]string{"override", "set", "--exmpt", "v"}, "freqring override: flag provided but not defined: -exmpt (did you mean --exempt?)\nRun \"freqring override set -h\" for its flags.\n"},
+		{[]string{"status", "--frobnicate"}, "freqring status: flag provided but not defined: -frobnicate\nRun \"freqring status -h\" for its flags.\n"},
+		{[]string{"serve", "--shards", "many"}, "freqring serve: invalid value \"many\" for flag -shards: parse error\nRun \"freqring serve -h\" for its flags.\n"},
+	} {
+		code, out, errOut := runCmd(context.Background(), tc.args...)
+		if code != 2 || out != "" || errOut != tc.want {
+			t.Errorf("freqring %s: exit %d\n%s%s\nwant exit 2 and\n%s", strings.Join(tc.args, " "), code, out, errOut, tc.want)
+		}
+	}
+	cfg := filepath.Join(t.TempDir(), "serve.yaml")
+	for body, want := range map[string]string{
+		"lsten: x\n":        `serve.yaml: unknown key "lsten" (did you mean "listen"?)`,
+		"datadir: /x\n":     `serve.yaml: unknown key "datadir" (did you mean "data_dir"?)`,
+		"frobnicate: 1\n":   `serve.yaml: unknown key "frobnicate"; the keys are the flags' names with _ for -: `,
+		"sync_intrval: 5\n": `serve.yaml: unknown key "sync_intrval" (did you mean "sync_interval"?)`,
+	} {
+		os.WriteFile(cfg, []byte(body), 0o644)
+		code, _, errOut := runCmd(context.Background(), "serve", "--config", cfg)
+		if code != 2 || !strings.Contains(errOut, want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("config %q: exit %d %s; want exit 2 and one line containing %s", body, code, errOut, want)
+		}
+	}
+}
