@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -209,6 +210,41 @@ func TestServeReloadsTheRulesFile(t *testing.T) {
 	waitFor("still limit 5", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return limit(rr) == 5 && st.RulesReloads == 1 })
 	write("7")
 	waitFor("limit 7", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return limit(rr) == 7 && st.RulesReloads == 2 })
+}
+
+// TestEveryCommandHelps: every command and subcommand prints its usage on
+// -h (and -help, --help) and exits 0, without connecting anywhere or
+// starting anything.
+func TestEveryCommandHelps(t *testing.T) {
+	for _, cmd := range []struct {
+		args  []string
+		usage string // in the usage printed
+	}{
+		{nil, "freqring serve [flags]"},
+		{[]string{"serve"}, "Usage: freqring serve"},
+		{[]string{"check"}, "Usage: freqring check"},
+		{[]string{"status"}, "Usage: freqring status"},
+		{[]string{"stats"}, "Usage: freqring stats"},
+		{[]string{"override"}, "Usage: freqring override set"},
+		{[]string{"override", "set"}, "Usage: freqring override set"},
+		{[]string{"override", "delete"}, "Usage: freqring override set"},
+		{[]string{"override", "list"}, "Usage: freqring override set"},
+		{[]string{"cluster"}, "Usage: freqring cluster"},
+		{[]string{"bench"}, "Usage: freqring bench"},
+		{[]string{"synth"}, "Usage: freqring synth"},
+		{[]string{"rules"}, "freqring rules validate FILE"},
+		{[]string{"rules", "validate"}, "freqring rules validate FILE"},
+		{[]string{"rules", "default"}, "freqring rules default"},
+		{[]string{"version"}, "Usage: freqring version"},
+	} {
+		for _, h := range []string{"-h", "-help", "--help"} {
+			args := append(slices.Clone(cmd.args), h)
+			code, out, errOut := runCmd(context.Background(), args...)
+			if code != 0 || !strings.Contains(out+errOut, cmd.usage) || strings.Contains(out+errOut, "not defined") {
+				t.Errorf("freqring %s: exit %d, want 0 with usage %q\n%s%s", strings.Join(args, " "), code, cmd.usage, out, errOut)
+			}
+		}
+	}
 }
 
 // TestFlagTypoSuggests: a flag that is not defined is one line naming it

@@ -26,6 +26,9 @@ func overrideCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if len(args) == 0 {
 		return usagef("want override set|delete|list")
 	}
+	if isHelp(args[0]) || args[0] == "help" {
+		args = []string{"set", "-h"} // set's usage is every subcommand's
+	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("override "+sub, flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:7070", "gRPC address of any node: the command applies to every member of its ring")
