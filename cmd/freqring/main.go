@@ -48,7 +48,7 @@ func main() {
 }
 
 // run executes one command line and returns the process exit code:
-// 0 success, 1 failure, 2 usage error.
+// 0 success, 1 failure, 2 usage error, or a command's own (exitError).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -92,9 +92,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "freqring %s: %v\n", args[0], err)
 		return 2
 	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		fmt.Fprintf(stderr, "freqring %s: %v\n", args[0], err)
+		return ee.code
+	}
 	fmt.Fprintf(stderr, "freqring %s: %v\n", args[0], err)
 	return 1
 }
+
+// exitError ends a command with an exit code of its own (other than 1,
+// failure, and 2, usage), which the command's usage documents.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
 
 // usageError is a command line the command cannot run.
 type usageError struct{ msg string }
