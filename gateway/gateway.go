@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -25,6 +26,10 @@ const CheckPath = "/v1/check"
 // DefaultMaxBodyBytes is the largest body accepted when
 // Config.MaxBodyBytes is 0: 1 MiB.
 const DefaultMaxBodyBytes = 1 << 20
+
+// DefaultBodyTimeout is the time to read a body when Config.BodyTimeout
+// is 0.
+const DefaultBodyTimeout = 10 * time.Second
 
 // Checker decides a batch of items; *node.Node satisfies it (and routes
 // each item to its owner). It must be safe for concurrent use.
@@ -45,6 +50,13 @@ type Config struct {
 	// MaxBodyBytes bounds a request body, bytes; larger ones are answered
 	// 413. 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time to read a request's body, from when the
+	// handler starts (the server bounds the headers'): a body that is not
+	// all there in time, such as one trickled a byte at a time, is answered
+	// 408 and its connection closed, so that a slow client cannot hold a
+	// connection and a goroutine open for as long as it likes. 0 means
+	// DefaultBodyTimeout.
+	BodyTimeout time.Duration
 }
 
 // Handler serves POST /v1/check. It is safe for concurrent use.
@@ -62,6 +74,12 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.BodyTimeout < 0 {
+		return nil, fmt.Errorf("gateway: Config.BodyTimeout %v is negative", cfg.BodyTimeout)
+	}
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
 	}
 	return &Handler{cfg: cfg}, nil
 }
@@ -127,6 +145,7 @@ const (
 	TypeConflict    = typeBase + "request-id-conflict"
 	TypeUnavailable = typeBase + "unavailable"
 	TypeTooLarge    = typeBase + "body-too-large"
+	TypeTimeout     = typeBase + "body-timeout"
 	TypeMediaType   = typeBase + "unsupported-media-type"
 	TypeMethod      = typeBase + "method-not-allowed"
 	TypeNoRoute     = typeBase + "not-found"
@@ -152,36 +171,72 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusServiceUnavailable, TypeUnavailable, "node is not serving: recovering, moving or shutting down; retry")
 		return
 	}
+	// A ResponseWriter that cannot set deadlines (a ResponseRecorder) reads
+	// without one.
+	rc := http.NewResponseController(w)
+	deadline := rc.SetReadDeadline(time.Now().Add(h.cfg.BodyTimeout)) == nil
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	if deadline && err == nil {
+		// The server's background read, which watches for the client going
+		// away while Check runs, must not time out and cancel the call.
+		rc.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			writeProblem(w, http.StatusRequestEntityTooLarge, TypeTooLarge, fmt.Sprintf("body: more than %d bytes", tooBig.Limit))
 			return
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			w.Header().Set("Connection", "close")
+			writeProblem(w, http.StatusRequestTimeout, TypeTimeout, fmt.Sprintf("body: not all received within %v, after %d bytes", h.cfg.BodyTimeout, len(body)))
+			return
+		}
 		writeProblem(w, http.StatusBadRequest, TypeInvalid, fmt.Sprintf("body: %v", err))
 		return
 	}
-	req, batch, err := DecodeCheck(body)
+	req, batch, failed, err := DecodeCheck(body)
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, TypeInvalid, err.Error())
 		return
 	}
-	resp, err := h.cfg.Checker.Check(r.Context(), req)
-	if err != nil {
-		st := status.Convert(err)
-		code, typ := httpStatus(st.Code())
-		if code == http.StatusServiceUnavailable {
-			w.Header().Set("Retry-After", "1")
+	idx := bodyIndexes(len(req.Recipients), failed)
+	resp := &pb.CheckResponse{}
+	if len(req.Recipients) > 0 { // else every item of the batch failed alone
+		resp, err = h.cfg.Checker.Check(r.Context(), req)
+		if err != nil {
+			st := status.Convert(err)
+			code, typ := httpStatus(st.Code())
+			if code == http.StatusServiceUnavailable {
+				w.Header().Set("Retry-After", "1")
+			}
+			writeProblem(w, code, typ, httpFields(st.Message(), batch, idx))
+			return
 		}
-		writeProblem(w, code, typ, httpFields(st.Message(), batch))
-		return
 	}
 	if batch {
-		h.writeBatch(w, req, resp)
+		h.writeBatch(w, req, resp, failed, idx)
 		return
 	}
 	h.writeSingle(w, req, resp)
+}
+
+// bodyIndexes maps the index of each of n items decided to its index in
+// the body, which also held the failed items; nil when none failed.
+func bodyIndexes(n int, failed []FailedItem) []int {
+	if len(failed) == 0 {
+		return nil
+	}
+	idx := make([]int, 0, n)
+	f := 0
+	for j := 0; len(idx) < n; j++ {
+		if f < len(failed) && failed[f].Index == j {
+			f++
+			continue
+		}
+		idx = append(idx, j)
+	}
+	return idx
 }
 
 // isJSON reports whether a Content-Type is application/json.
@@ -216,15 +271,20 @@ var jsonField = map[string]string{
 
 // httpFields rewrites the gRPC field a node's message names
 // ("costs[2]: ...") as this API's ("items[2].cost: ..." in a batch,
-// "cost: ..." for a single item).
-func httpFields(msg string, batch bool) string {
+// "cost: ..." for a single item). idx maps the index of an item decided to
+// its index in the body (nil: the same).
+func httpFields(msg string, batch bool, idx []int) string {
 	m := grpcField.FindStringSubmatchIndex(msg)
 	if m == nil {
 		return msg
 	}
 	name := jsonField[msg[m[2]:m[3]]]
 	if batch && m[6] >= 0 {
-		name = "items[" + msg[m[6]:m[7]] + "]." + name
+		i := msg[m[6]:m[7]]
+		if k, err := strconv.Atoi(i); err == nil && k < len(idx) {
+			i = strconv.Itoa(idx[k])
+		}
+		name = "items[" + i + "]." + name
 	}
 	return name + msg[m[1]:]
 }
@@ -286,7 +346,7 @@ func (h *Handler) writeSingle(w http.ResponseWriter, req *pb.CheckRequest, resp 
 		if code == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", "1")
 		}
-		writeProblem(w, code, typ, httpFields(e.Message, false))
+		writeProblem(w, code, typ, httpFields(e.Message, false, nil))
 		return
 	}
 	d := decision(req, resp, 0, 0)
@@ -303,19 +363,29 @@ func (h *Handler) writeSingle(w http.ResponseWriter, req *pb.CheckRequest, resp 
 	})
 }
 
-func (h *Handler) writeBatch(w http.ResponseWriter, req *pb.CheckRequest, resp *pb.CheckResponse) {
+// writeBatch answers a batch: the items of req, decided in resp, and the
+// items that failed alone in decoding, each at its index in the body (idx,
+// as from bodyIndexes).
+func (h *Handler) writeBatch(w http.ResponseWriter, req *pb.CheckRequest, resp *pb.CheckResponse, failed []FailedItem, idx []int) {
 	errs := itemErrors(resp)
-	out := BatchResponse{Results: make([]ItemResult, len(req.Recipients))}
+	out := BatchResponse{Results: make([]ItemResult, len(req.Recipients)+len(failed))}
+	for _, f := range failed {
+		out.Results[f.Index].Error = &Problem{Type: TypeInvalid, Title: http.StatusText(http.StatusBadRequest), Status: http.StatusBadRequest, Detail: f.Err.Error()}
+	}
 	off := 0
-	for i := range out.Results {
+	for i := range req.Recipients {
+		j := i
+		if idx != nil {
+			j = idx[i]
+		}
 		ruleOff := off
 		off += int(resp.RuleCounts[i]) // a failed item may have entries too
 		if e := errs[i]; e != nil {
 			code, typ := httpStatus(codes.Code(e.Code))
-			out.Results[i].Error = &Problem{Type: typ, Title: http.StatusText(code), Status: code, Detail: httpFields(e.Message, true)}
+			out.Results[j].Error = &Problem{Type: typ, Title: http.StatusText(code), Status: code, Detail: httpFields(e.Message, true, idx)}
 			continue
 		}
-		out.Results[i].Decision = decision(req, resp, i, ruleOff)
+		out.Results[j].Decision = decision(req, resp, i, ruleOff)
 	}
 	writeJSON(w, http.StatusOK, "application/json", &out)
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/gateway"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/rules"
@@ -288,7 +289,7 @@ func TestCheckBadRequests(t *testing.T) {
 		{"unknown field", "application/json", `{"recipient":"b","costs":2}`, 400, "costs: unknown field"},
 		{"cost zero", "application/json", `{"items":[{"recipient":"a"},{"recipient":"a"},{"recipient":"b","cost":0}]}`, 400, "items[2].cost: 0 out of range [1, 1000]"},
 		{"cost fraction", "application/json", `{"recipient":"b","cost":1.5}`, 400, "cost: 1.5 is not an integer"},
-		{"cost string", "application/json", `{"recipient":"b","cost":"x"}`, 400, "cost: a string, want a number"},
+		{"cost string", "application/json", `{"recipient":"b","cost":"x"}`, 400, "cost: a JSON string, want a number"},
 		{"mode", "application/json", `{"recipient":"b","mode":"allow"}`, 400, `mode: "allow" is not one of check, peek, record, refund`},
 		{"request id number", "application/json", `{"recipient":"b","request_id":12}`, 400, "request_id: a JSON number, want a decimal string"},
 		{"request id", "application/json", `{"recipient":"b","request_id":"-1"}`, 400, `request_id: "-1" is not a decimal integer`},
@@ -324,5 +325,160 @@ func TestCheckNotServing(t *testing.T) {
 	resp, b := f.post("application/json", `{"recipient":"a"}`)
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || decode[gateway.Problem](t, b).Type != gateway.TypeUnavailable {
 		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}
+
+// TestCheckInvalidUTF8FailsItsItem: a recipient, domain or content that is
+// not valid UTF-8 (a raw byte, or a lone surrogate escape) fails its item
+// alone with a 400 naming the field and index, never merging into U+FFFD;
+// the other items are decided, and a node's error for an item after a
+// failed one names that item's index in the body. A single such item is a
+// 400.
+func TestCheckInvalidUTF8FailsItsItem(t *testing.T) {
+	f := newFixture(t, false)
+	resp, b := f.post("application/json", "{\"items\":["+
+		`{"recipient":"a"},`+
+		"{\"recipient\":\"x\xff\"},"+
+		`{"recipient":"x\ud800"},`+
+		`{"recipient":"x\udc00"},`+
+		"{\"recipient\":\"c\",\"domain\":\"fast\xc3\"},"+
+		"{\"recipient\":\"c\",\"content\":\"hi\xfe\"},"+
+		`{"recipient":"b"},`+
+		`{"recipient":"c","domain":"nope"}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	r := decode[gateway.BatchResponse](t, b).Results
+	if len(r) != 8 {
+		t.Fatalf("%d results: %s", len(r), b)
+	}
+	for i, want := range map[int]string{
+		1: `items[1].recipient: "x\xff" is not valid UTF-8 (byte 0xff at offset 1)`,
+		2: `items[2].recipient: "x\xed\xa0\x80" is not valid UTF-8 (lone surrogate \ud800 at offset 1)`,
+		3: `items[3].recipient: "x\xed\xb0\x80" is not valid UTF-8 (lone surrogate \udc00 at offset 1)`,
+		4: `items[4].domain: "fast\xc3" is not valid UTF-8 (byte 0xc3 at offset 4)`,
+		5: `items[5].content: "hi\xfe" is not valid UTF-8 (byte 0xfe at offset 2)`,
+		7: `items[7].domain: unknown domain "nope"`,
+	} {
+		if r[i].Decision != nil || r[i].Error == nil || r[i].Error.Status != 400 || r[i].Error.Type != gateway.TypeInvalid || !strings.HasPrefix(r[i].Error.Detail, want) {
+			t.Errorf("result %d: %+v, want a 400 with detail %s...", i, r[i].Error, want)
+		}
+	}
+	for _, i := range []int{0, 6} {
+		if r[i].Error != nil || r[i].Decision == nil || !r[i].Admitted || r[i].Recipient != []string{0: "a", 6: "b"}[i] {
+			t.Errorf("result %d: %s", i, b)
+		}
+	}
+	// Nothing was recorded for the failed items: "x" and U+FFFD stay unused.
+	for _, rcp := range []string{"x", "x\ufffd", "c"} {
+		resp, b := f.post("application/json", `{"recipient":"`+rcp+`","mode":"peek"}`)
+		if d := decode[gateway.Decision](t, b); resp.StatusCode != 200 || d.Rules[0].Used != 0 {
+			t.Errorf("peek %q: %d %s; want nothing recorded", rcp, resp.StatusCode, b)
+		}
+	}
+	resp, b = f.post("application/json", "{\"recipient\":\"x\xff\"}")
+	if p := decode[gateway.Problem](t, b); resp.StatusCode != 400 || p.Detail != `recipient: "x\xff" is not valid UTF-8 (byte 0xff at offset 1)` {
+		t.Errorf("single item: %d %s", resp.StatusCode, b)
+	}
+	// A batch whose every item fails alone is still answered per item.
+	resp, b = f.post("application/json", `{"items":[{"recipient":"\ud800"}]}`)
+	if r := decode[gateway.BatchResponse](t, b).Results; resp.StatusCode != 200 || len(r) != 1 || r[0].Error == nil || r[0].Error.Status != 400 {
+		t.Errorf("all failed: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestCheckCostIsANumber: a cost given as a JSON string, even one that
+// reads as a number, is a 400 naming the field; nothing is recorded.
+func TestCheckCostIsANumber(t *testing.T) {
+	f := newFixture(t, false)
+	for _, tc := range []struct{ body, detail string }{
+		{`{"recipient":"b","cost":"5"}`, "cost: a JSON string, want a number"},
+		{`{"items":[{"recipient":"b"},{"recipient":"b","cost":"2"}]}`, "items[1].cost: a JSON string, want a number"},
+		{`{"recipient":"b","cost":true}`, "cost: a JSON bool, want a number"},
+		{`{"recipient":"b","cost":99999999999999999999}`, "cost: 99999999999999999999 out of range [1, 1000]"},
+	} {
+		resp, b := f.post("application/json", tc.body)
+		if p := decode[gateway.Problem](t, b); resp.StatusCode != 400 || p.Detail != tc.detail {
+			t.Errorf("%s: %d %s; want 400 with detail %q", tc.body, resp.StatusCode, b, tc.detail)
+		}
+	}
+	resp, b := f.post("application/json", `{"recipient":"b","mode":"peek"}`)
+	if d := decode[gateway.Decision](t, b); resp.StatusCode != 200 || d.Rules[0].Used != 0 {
+		t.Fatalf("after: %s; want nothing recorded for b", b)
+	}
+}
+
+// TestCheckDuplicateKeys: a key given twice in an object, or a field's
+// name in another case (which encoding/json would take as the same key),
+// is a 400 naming the key; nothing is recorded.
+func TestCheckDuplicateKeys(t *testing.T) {
+	f := newFixture(t, false)
+	for _, tc := range []struct{ body, detail string }{
+		{`{"recipient":"a","recipient":"b"}`, "recipient: duplicate key: each field may appear once"},
+		{`{"recipient":null,"recipient":"b"}`, "recipient: duplicate key"},
+		{`{"recipient":"b","cost":1,"cost":5}`, "cost: duplicate key"},
+		{`{"recipient":"b","recipi\u0065nt":"c"}`, "recipient: duplicate key"},
+		{`{"items":[{"recipient":"b"},{"recipient":"b","mode":"peek","mode":"check"}]}`, "items[1].mode: duplicate key"},
+		{`{"items":[{"recipient":"b"}],"items":[{"recipient":"c"}]}`, "items: duplicate key"},
+		{`{"recipient":"a","Recipient":"b"}`, `Recipient: unknown field (did you mean "recipient"? keys are case-sensitive)`},
+	} {
+		resp, b := f.post("application/json", tc.body)
+		if p := decode[gateway.Problem](t, b); resp.StatusCode != 400 || !strings.HasPrefix(p.Detail, tc.detail) {
+			t.Errorf("%s: %d %s; want 400 with detail %q...", tc.body, resp.StatusCode, b, tc.detail)
+		}
+	}
+	for _, rcp := range []string{"a", "b", "c"} {
+		resp, b := f.post("application/json", `{"recipient":"`+rcp+`","mode":"peek"}`)
+		if d := decode[gateway.Decision](t, b); resp.StatusCode != 200 || d.Rules[0].Used != 0 {
+			t.Errorf("peek %s: %s; want nothing recorded", rcp, b)
+		}
+	}
+}
+
+// TestCheckSlowBodyTimesOut: a client that sends the headers and part of
+// the body, then stalls (as one trickling it would, past the timeout), is
+// answered 408 once the body timeout passes and its connection closed;
+// nothing is checked. The client waits for the answer, not for a time.
+func TestCheckSlowBodyTimesOut(t *testing.T) {
+	checked := make(chan struct{}, 1)
+	h, err := gateway.New(gateway.Config{BodyTimeout: 200 * time.Millisecond, Checker: checkFunc(func(r *pb.CheckRequest) (*pb.CheckResponse, error) {
+		checked <- struct{}{}
+		return nil, nil
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	pr, pw := io.Pipe()
+	go pw.Write([]byte(`{"recipient":"+8613800000000","con`)) // and no more until the answer
+	// A failsafe, far past the body timeout; it ends the body too, since the
+	// client waits for the body's last read before it gives up.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	context.AfterFunc(ctx, func() { pw.CloseWithError(ctx.Err()) })
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+gateway.CheckPath, pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.ContentLength = 100
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatalf("no answer to a stalled body: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	p := decode[gateway.Problem](t, b)
+	if resp.StatusCode != http.StatusRequestTimeout || p.Type != gateway.TypeTimeout || !strings.HasPrefix(p.Detail, "body: not all received within 200ms, after ") || !resp.Close {
+		t.Fatalf("%d close=%v %s; want 408 naming the timeout, and the connection closed", resp.StatusCode, resp.Close, b)
+	}
+	select {
+	case <-checked:
+		t.Fatal("a timed-out body was checked")
+	default:
+	}
+	if _, err := gateway.New(gateway.Config{Checker: checkFunc(nil), BodyTimeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "Config.BodyTimeout -1s is negative") {
+		t.Fatalf("negative BodyTimeout: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -121,6 +123,7 @@ func TestOpenAPIMatchesHandler(t *testing.T) {
 		{"not serving", "POST", gateway.CheckPath, "application/json", one, ok200, false},
 		{"internal", "POST", gateway.CheckPath, "application/json", one, callFails(codes.Internal), true},
 		{"internal item", "POST", gateway.CheckPath, "application/json", one, itemFails(codes.DataLoss), true},
+		{"body timeout", "POST", gateway.CheckPath, "application/json", one, ok200, true}, // its body times out, below
 		{"too large", "POST", gateway.CheckPath, "application/json", `{"recipient":"` + strings.Repeat("a", gateway.DefaultMaxBodyBytes) + `"}`, ok200, true},
 		{"media type", "POST", gateway.CheckPath, "text/plain", one, ok200, true},
 		{"method", "GET", gateway.CheckPath, "", "", ok200, true},
@@ -134,6 +137,9 @@ func TestOpenAPIMatchesHandler(t *testing.T) {
 			t.Fatal(err)
 		}
 		req := httptest.NewRequest(sc.method, sc.path, strings.NewReader(sc.body))
+		if sc.name == "body timeout" {
+			req.Body = io.NopCloser(io.MultiReader(strings.NewReader(sc.body[:5]), iotest.ErrReader(os.ErrDeadlineExceeded)))
+		}
 		if sc.ct != "" {
 			req.Header.Set("Content-Type", sc.ct)
 		}
@@ -181,7 +187,7 @@ func TestOpenAPIMatchesHandler(t *testing.T) {
 		if err != nil {
 			t.Fatalf("example %s: %v", name, err)
 		}
-		if _, _, err := gateway.DecodeCheck(body); err != nil {
+		if _, _, _, err := gateway.DecodeCheck(body); err != nil {
 			t.Errorf("example %s (%s): %v", name, body, err)
 		}
 	}
@@ -191,7 +197,7 @@ func TestOpenAPIMatchesHandler(t *testing.T) {
 		t.Errorf("Item properties %v, want %v", props, want)
 	}
 	for _, p := range props { // each documented property is one the decoder knows
-		if _, _, err := gateway.DecodeCheck([]byte(`{"recipient":"a","` + p + `":null}`)); err != nil && strings.Contains(err.Error(), "unknown field") {
+		if _, _, _, err := gateway.DecodeCheck([]byte(`{"recipient":"a","` + p + `":null}`)); err != nil && strings.Contains(err.Error(), "unknown field") {
 			t.Errorf("Item property %s: %v", p, err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -20,7 +21,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/rules"
@@ -91,8 +96,131 @@ func NewRLS(cfg RLSConfig) (*RLS, error) {
 }
 
 // Register registers s on r (a node's gRPC server, through
-// node.Config.Services).
-func (s *RLS) Register(r grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServiceServer(r, s) }
+// node.Config.Services). Its calls are decoded by decodeRLS, not by the
+// server's codec.
+func (s *RLS) Register(r grpc.ServiceRegistrar) {
+	sd := rlsv3.RateLimitService_ServiceDesc
+	sd.Methods = slices.Clone(sd.Methods)
+	for i := range sd.Methods {
+		h := sd.Methods[i].Handler
+		sd.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			return h(srv, ctx, func(v any) error { return decodeRLS(dec, v) }, ic)
+		}
+	}
+	r.RegisterService(&sd, s)
+}
+
+// decodeRLS reads a request through dec (a unary handler's) and decodes it
+// into v, a proto message. The codec reads it as an empty message, whose
+// fields protobuf keeps undecoded, and decodeRLS decodes those bytes, so
+// that bytes that are not a request are INVALID_ARGUMENT with a message
+// naming the field, not the INTERNAL grpc-go answers a codec's error with:
+// Envoy sends a header's bytes as they came, and protobuf refuses a string
+// that is not valid UTF-8.
+func decodeRLS(dec func(any) error, v any) error {
+	var raw emptypb.Empty
+	if err := dec(&raw); err != nil {
+		if status.Code(err) == codes.Internal { // the codec's error
+			return status.Error(codes.InvalidArgument, status.Convert(err).Message())
+		}
+		return err
+	}
+	m, ok := v.(proto.Message)
+	if !ok {
+		panic(fmt.Sprintf("BUG: request type %T is not a proto message", v))
+	}
+	b := raw.ProtoReflect().GetUnknown()
+	if err := proto.Unmarshal(b, m); err != nil {
+		md := m.ProtoReflect().Descriptor()
+		if why := invalidUTF8(b, md, ""); why != "" {
+			return status.Error(codes.InvalidArgument, why)
+		}
+		return status.Errorf(codes.InvalidArgument, "undecodable %s: %v", md.Name(), err)
+	}
+	return nil
+}
+
+// invalidUTF8 names the first string field of b, a message md at path,
+// that is not valid UTF-8, with its value, and the key of its message if
+// that has one: `descriptors[1].entries[0] (recipient): value "\xff" is not
+// valid UTF-8`. It is "" if there is none, or b is not wire format.
+func invalidUTF8(b []byte, md protoreflect.MessageDescriptor, path string) string {
+	all := b
+	var seen map[protowire.Number]int // occurrences of each repeated field so far
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return ""
+		}
+		val := b[:n]
+		b = b[n:]
+		fd := md.Fields().ByNumber(num)
+		if fd == nil || typ != protowire.BytesType || (fd.Kind() != protoreflect.StringKind && fd.Kind() != protoreflect.MessageKind) {
+			continue
+		}
+		v, _ := protowire.ConsumeBytes(val)
+		name := string(fd.Name())
+		if fd.IsList() {
+			if seen == nil {
+				seen = map[protowire.Number]int{}
+			}
+			name = fmt.Sprintf("%s[%d]", name, seen[num])
+			seen[num]++
+		}
+		if fd.Kind() == protoreflect.MessageKind {
+			sub := name
+			if path != "" {
+				sub = path + "." + name
+			}
+			if why := invalidUTF8(v, fd.Message(), sub); why != "" {
+				return why
+			}
+			continue
+		}
+		if utf8.Valid(v) {
+			continue
+		}
+		where := path
+		if k := md.Fields().ByName("key"); k != nil && k != fd && k.Kind() == protoreflect.StringKind {
+			if key, ok := lastBytes(all, k.Number()); ok && utf8.Valid(key) && len(key) <= 64 {
+				where += " (" + string(key) + ")"
+			}
+		}
+		if where != "" {
+			where += ": "
+		}
+		return fmt.Sprintf("%s%s %s is not valid UTF-8", where, name, cut(string(v)))
+	}
+	return ""
+}
+
+// lastBytes is the value of the last field num of message b, a string or
+// bytes field, as protobuf decodes it; ok is false when b has none.
+func lastBytes(b []byte, num protowire.Number) (v []byte, ok bool) {
+	for len(b) > 0 {
+		n2, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return v, ok
+		}
+		b = b[n:]
+		if n2 == num && typ == protowire.BytesType {
+			if x, m := protowire.ConsumeBytes(b); m >= 0 {
+				v, ok = x, true
+			}
+		}
+		n = protowire.ConsumeFieldValue(n2, typ, b)
+		if n < 0 {
+			return v, ok
+		}
+		b = b[n:]
+	}
+	return v, ok
+}
 
 // rlsCall is a ShouldRateLimit call translated: descriptor i became item
 // index[i] of req, or no item (-1) when no mapping matched it.

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"bytes"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -9,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
@@ -108,6 +111,50 @@ func FuzzTranslateRLS(f *testing.F) {
 			if req.Modes[k] == pb.Mode_MODE_REFUND && (req.RequestIds == nil || req.RequestIds[k] == 0) {
 				t.Fatalf("item %d is a refund without a request id", k)
 			}
+		}
+	})
+}
+
+// FuzzDecodeRLS feeds arbitrary bytes to decodeRLS as a server's codec
+// would: it never panics, and it either decodes them as proto.Unmarshal
+// does or refuses them with INVALID_ARGUMENT and a message, naming the
+// field when a string of bytes in wire format is not valid UTF-8.
+func FuzzDecodeRLS(f *testing.F) {
+	for _, r := range []*rlsv3.RateLimitRequest{
+		{Domain: "default", Descriptors: []*commonv3.RateLimitDescriptor{{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "recipient", Value: "a"}}}}},
+		{Domain: "mesh", HitsAddend: 2, Descriptors: []*commonv3.RateLimitDescriptor{{}, {Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "k", Value: "@@"}, {Key: "@@"}}}}},
+	} {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+		f.Add(bytes.ReplaceAll(b, []byte("@@"), []byte("\xff\xfe")))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		dec := func(v any) error {
+			if err := proto.Unmarshal(b, v.(proto.Message)); err != nil {
+				return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+			}
+			return nil
+		}
+		var got rlsv3.RateLimitRequest
+		err := decodeRLS(dec, &got)
+		var want rlsv3.RateLimitRequest
+		wantErr := proto.Unmarshal(b, &want)
+		switch {
+		case err == nil && wantErr == nil:
+			if !proto.Equal(&got, &want) {
+				t.Fatalf("decoded %v, want %v", &got, &want)
+			}
+		case err == nil:
+			t.Fatalf("decoded what proto.Unmarshal refuses: %v", wantErr)
+		case wantErr == nil:
+			t.Fatalf("refused what proto.Unmarshal decodes: %v", err)
+		case status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() == "":
+			t.Fatalf("error %v is not INVALID_ARGUMENT with a message", err)
+		case strings.Contains(wantErr.Error(), "invalid UTF-8") && proto.Unmarshal(b, &emptypb.Empty{}) == nil && !strings.Contains(err.Error(), "is not valid UTF-8"):
+			t.Fatalf("error %v does not name the string that is not UTF-8", err)
 		}
 	})
 }

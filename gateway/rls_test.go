@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math/rand/v2"
@@ -16,7 +17,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
@@ -34,6 +38,7 @@ type rlsFixture struct {
 	clk     *testClock
 	rls     rlsv3.RateLimitServiceClient
 	limiter pb.LimiterClient
+	conn    *grpc.ClientConn
 	serving atomic.Bool
 }
 
@@ -76,6 +81,7 @@ func newRLSFixture(t testing.TB, rulesYAML string) *rlsFixture {
 	t.Cleanup(func() { cc.Close() })
 	f.rls = rlsv3.NewRateLimitServiceClient(cc)
 	f.limiter = pb.NewLimiterClient(cc)
+	f.conn = cc
 	return f
 }
 
@@ -364,6 +370,58 @@ func TestRLSBadCalls(t *testing.T) {
 	if got := f.used("default", "z"); got != 0 {
 		t.Fatalf("refused calls recorded %d sends", got)
 	}
+}
+
+// rawCodec sends a request's bytes as they are (an Envoy that does not
+// check UTF-8), and decodes answers as protobuf.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if b, ok := v.([]byte); ok {
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	return encoding.GetCodecV2("proto").Marshal(v)
+}
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return encoding.GetCodecV2("proto").Unmarshal(data, v)
+}
+func (rawCodec) Name() string { return "proto" }
+
+// TestRLSInvalidUTF8: a call whose domain, entry key or entry value is not
+// valid UTF-8 (which protobuf refuses to decode, so that grpc-go answered
+// INTERNAL) is INVALID_ARGUMENT naming the descriptor, the entry and its
+// key; nothing is recorded, and the next call is decided.
+func TestRLSInvalidUTF8(t *testing.T) {
+	f := newRLSFixture(t, testRules)
+	for _, tc := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want string
+	}{
+		{"recipient", &rlsv3.RateLimitRequest{Domain: "default", Descriptors: []*commonv3.RateLimitDescriptor{desc("recipient=z"), desc("content=c", "recipient=z@@")}},
+			`descriptors[1].entries[1] (recipient): value "zz\xff" is not valid UTF-8`},
+		{"content", &rlsv3.RateLimitRequest{Domain: "default", Descriptors: []*commonv3.RateLimitDescriptor{desc("recipient=z", "content=@@")}},
+			`descriptors[0].entries[1] (content): value "z\xff" is not valid UTF-8`},
+		{"key", &rlsv3.RateLimitRequest{Domain: "default", Descriptors: []*commonv3.RateLimitDescriptor{desc("recipient=z", "@@=c")}},
+			`descriptors[0].entries[1]: key "z\xff" is not valid UTF-8`},
+		{"domain", &rlsv3.RateLimitRequest{Domain: "@@", Descriptors: []*commonv3.RateLimitDescriptor{desc("recipient=z")}},
+			`domain "z\xff" is not valid UTF-8`},
+	} {
+		b, err := proto.Marshal(tc.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = bytes.ReplaceAll(b, []byte("@@"), []byte("z\xff"))
+		var resp rlsv3.RateLimitResponse
+		err = f.conn.Invoke(context.Background(), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", b, &resp, grpc.ForceCodecV2(rawCodec{}))
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.want) {
+			t.Errorf("%s: %v, want INVALID_ARGUMENT containing %s", tc.name, err, tc.want)
+		}
+	}
+	if got := f.used("default", "z"); got != 0 {
+		t.Fatalf("refused calls recorded %d sends", got)
+	}
+	f.ok("default", 0, desc("recipient=z"))
 }
 
 // TestRLSEnvoySection: an envoy section maps another Envoy domain, with

@@ -117,6 +117,10 @@ var (
 		"Sends returned by request id (refunds).")
 	descGossipBad = desc("freqring_gossip_bad_packets_total",
 		"Gossip packets and streams that did not decode or decrypt.")
+	descGossipWarnings = desc("freqring_gossip_warnings_total",
+		"Warning and error lines of memberlist (the gossip library), bad packets' among them.")
+	descGossipWarningsNotLogged = desc("freqring_gossip_warnings_not_logged_total",
+		"Warning lines of memberlist left out of the log: at most one of a kind is logged every 10 s.")
 )
 
 var allDescs = []*prometheus.Desc{
@@ -126,6 +130,7 @@ var allDescs = []*prometheus.Desc{
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descSnapshotFailures, descWALFailed, descWALFailures, descWALRecoveries, descRefusedCalls,
 	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
+	descGossipWarnings, descGossipWarningsNotLogged,
 }
 
 // Describe sends the descriptions of every metric Collect may send.
@@ -215,4 +220,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descReloads, s.ReloadFailures, "failed")
 	counter(descRefunds, s.Refunds)
 	counter(descGossipBad, s.Gossip.BadPackets)
+	counter(descGossipWarnings, s.Gossip.Warnings)
+	counter(descGossipWarningsNotLogged, s.Gossip.WarningsNotLogged)
 }

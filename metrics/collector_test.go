@@ -117,6 +117,15 @@ freqring_ring_members 1
 # TYPE freqring_reloads_total counter
 freqring_reloads_total{result="failed"} 0
 freqring_reloads_total{result="ok"} 0
+# HELP freqring_gossip_bad_packets_total Gossip packets and streams that did not decode or decrypt.
+# TYPE freqring_gossip_bad_packets_total counter
+freqring_gossip_bad_packets_total 0
+# HELP freqring_gossip_warnings_total Warning and error lines of memberlist (the gossip library), bad packets' among them.
+# TYPE freqring_gossip_warnings_total counter
+freqring_gossip_warnings_total 0
+# HELP freqring_gossip_warnings_not_logged_total Warning lines of memberlist left out of the log: at most one of a kind is logged every 10 s.
+# TYPE freqring_gossip_warnings_not_logged_total counter
+freqring_gossip_warnings_not_logged_total 0
 # HELP freqring_check_items Items per Check call (or CheckStream request).
 # TYPE freqring_check_items histogram
 freqring_check_items_bucket{le="1"} 5
@@ -133,7 +142,8 @@ freqring_check_items_count 7
 `
 	names := []string{"freqring_decisions_total", "freqring_rule_denied_total", "freqring_failed_items_total",
 		"freqring_duplicate_items_total", "freqring_checked_items_total", "freqring_domain_records", "freqring_serving",
-		"freqring_ring_members", "freqring_reloads_total", "freqring_check_items"}
+		"freqring_ring_members", "freqring_reloads_total", "freqring_check_items",
+		"freqring_gossip_bad_packets_total", "freqring_gossip_warnings_total", "freqring_gossip_warnings_not_logged_total"}
 	reg := metrics.NewRegistry(n, obs)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)

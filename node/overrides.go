@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -160,7 +161,11 @@ func overrideOf(p *pb.Override) rules.Override {
 	if len(p.Limits) > 0 {
 		o.Limits = make(map[string]int, len(p.Limits))
 		for k, v := range p.Limits {
-			o.Limits[k] = int(min(v, 1<<30))
+			// Exact, so that an error names the limit given: an int holds
+			// every uint32 on the 64-bit platforms freqring is built for (on
+			// a 32-bit one, a limit above MaxInt32, out of range anyway,
+			// would read as MaxInt32).
+			o.Limits[k] = int(min(uint64(v), math.MaxInt))
 		}
 	}
 	return o

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -165,6 +166,8 @@ func TestMalformedOverrideChangesNothing(t *testing.T) {
 		{"unknown domain", &pb.Override{Name: "vip", Domain: "sms", Recipients: []string{"a"}, Exempt: true}, `override "vip": domain: unknown domain "sms"`},
 		{"unknown rule", &pb.Override{Name: "vip", Domain: "default", Recipients: []string{"a"}, Limits: map[string]uint32{"recipient-2m": 4}}, `override "vip": limits: unknown rule "recipient-2m"`},
 		{"limit too high", &pb.Override{Name: "vip", Domain: "default", Recipients: []string{"a"}, Limits: map[string]uint32{"recipient-1m": 5000}}, `override "vip": limits: rule "recipient-1m": limit 5000 out of range [1, 1000]`},
+		{"limit above 2^30", &pb.Override{Name: "vip", Domain: "default", Recipients: []string{"a"}, Limits: map[string]uint32{"recipient-1m": 3_000_000_000}}, `override "vip": limits: rule "recipient-1m": limit 3000000000 out of range [1, 1000]`},
+		{"largest limit", &pb.Override{Name: "vip", Domain: "default", Recipients: []string{"a"}, Limits: map[string]uint32{"recipient-1m": math.MaxUint32}}, `limit 4294967295 out of range [1, 1000]`},
 		{"no keys", &pb.Override{Name: "vip", Domain: "default", Exempt: true}, `override "vip": recipients: no recipients and no prefixes`},
 		{"bad utf-8", &pb.Override{Name: "vip", Domain: "default", Prefixes: []string{"+1\xff"}, Exempt: true}, `override "vip": prefixes: entry 0 "+1\xff" is not valid UTF-8`},
 		{"both", &pb.Override{Name: "vip", Domain: "default", Recipients: []string{"a"}, Exempt: true, Limits: map[string]uint32{"recipient-1m": 5}}, `override "vip": exempt: exempt and limits both set`},

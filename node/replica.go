@@ -14,6 +14,7 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
 	"github.com/freqring/freqring/store"
+	"github.com/freqring/freqring/window"
 )
 
 // Replication says whether an admitted send must be on its partition's
@@ -389,9 +390,15 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	v := n.view.Load()
 	sc := replicatedScratches.Get().(*replicatedScratch)
 	defer sc.release()
+	next := 0 // the index of the next send
 	err = decodeWAL(req.Sends, func(s walSend) error {
+		i := next
+		next++
 		if s.unconfirmed {
 			return fmt.Errorf("%w: an unconfirmed mark, which only a WAL holds", ErrBadPayload)
+		}
+		if s.cost > window.MaxCost { // the framing carries more; an item may not have it
+			return fmt.Errorf("%w: send %d: cost %d out of range [1, %d]", ErrBadPayload, i, s.cost, window.MaxCost)
 		}
 		p := n.store.PartitionOf(s.key)
 		if o := r.PartitionOwner(p); o.Name != req.Node {

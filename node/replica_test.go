@@ -1,10 +1,18 @@
 package node
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/window"
 )
 
 // TestReplicaSetReuse checks that a replica set emptied for reuse groups the
@@ -87,4 +95,44 @@ func TestReplicaSetReuse(t *testing.T) {
 		t.Fatalf("%d spares left unused with %d backups", len(rs.spare), len(rs.backups))
 	}
 	n.releaseReplicaSet(rs)
+}
+
+// TestReplicateBadCostIsInvalidArgument: a Replicate call (or a call on a
+// ReplicateStream) with a send whose cost is beyond window.MaxCost, which
+// the WAL's framing carries but no item may have, is refused whole with
+// INVALID_ARGUMENT naming the send and its cost, not INTERNAL from the
+// store, and records nothing.
+func TestReplicateBadCostIsInvalidArgument(t *testing.T) {
+	ln := NewLocalNetwork()
+	a, _ := twoLocal(t, ln, t.TempDir()) // a, durable, backs b's partitions
+	r := a.Ring()
+	rcp, _ := recipientOwnedBy(r, "node-b", "node-a")
+	key, tag := KeyOf(rcp)
+	now := a.nowMs()
+	var enc walEncoder
+	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: now - 1, cost: 1, id: 11})
+	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: now, cost: window.MaxCost + 1, id: 12})
+	ref := a.view.Load().domains[DefaultDomain].ref
+	before := a.store.Stats(ref).Records
+	want := fmt.Sprintf("send 1: cost %d out of range [1, %d]", window.MaxCost+1, window.MaxCost)
+	req := &pb.ReplicateRequest{Node: "node-b", RingEpoch: r.Epoch(), Sends: enc.bytes(), CallId: 3}
+	_, err := a.Replicate(context.Background(), req)
+	if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), want) {
+		t.Fatalf("Replicate: %v, want INVALID_ARGUMENT containing %q", err, want)
+	}
+	var acks []*pb.ReplicateAck
+	sent := false
+	err = a.ReplicateStream(context.Background(), func() (*pb.ReplicateRequest, error) {
+		if sent {
+			return nil, io.EOF
+		}
+		sent = true
+		return req, nil
+	}, func(ack *pb.ReplicateAck) error { acks = append(acks, ack); return nil })
+	if err != nil || len(acks) != 1 || codes.Code(acks[0].Code) != codes.InvalidArgument || !strings.Contains(acks[0].Message, want) {
+		t.Fatalf("ReplicateStream: %v, acks %v; want one INVALID_ARGUMENT ack containing %q", err, acks, want)
+	}
+	if after := a.store.Stats(ref).Records; after != before {
+		t.Fatalf("a holds %d records after the refused calls, %d before", after, before)
+	}
 }

@@ -92,7 +92,7 @@ func TestEnvoyErrors(t *testing.T) {
 		{"envoy:\n  - domain: m\n    descriptors:\n      - key: a\n        request_id: b\n        match: {b: x}\n", `t:13: envoy domain "m" descriptor 1: match: entry "b" is also in request_id`},
 		{"envoy:\n  - domain: m\n    descriptors:\n      - key: a\n        match: {b: ''}\n", `match: entry "b" has an empty value`},
 		{"envoy:\n  - domain: m\n    descriptors:\n      - key: ['']\n", `key: an entry key is empty`},
-		{"envoy:\n  - domain: m\n    descriptors:\n      - key: a\n        cost: 3\n", `field cost not found`},
+		{"envoy:\n  - domain: m\n    descriptors:\n      - key: a\n        cost: 3\n", `t:12: unknown key "cost" in an envoy descriptor; the keys are match, domain, key, content, request_id`},
 	} {
 		_, err := Parse("t", []byte(envoyBase+tc.section))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

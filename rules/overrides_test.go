@@ -67,7 +67,7 @@ func TestOverrideErrorsNameFileLineAndField(t *testing.T) {
 		{"neither", "    exempt: true\n", "", `o.yaml:11: override "us-test": limits: no limits and not exempt`},
 		{"duplicate name", "name: us\n", "name: vip\n", `o.yaml:15: override "vip" appears twice`},
 		{"key twice", `prefixes: ["+1"]`, `prefixes: ["+1555"]`, `o.yaml:17: override "us": prefixes: "+1555" is also in override "us-test"`},
-		{"unknown field", "exempt: true", "exmpt: true", `field exmpt not found`},
+		{"unknown field", "exempt: true", "exmpt: true", `o.yaml:14: unknown key "exmpt" in an override (did you mean "exempt"?)`},
 		{"no name", "  - name: us\n", "  - \n", `override "#3": name: is empty`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -122,19 +123,22 @@ func Parse(source string, data []byte) (*Set, error) {
 	fail := func(line int, format string, args ...any) error {
 		return fmt.Errorf("%s:%d: %s", source, line, fmt.Sprintf(format, args...))
 	}
+	// The node tree gives the line of each value, and of an unknown key.
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("%s: %s", source, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if line, msg := unknownKey(&root, reflect.TypeFor[rulesFile]()); msg != "" {
+		return nil, fail(line, "%s", msg)
+	}
 	var f rulesFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
+	dec.KnownFields(true) // unknownKey found none; this is a backstop
 	if err := dec.Decode(&f); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, fail(1, "the file is empty; want a list of domains under \"domains:\"")
 		}
 		return nil, fmt.Errorf("%s: %s", source, strings.TrimPrefix(err.Error(), "yaml: "))
-	}
-	// A second pass over the node tree finds the line of each value.
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, fmt.Errorf("%s: %w", source, err)
 	}
 	domainNodes := seqItems(mapValue(docMapping(&root), "domains"))
 

@@ -36,8 +36,7 @@ func TestParseRulesErrorsNameFileLineAndField(t *testing.T) {
 	}{
 		{"empty file", ``, `r.yaml:1: the file is empty`},
 		{"no domains", `domains: []`, `r.yaml:1: no domains`},
-		{"unknown field", strings.Replace(good, "limit:", "limt:", 1), `r.yaml: unmarshal errors:
-  line 6: field limt not found`},
+		{"unknown field", strings.Replace(good, "limit:", "limt:", 1), `r.yaml:6: unknown key "limt" in a rule (did you mean "limit"?)`},
 		{"limit zero", strings.Replace(good, "limit: 15", "limit: 0", 1), `r.yaml:6: domain "sms" rule "r1": limit 0 out of range [1, 1000]`},
 		{"limit not a number", strings.Replace(good, "limit: 15", "limit: many", 1), `line 6: cannot unmarshal !!str ` + "`many`"},
 		{"bad scope", strings.Replace(good, "scope: recipient", "scope: sender", 1), `r.yaml:5: domain "sms" rule "r1": scope "sender" is not one of recipient, recipient+content`},
@@ -208,7 +207,7 @@ func TestShadowRulesAndDomains(t *testing.T) {
 		}
 		hashes[rs.Hash()] = tc.name
 	}
-	if _, err := Parse("r.yaml", []byte(strings.Replace(ruleShadow, "shadow: true", "shadow: true\n        shaddow: true", 1))); err == nil || !strings.Contains(err.Error(), "field shaddow not found") {
+	if _, err := Parse("r.yaml", []byte(strings.Replace(ruleShadow, "shadow: true", "shadow: true\n        shaddow: true", 1))); err == nil || !strings.Contains(err.Error(), `r.yaml:10: unknown key "shaddow" in a rule (did you mean "shadow"?)`) {
 		t.Fatalf("unknown field beside shadow: %v", err)
 	}
 	if _, err := Parse("r.yaml", []byte(strings.Replace(ruleShadow, "shadow: true", "shadow: maybe", 1))); err == nil || !strings.Contains(err.Error(), "line 9: cannot unmarshal !!str `maybe` into bool") {
@@ -326,5 +325,88 @@ func TestCalendarRules(t *testing.T) {
 			t.Fatalf("%q hashes as %q", extra, prev)
 		}
 		seen[rs.Hash()] = extra
+	}
+}
+
+// TestUnknownKeys: a key that names no field, at any depth, is refused with
+// the file, the key's line, the section and the closest key, or every key of
+// the section when none is close; the keys come from the yaml tags, so they
+// are always those of the types.
+func TestUnknownKeys(t *testing.T) {
+	good := `domains:
+  - name: sms
+    rules:
+      - name: r1
+        scope: recipient
+        limit: 15
+        window: 1m
+overrides:
+  - name: vip
+    domain: sms
+    recipients: [a]
+    limits: {r1: 30}
+envoy:
+  - domain: mesh
+    descriptors:
+      - {domain: sms, key: user}
+`
+	if _, err := Parse("r.yaml", []byte(good)); err != nil {
+		t.Fatalf("good file: %v", err)
+	}
+	for _, tc := range []struct{ old, new, want string }{
+		{"limit:", "limt:", `r.yaml:6: unknown key "limt" in a rule (did you mean "limit"?)`},
+		{"window:", "Window:", `r.yaml:7: unknown key "Window" in a rule (did you mean "window"?)`},
+		{"limit: 15", "limit: 15\n        per: day", `r.yaml:7: unknown key "per" in a rule; the keys are name, scope, limit, window, shadow, algorithm, capacity, buckets, borrow, calendar, zone`},
+		{"    rules:", "    shadw: true\n    rules:", `r.yaml:3: unknown key "shadw" in a domain (did you mean "shadow"?)`},
+		{"domains:", "domain:", `r.yaml:1: unknown key "domain" in the rules file (did you mean "domains"?)`},
+		{"overrides:", "overides:", `r.yaml:8: unknown key "overides" in the rules file (did you mean "overrides"?)`},
+		{"    recipients:", "    recipient:", `r.yaml:11: unknown key "recipient" in an override (did you mean "recipients"?)`},
+		{"    limits:", "    exempt: true\n    limitz:", `r.yaml:13: unknown key "limitz" in an override (did you mean "limits"?)`},
+		{"    descriptors:", "    descriptor:", `r.yaml:15: unknown key "descriptor" in an envoy domain (did you mean "descriptors"?)`},
+		{"key: user}", "keys: user}", `r.yaml:16: unknown key "keys" in an envoy descriptor (did you mean "key"?)`},
+		{"key: user}", "key: user, cost: 3}", `r.yaml:16: unknown key "cost" in an envoy descriptor; the keys are match, domain, key, content, request_id`},
+	} {
+		y := strings.Replace(good, tc.old, tc.new, 1)
+		if y == good {
+			t.Fatalf("%q: the edit changed nothing", tc.new)
+		}
+		_, err := Parse("r.yaml", []byte(y))
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%q: error %v\nwant %s", tc.new, err, tc.want)
+		}
+	}
+	// A merge key brings its mapping's keys into a rule, which are checked
+	// there (the anchor is in a map, whose keys are free).
+	merged := `envoy:
+  - domain: mesh
+    descriptors:
+      - {domain: sms, key: user, match: &b {limt: "3"}}
+domains:
+  - name: sms
+    rules:
+      - name: r1
+        <<: *b
+        scope: recipient
+        window: 1m
+`
+	if _, err := Parse("r.yaml", []byte(merged)); err == nil || err.Error() != `r.yaml:4: unknown key "limt" in a rule (did you mean "limit"?)` {
+		t.Errorf("merge: %v", err)
+	}
+	// Load names the file.
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(strings.Replace(good, "limit:", "limt:", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err == nil || err.Error() != path+`:6: unknown key "limt" in a rule (did you mean "limit"?)` {
+		t.Errorf("Load: %v", err)
+	}
+}
+
+func TestClosest(t *testing.T) {
+	keys := []string{"name", "scope", "limit", "window", "shadow"}
+	for in, want := range map[string]string{"limt": "limit", "limits": "limit", "widnow": "window", "NAME": "name", "shdw": "", "per": "", "": "", "scopes": "scope", "x": ""} {
+		if got := closest(in, keys); got != want {
+			t.Errorf("closest(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

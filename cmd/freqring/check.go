@@ -8,10 +8,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/client"
 )
 
@@ -57,7 +64,8 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fail := fs.String("fail", "open", "failure policy when no node answers in time: open (admit) or closed (deny); either way marked degraded")
 	tf := addTLSFlags(fs, false)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: freqring check [flags] RECIPIENT... [flags]\n\nAsks the cluster whether a message may go to each recipient now, and prints each rule's state.\nFlags may come before or after the recipients; after \"--\" every argument is a recipient.\n\n")
+		fmt.Fprintf(fs.Output(), "Usage: freqring check [flags] RECIPIENT... [flags]\n\nAsks the cluster whether a message may go to each recipient now, and prints each rule's state.\nFlags may come before or after the recipients; after \"--\" every argument is a recipient.\n\n"+
+			"Exit status: 0 when a node decided every item (admitted or denied); 1 when an item failed or\nno node answered at --addr; 2 for a usage error; 3 when an item is DEGRADED: no node decided\nit within --timeout, and the failure policy (--fail) answered instead.\n\n")
 		fs.PrintDefaults()
 	}
 	recipients, err := parseInterspersed(fs, args, stderr)
@@ -94,7 +102,11 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	c, err := client.New(ctx, client.Config{Seeds: strings.Split(*addr, ","), Timeout: *timeout, FailurePolicy: policy, Logger: logger, DialOptions: dial})
+	seeds := strings.Split(*addr, ",")
+	if err := reachSeeds(ctx, seeds, dial, !tf.enabled()); err != nil {
+		return err // at once: New would retry the seeds until --timeout
+	}
+	c, err := client.New(ctx, client.Config{Seeds: seeds, Timeout: *timeout, FailurePolicy: policy, Logger: logger, DialOptions: dial})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *addr, err)
 	}
@@ -125,7 +137,96 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(bad) > 0 {
 		return fmt.Errorf("%d of %d items failed", len(bad), len(items))
 	}
+	degraded := 0
+	for _, r := range results {
+		if r.Degraded {
+			degraded++
+		}
+	}
+	if degraded > 0 {
+		return exitError{exitDegraded, fmt.Sprintf("%d of %d items DEGRADED: no node decided in time, and the failure policy (--fail %s) answered", degraded, len(items), *fail)}
+	}
 	return nil
+}
+
+// exitDegraded is check's exit code when the failure policy answered.
+const exitDegraded = 3
+
+// reachSeeds asks every seed for the ring once, at once, and returns nil
+// as soon as one answers. Else it returns an error of one line a seed that
+// says why none answered, with a hint: nothing listens there, or it speaks
+// HTTP/1 (the admin port; probed when plaintext), or it did not answer in
+// time.
+func reachSeeds(ctx context.Context, seeds []string, dial []grpc.DialOption, plaintext bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the others need not finish
+	errs := make(chan error, len(seeds))
+	for _, s := range seeds {
+		go func() {
+			_, err := withLimiter(ctx, s, dial, time.Until(deadlineOf(ctx)), func(ctx context.Context, c pb.LimiterClient) (*pb.RingResponse, error) {
+				return c.Ring(ctx, &pb.RingRequest{})
+			})
+			if err != nil {
+				err = seedError(ctx, s, err, plaintext)
+			}
+			errs <- err
+		}()
+	}
+	var all []error
+	for range seeds {
+		err := <-errs
+		if err == nil {
+			return nil
+		}
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
+// deadlineOf is ctx's deadline, or a minute from now without one.
+func deadlineOf(ctx context.Context) time.Time {
+	if dl, ok := ctx.Deadline(); ok {
+		return dl
+	}
+	return time.Now().Add(time.Minute)
+}
+
+// seedError explains in one line why the seed at addr did not answer the
+// Ring RPC with err.
+func seedError(ctx context.Context, addr string, err error, plaintext bool) error {
+	st := grpcstatus.Convert(err)
+	if st.Code() != codes.Unavailable && st.Code() != codes.DeadlineExceeded {
+		return fmt.Errorf("%s: %v: %s", addr, st.Code(), st.Message()) // a node answered, with an error
+	}
+	var d net.Dialer
+	conn, derr := d.DialContext(ctx, "tcp", addr)
+	if derr != nil {
+		var se *os.SyscallError
+		if errors.As(derr, &se) {
+			derr = se.Err // "connection refused"
+		}
+		return fmt.Errorf("no node answered at %s (%v): is \"freqring serve\" running? is --addr right?", addr, derr)
+	}
+	defer conn.Close()
+	if plaintext && speaksHTTP1(ctx, conn) {
+		return fmt.Errorf("%s answered HTTP/1, not gRPC: is it the admin port? the gRPC port is --listen, 7070 by default", addr)
+	}
+	if st.Code() == codes.DeadlineExceeded {
+		return fmt.Errorf("no node answered at %s in time: is it a freqring node's gRPC port (--listen)? is --addr right?", addr)
+	}
+	return fmt.Errorf("no node answered at %s (%s): is it a freqring node's gRPC port (--listen)? is --addr right?", addr, st.Message())
+}
+
+// speaksHTTP1 sends conn the HTTP/2 client preface that gRPC starts with
+// and reports whether the answer begins as an HTTP/1 response does.
+func speaksHTTP1(ctx context.Context, conn net.Conn) bool {
+	conn.SetDeadline(deadlineOf(ctx))
+	if _, err := io.WriteString(conn, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"); err != nil {
+		return false
+	}
+	b := make([]byte, 7)
+	_, err := io.ReadFull(conn, b)
+	return err == nil && string(b) == "HTTP/1."
 }
 
 // resultOf converts a client decision for printing.

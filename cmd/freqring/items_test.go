@@ -123,7 +123,8 @@ func TestVersionAndRulesHelp(t *testing.T) {
 func TestConfigFileErrorsNameKeyValueAndForm(t *testing.T) {
 	dir := t.TempDir()
 	for body, want := range map[string]string{
-		"lsten: x\n":            `unknown key "lsten"; the keys are the flags' names with _ for -: `,
+		"lsten: x\n":            `unknown key "lsten" (did you mean "listen"?)`,
+		"frobnicate: x\n":       `unknown key "frobnicate"; the keys are the flags' names with _ for -: `,
 		"shards: many\n":        `key shards: value "many": want an integer, such as `,
 		"sync_interval: 5\n":    `key sync_interval: value "5": want a duration with its unit, such as 5ms, 10s or 1m (flag --sync-interval)`,
 		"skip_corrupt: maybe\n": `key skip_corrupt: value "maybe": want true or false`,

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	_ "time/tzdata" // --stats-timezone loads zones in an image without /usr/share/zoneinfo (FROM scratch)
 )
 
@@ -47,7 +48,7 @@ func main() {
 }
 
 // run executes one command line and returns the process exit code:
-// 0 success, 1 failure, 2 usage error.
+// 0 success, 1 failure, 2 usage error, or a command's own (exitError).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -91,9 +92,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "freqring %s: %v\n", args[0], err)
 		return 2
 	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		fmt.Fprintf(stderr, "freqring %s: %v\n", args[0], err)
+		return ee.code
+	}
 	fmt.Fprintf(stderr, "freqring %s: %v\n", args[0], err)
 	return 1
 }
+
+// exitError ends a command with an exit code of its own (other than 1,
+// failure, and 2, usage), which the command's usage documents.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
 
 // usageError is a command line the command cannot run.
 type usageError struct{ msg string }
@@ -106,19 +121,38 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 // it parses: TestFlagReference renders docs/configuration.md from them.
 var flagSetSeen func(*flag.FlagSet)
 
-// parseFlags parses args into fs, sending its usage output to w.
+// parseFlags parses args into fs. On -h (-help, --help) it prints fs's
+// usage to w and returns flag.ErrHelp (exit 0). A flag it cannot parse is a
+// usageError of one line, which names the closest flag when a flag is not
+// defined and one is close, and a pointer to -h; the usage is not printed.
 func parseFlags(fs *flag.FlagSet, args []string, w io.Writer) error {
 	if flagSetSeen != nil {
 		flagSetSeen(fs)
 	}
+	fs.SetOutput(io.Discard) // the flag package prints its error and the usage on any error
+	err := fs.Parse(args)
 	fs.SetOutput(w)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{err.Error()}
+	if err == nil {
+		return nil
 	}
-	return nil
+	if errors.Is(err, flag.ErrHelp) {
+		if fs.Usage != nil {
+			fs.Usage()
+		} else {
+			fmt.Fprintf(w, "Usage: freqring %s [flags]\n\n", fs.Name())
+			fs.PrintDefaults()
+		}
+		return err
+	}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		if s := closest(name, names); s != "" {
+			msg += " (did you mean --" + s + "?)"
+		}
+	}
+	return usageError{fmt.Sprintf("%s\nRun \"freqring %s -h\" for its flags.", msg, fs.Name())}
 }
 
 // parseInterspersed parses args into fs as parseFlags does, except that

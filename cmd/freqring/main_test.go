@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -209,4 +210,74 @@ func TestServeReloadsTheRulesFile(t *testing.T) {
 	waitFor("still limit 5", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return limit(rr) == 5 && st.RulesReloads == 1 })
 	write("7")
 	waitFor("limit 7", func(rr *pb.RulesResponse, st *pb.StatusResponse) bool { return limit(rr) == 7 && st.RulesReloads == 2 })
+}
+
+// TestEveryCommandHelps: every command and subcommand prints its usage on
+// -h (and -help, --help) and exits 0, without connecting anywhere or
+// starting anything.
+func TestEveryCommandHelps(t *testing.T) {
+	for _, cmd := range []struct {
+		args  []string
+		usage string // in the usage printed
+	}{
+		{nil, "freqring serve [flags]"},
+		{[]string{"serve"}, "Usage: freqring serve"},
+		{[]string{"check"}, "Usage: freqring check"},
+		{[]string{"status"}, "Usage: freqring status"},
+		{[]string{"stats"}, "Usage: freqring stats"},
+		{[]string{"override"}, "Usage: freqring override set"},
+		{[]string{"override", "set"}, "Usage: freqring override set"},
+		{[]string{"override", "delete"}, "Usage: freqring override set"},
+		{[]string{"override", "list"}, "Usage: freqring override set"},
+		{[]string{"cluster"}, "Usage: freqring cluster"},
+		{[]string{"bench"}, "Usage: freqring bench"},
+		{[]string{"synth"}, "Usage: freqring synth"},
+		{[]string{"rules"}, "freqring rules validate FILE"},
+		{[]string{"rules", "validate"}, "freqring rules validate FILE"},
+		{[]string{"rules", "default"}, "freqring rules default"},
+		{[]string{"version"}, "Usage: freqring version"},
+	} {
+		for _, h := range []string{"-h", "-help", "--help"} {
+			args := append(slices.Clone(cmd.args), h)
+			code, out, errOut := runCmd(context.Background(), args...)
+			if code != 0 || !strings.Contains(out+errOut, cmd.usage) || strings.Contains(out+errOut, "not defined") {
+				t.Errorf("freqring %s: exit %d, want 0 with usage %q\n%s%s", strings.Join(args, " "), code, cmd.usage, out, errOut)
+			}
+		}
+	}
+}
+
+// TestFlagTypoSuggests: a flag that is not defined is one line naming it
+// and the closest flag, if one is close, and a pointer to -h; exit 2, and
+// no usage. The same for a config file's key.
+func TestFlagTypoSuggests(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--lisen", "x"}, "freqring serve: flag provided but not defined: -lisen (did you mean --listen?)\nRun \"freqring serve -h\" for its flags.\n"},
+		{[]string{"serve", "-data_dir=/x"}, "freqring serve: flag provided but not defined: -data_dir (did you mean --data-dir?)\nRun \"freqring serve -h\" for its flags.\n"},
+		{[]string{"check", "r", "--adr", "x"}, "freqring check: flag provided but not defined: -adr (did you mean --addr?)\nRun \"freqring check -h\" for its flags.\n"},
+		{[]string{"override", "set", "--exmpt", "v"}, "freqring override: flag provided but not defined: -exmpt (did you mean --exempt?)\nRun \"freqring override set -h\" for its flags.\n"},
+		{[]string{"status", "--frobnicate"}, "freqring status: flag provided but not defined: -frobnicate\nRun \"freqring status -h\" for its flags.\n"},
+		{[]string{"serve", "--shards", "many"}, "freqring serve: invalid value \"many\" for flag -shards: parse error\nRun \"freqring serve -h\" for its flags.\n"},
+	} {
+		code, out, errOut := runCmd(context.Background(), tc.args...)
+		if code != 2 || out != "" || errOut != tc.want {
+			t.Errorf("freqring %s: exit %d\n%s%s\nwant exit 2 and\n%s", strings.Join(tc.args, " "), code, out, errOut, tc.want)
+		}
+	}
+	cfg := filepath.Join(t.TempDir(), "serve.yaml")
+	for body, want := range map[string]string{
+		"lsten: x\n":        `serve.yaml: unknown key "lsten" (did you mean "listen"?)`,
+		"datadir: /x\n":     `serve.yaml: unknown key "datadir" (did you mean "data_dir"?)`,
+		"frobnicate: 1\n":   `serve.yaml: unknown key "frobnicate"; the keys are the flags' names with _ for -: `,
+		"sync_intrval: 5\n": `serve.yaml: unknown key "sync_intrval" (did you mean "sync_interval"?)`,
+	} {
+		os.WriteFile(cfg, []byte(body), 0o644)
+		code, _, errOut := runCmd(context.Background(), "serve", "--config", cfg)
+		if code != 2 || !strings.Contains(errOut, want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("config %q: exit %d %s; want exit 2 and one line containing %s", body, code, errOut, want)
+		}
+	}
 }

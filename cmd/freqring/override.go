@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/window"
 )
 
 // overrideCmd runs "freqring override set|delete|list": it applies to every
@@ -24,6 +25,9 @@ import (
 func overrideCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return usagef("want override set|delete|list")
+	}
+	if isHelp(args[0]) || args[0] == "help" {
+		args = []string{"set", "-h"} // set's usage is every subcommand's
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("override "+sub, flag.ContinueOnError)
@@ -242,9 +246,14 @@ func (l limitFlags) Set(v string) error {
 	if !ok || rule == "" {
 		return errors.New("want RULE=LIMIT, such as recipient-1m=100")
 	}
-	x, err := strconv.ParseUint(n, 10, 32)
-	if err != nil {
-		return fmt.Errorf("limit %q of rule %q is not a number", n, rule)
+	x, err := strconv.ParseUint(n, 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange) || err == nil && x > window.MaxCounterLimit:
+		// Out of range for every rule: the node names the bound of the
+		// rule's algorithm for the rest.
+		return fmt.Errorf("limit %s of rule %q out of range [1, %d] (the most a counting rule takes; a sliding-log rule takes up to %d)", n, rule, window.MaxCounterLimit, window.MaxLimit)
+	case err != nil:
+		return fmt.Errorf("limit %q of rule %q is not a whole number", n, rule)
 	}
 	l[rule] = uint32(x)
 	return nil

@@ -74,3 +74,25 @@ func TestOverrideCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitFlagNamesExactNumbers: --limit refuses a limit above any rule's
+// bound, even one past 2^32 or 2^64, with the number as given and the
+// bounds; the node names the rule's own bound for the rest, exactly.
+func TestLimitFlagNamesExactNumbers(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"r=10000001", `limit 10000001 of rule "r" out of range [1, 10000000] (the most a counting rule takes; a sliding-log rule takes up to 1000)`},
+		{"r=5000000000", `limit 5000000000 of rule "r" out of range [1, 10000000]`},
+		{"r=99999999999999999999999", `limit 99999999999999999999999 of rule "r" out of range [1, 10000000]`},
+		{"r=1.5", `limit "1.5" of rule "r" is not a whole number`},
+		{"r=-1", `limit "-1" of rule "r" is not a whole number`},
+	} {
+		err := limitFlags{}.Set(tc.in)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--limit %s: %v, want %q", tc.in, err, tc.want)
+		}
+	}
+	l := limitFlags{}
+	if err := l.Set("r=3000000"); err != nil || l["r"] != 3_000_000 {
+		t.Fatalf("--limit r=3000000: %v %v", err, l)
+	}
+}

@@ -307,7 +307,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 	for _, key := range slices.Sorted(maps.Keys(m)) {
 		name := strings.ReplaceAll(key, "_", "-")
 		if name == "config" || name == "check-config" || fs.Lookup(name) == nil {
-			return usagef("%s: unknown key %q; the keys are the flags' names with _ for -: %s", path, key, configKeys(fs))
+			return unknownConfigKey(path, key, fs)
 		}
 		if set[name] {
 			continue // the command line wins

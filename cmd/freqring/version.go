@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"runtime/debug"
@@ -8,12 +9,22 @@ import (
 	"github.com/freqring/freqring/node"
 )
 
+const versionUsage = `Usage: freqring version
+
+Prints the module version, the commit it was built from and the Go version,
+then the peer protocol version, which nodes must share to share a ring.
+`
+
 // version prints the main module's version, the VCS commit it was built
 // from (with "+dirty" for a modified tree) and the Go version, then the
 // peer protocol version, which nodes must share to share a ring.
 func version(args []string, stdout io.Writer) error {
+	if len(args) == 1 && isHelp(args[0]) {
+		fmt.Fprint(stdout, versionUsage)
+		return flag.ErrHelp
+	}
 	if len(args) > 0 {
-		return usagef("usage: freqring version")
+		return usagef("unexpected argument %q\nRun \"freqring version -h\" for its usage.", args[0])
 	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {

@@ -91,7 +91,13 @@
 //
 // Membership logs joins, leaves, state changes and ring changes at Info.
 // memberlist's own lines go to the same logger at Debug, or at Warn for its
-// [ERR] and [WARN] lines. A nil Logger discards everything.
+// [ERR] and [WARN] lines. memberlist logs a line for each packet it refuses,
+// and anyone who reaches the gossip port of a plaintext cluster can send
+// packets it refuses, so every [ERR] and [WARN] line is counted
+// (Stats.Warnings) and at most one line of a kind (its leading words; every
+// undecodable packet is one kind) is logged every 10 s, with not_logged, the
+// number of that kind left out since (Stats.WarningsNotLogged). A nil Logger
+// discards everything.
 //
 // # Encryption
 //

@@ -98,7 +98,7 @@ type Config struct {
 	// Agreement is published with Placement; only the members that publish
 	// the agreement most members share are in the ring (see Agreement).
 	Agreement Agreement
-	Logger    *slog.Logger // nil means discard; memberlist's own lines go to it at Debug ([ERR] and [WARN] at Warn)
+	Logger    *slog.Logger // nil means discard; memberlist's own lines go to it at Debug ([ERR] and [WARN] at Warn, at most one of a kind every 10 s)
 
 	// Failure detection and dissemination (memberlist's SWIM with Lifeguard).
 	// The package comment explains the defaults and the detection time.
@@ -542,12 +542,19 @@ func (m *Membership) Watch() (<-chan *ring.Ring, func()) {
 type Stats struct {
 	// BadPackets counts gossip packets and streams that did not decode (or
 	// decrypt): random bytes on the gossip port, a member with another key.
-	// At most one a second is logged.
+	// They are one kind of warning: at most one is logged every 10 s.
 	BadPackets int64
+	// Warnings counts memberlist's warning and error lines ([WARN], [ERR]),
+	// the bad packets' among them. At most one line of a kind is logged
+	// every 10 s, with the number of that kind left out since the last one;
+	// WarningsNotLogged counts the lines left out.
+	Warnings, WarningsNotLogged int64
 }
 
 // Stats returns the counters. Safe for concurrent use.
-func (m *Membership) Stats() Stats { return Stats{BadPackets: m.logw.badPackets.Load()} }
+func (m *Membership) Stats() Stats {
+	return Stats{BadPackets: m.logw.badPackets.Load(), Warnings: m.logw.warnings.Load(), WarningsNotLogged: m.logw.notLogged.Load()}
+}
 
 // Members returns the live members (alive or suspect), sorted by name.
 func (m *Membership) Members() []MemberState {
