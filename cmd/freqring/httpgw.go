@@ -17,16 +17,18 @@ import (
 
 // httpFlags are serve's flags of the HTTP/JSON gateway.
 type httpFlags struct {
-	listen *string
-	legacy *bool
-	rls    *bool
+	listen      *string
+	legacy      *bool
+	rls         *bool
+	bodyTimeout *time.Duration
 }
 
 func addHTTPFlags(fs *flag.FlagSet) *httpFlags {
 	return &httpFlags{
-		listen: fs.String("http-listen", "", "HTTP/JSON listen address of POST /v1/check (docs/api.md, HTTP); over TLS with the gRPC listener's --tls-cert, --tls-key and --tls-client-auth when --tls-cert is set (default: off)"),
-		legacy: fs.Bool("http-legacy-headers", false, "add X-RateLimit-Limit, -Remaining and -Reset to HTTP answers beside RateLimit-Policy and RateLimit"),
-		rls:    fs.Bool("envoy-rls", true, "serve Envoy's rate limit service (envoy.service.ratelimit.v3) on the gRPC listener (docs/api.md, Envoy)"),
+		listen:      fs.String("http-listen", "", "HTTP/JSON listen address of POST /v1/check (docs/api.md, HTTP); over TLS with the gRPC listener's --tls-cert, --tls-key and --tls-client-auth when --tls-cert is set (default: off)"),
+		legacy:      fs.Bool("http-legacy-headers", false, "add X-RateLimit-Limit, -Remaining and -Reset to HTTP answers beside RateLimit-Policy and RateLimit"),
+		rls:         fs.Bool("envoy-rls", true, "serve Envoy's rate limit service (envoy.service.ratelimit.v3) on the gRPC listener (docs/api.md, Envoy)"),
+		bodyTimeout: fs.Duration("http-body-timeout", gateway.DefaultBodyTimeout, "longest time from the start of an HTTP request until its whole body has arrived; a slower one is answered 408 and its connection closed"),
 	}
 }
 
@@ -51,8 +53,11 @@ func (f *httpFlags) serverTLS(tf *tlsFlags, log *slog.Logger) (*tls.Config, erro
 // startHTTPGateway serves POST /v1/check for n on addr (over TLS when tc
 // is set) in a goroutine of its own until stop; it answers 503 while n is
 // not serving.
-func startHTTPGateway(addr string, n *node.Node, legacy bool, tc *tls.Config, log *slog.Logger) (*adminServer, error) {
-	h, err := gateway.New(gateway.Config{Checker: n, Serving: n.Serving, LegacyHeaders: legacy})
+func startHTTPGateway(addr string, n *node.Node, hf *httpFlags, tc *tls.Config, log *slog.Logger) (*adminServer, error) {
+	if *hf.bodyTimeout <= 0 {
+		return nil, usagef("--http-body-timeout %v is not positive", *hf.bodyTimeout)
+	}
+	h, err := gateway.New(gateway.Config{Checker: n, Serving: n.Serving, LegacyHeaders: *hf.legacy, BodyTimeout: *hf.bodyTimeout})
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +75,7 @@ func startHTTPGateway(addr string, n *node.Node, legacy bool, tc *tls.Config, lo
 		done: make(chan error, 1),
 	}
 	go func() { a.done <- a.srv.Serve(lis) }()
-	log.Info("HTTP gateway listening", "addr", lis.Addr().String(), "tls", tc != nil, "legacy_headers", legacy)
+	log.Info("HTTP gateway listening", "addr", lis.Addr().String(), "tls", tc != nil, "legacy_headers", *hf.legacy, "body_timeout", *hf.bodyTimeout)
 	return a, nil
 }
 

@@ -221,7 +221,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer admin.stop()
 	}
 	if *hf.listen != "" {
-		gw, err := startHTTPGateway(*hf.listen, n, *hf.legacy, httpTLS, logger)
+		gw, err := startHTTPGateway(*hf.listen, n, hf, httpTLS, logger)
 		if err != nil {
 			lis.Close()
 			return err
