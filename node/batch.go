@@ -277,7 +277,8 @@ func replaceItems(resp *pb.CheckResponse, idx []int, sub *pb.CheckResponse, self
 
 // Forward answers Peer.Forward: it decides the items this node owns under
 // its own ring and fails the others as retryable.
-func (n *Node) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+func (s peerServer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	n := s.n
 	t := n.announce()
 	defer t.cancel()
 	if err := n.admit(ctx, req); err != nil {

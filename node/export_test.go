@@ -1,9 +1,25 @@
-//go:build linux
-
 package node
 
-// Test helpers of package node for its external tests (package node_test).
-var (
-	SmallDisk = smallDisk
-	FillDisk  = fillDisk
+import (
+	"context"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
 )
+
+// Test hooks of package node for its tests, and for its external tests
+// (package node_test), which call the peer protocol directly.
+
+// rpc returns n's Peer service, as a peer reaches it.
+func (n *Node) rpc() peerServer { return peerServer{n: n} }
+
+// PeerRPC is rpc for the external tests.
+func (n *Node) PeerRPC() pb.PeerServer { return n.rpc() }
+
+// ServeReplicateStream answers a ReplicateStream through recv and send.
+func (n *Node) ServeReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
+	return n.serveReplicateStream(ctx, recv, send)
+}
+
+// Image returns partition p's image and its record count; it changes
+// nothing.
+func (n *Node) Image(p int) ([]byte, int64) { return n.store.AppendImage(nil, p) }

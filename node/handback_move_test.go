@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -55,7 +56,7 @@ func (g *gatedPeers) Peer(m ring.Member) (Peer, error) {
 	return gatedPeer{p, g}, nil
 }
 
-func (p gatedPeer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+func (p gatedPeer) Acquire(ctx context.Context, req *pb.AcquireRequest, _ ...grpc.CallOption) (*pb.AcquireResponse, error) {
 	select {
 	case <-p.g.armed:
 		if p.g.gated.CompareAndSwap(false, true) {
@@ -67,7 +68,7 @@ func (p gatedPeer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acq
 	return p.Peer.Acquire(ctx, req)
 }
 
-func (p gatedPeer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
+func (p gatedPeer) Handback(ctx context.Context, req *pb.HandbackRequest, _ ...grpc.CallOption) (*pb.HandbackResponse, error) {
 	if p.g.dropHandback.CompareAndSwap(true, false) {
 		p.g.dropped.Add(1)
 		return &pb.HandbackResponse{}, nil // lost on its way: the owner never took it
@@ -267,7 +268,7 @@ func TestLateReleaseKeepsWhatIsOwed(t *testing.T) {
 	a, b, _, _ := threeLocal(t, ln, nil, nil)
 	p, used := sendOwedBy(t, a, b, "node-c")
 	ctx := context.Background()
-	rr, err := b.Release(ctx, &pb.ReleaseRequest{Node: "node-a", RingEpoch: a.Ring().Epoch(), Partitions: []uint32{uint32(p)}})
+	rr, err := b.rpc().Release(ctx, &pb.ReleaseRequest{Node: "node-a", RingEpoch: a.Ring().Epoch(), Partitions: []uint32{uint32(p)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +351,7 @@ func TestBackupRefusesWhatItDecidedElsewhere(t *testing.T) {
 	replicate := func() error {
 		var enc walEncoder
 		enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: a.nowMs(), cost: 1})
-		_, err := b.Replicate(ctx, &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes()})
+		_, err := b.rpc().Replicate(ctx, &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes()})
 		return err
 	}
 	if err := replicate(); err != nil {
@@ -462,7 +463,7 @@ func TestAcquiredBeforeClosedIsNotOwed(t *testing.T) {
 	}
 	var enc walEncoder
 	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: a.nowMs(), cost: 1})
-	if _, err := b.Replicate(ctx, &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes()}); err != nil {
+	if _, err := b.rpc().Replicate(ctx, &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes()}); err != nil {
 		t.Fatalf("b, p's backup, refuses a's send: %v", err)
 	}
 	// Closed by b itself while open, p is owed.
@@ -791,7 +792,7 @@ func TestReplicatedUnconfirmedMarkIsRefused(t *testing.T) {
 	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: a.nowMs(), cost: 1, id: 7, unconfirmed: true})
 	ref := b.view.Load().domains[DefaultDomain].ref
 	before := b.store.Stats(ref).Records
-	_, err := b.Replicate(context.Background(), &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes()})
+	_, err := b.rpc().Replicate(context.Background(), &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes()})
 	if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "unconfirmed mark") {
 		t.Fatalf("a Replicate carrying an unconfirmed mark: %v, want InvalidArgument naming it", err)
 	}

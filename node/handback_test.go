@@ -138,7 +138,7 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 	moves := a.ho.moves.Load()
 	hb := func(gen uint64) {
 		t.Helper()
-		if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-b", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}, Generations: []uint64{gen}}); err != nil {
+		if _, err := a.rpc().Handback(ctx, &pb.HandbackRequest{Node: "node-b", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}, Generations: []uint64{gen}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -155,10 +155,10 @@ func TestHandbackBringsBackWhatWasDecidedElsewhere(t *testing.T) {
 		return settled()
 	})
 	// One from a stranger, or under another ring, is refused.
-	if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-x", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}}); err == nil {
+	if _, err := a.rpc().Handback(ctx, &pb.HandbackRequest{Node: "node-x", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(p)}}); err == nil {
 		t.Fatal("a handback from a stranger was taken")
 	}
-	if _, err := a.Handback(ctx, &pb.HandbackRequest{Node: "node-b", RingEpoch: r.Epoch() + 1, Partitions: []uint32{uint32(p)}}); err == nil {
+	if _, err := a.rpc().Handback(ctx, &pb.HandbackRequest{Node: "node-b", RingEpoch: r.Epoch() + 1, Partitions: []uint32{uint32(p)}}); err == nil {
 		t.Fatal("a handback under another ring was taken")
 	}
 }

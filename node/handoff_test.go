@@ -508,25 +508,25 @@ func TestPeersAreChecked(t *testing.T) {
 			t.Fatalf("%s: %v, want %v with %q", name, err, want, substr)
 		}
 	}
-	_, err := a.Node.Acquire(ctx, &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch() + 1, Partitions: []uint32{uint32(backed)}})
+	_, err := a.Node.PeerRPC().Acquire(ctx, &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch() + 1, Partitions: []uint32{uint32(backed)}})
 	f("acquire, other epoch", err, codes.FailedPrecondition, "ring epoch")
-	_, err = a.Node.Acquire(ctx, &pb.AcquireRequest{Node: "stranger", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(owned)}})
+	_, err = a.Node.PeerRPC().Acquire(ctx, &pb.AcquireRequest{Node: "stranger", RingEpoch: r.Epoch(), Partitions: []uint32{uint32(owned)}})
 	f("acquire, stranger", err, codes.FailedPrecondition, "not in the ring")
-	_, err = a.Node.Acquire(ctx, &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch(), Partitions: []uint32{uint32(owned)}})
+	_, err = a.Node.PeerRPC().Acquire(ctx, &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch(), Partitions: []uint32{uint32(owned)}})
 	f("acquire, not the owner", err, codes.FailedPrecondition, "is owned by "+a.Name)
-	_, err = a.Node.Acquire(ctx, &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch(), Partitions: []uint32{9999}})
+	_, err = a.Node.PeerRPC().Acquire(ctx, &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch(), Partitions: []uint32{9999}})
 	f("acquire, no such partition", err, codes.InvalidArgument, "9999 out of range")
-	_, err = a.Node.Replicate(ctx, &pb.ReplicateRequest{Node: b.Name, RingEpoch: r.Epoch(), Sends: []byte{2, 1, 2, 3}})
+	_, err = a.Node.PeerRPC().Replicate(ctx, &pb.ReplicateRequest{Node: b.Name, RingEpoch: r.Epoch(), Sends: []byte{2, 1, 2, 3}})
 	f("replicate, malformed", err, codes.InvalidArgument, "bad wal payload")
-	_, err = a.Node.Fill(ctx, &pb.FillRequest{Node: b.Name, RingEpoch: r.Epoch(), Images: [][]byte{{1, 2, 3}}})
+	_, err = a.Node.PeerRPC().Fill(ctx, &pb.FillRequest{Node: b.Name, RingEpoch: r.Epoch(), Images: [][]byte{{1, 2, 3}}})
 	f("fill, malformed", err, codes.InvalidArgument, "bad partition image")
 	// A real image of a partition a does not back, and one from a node
 	// that does not own it.
 	img, _ := b.Node.Image(notBacked)
-	_, err = a.Node.Fill(ctx, &pb.FillRequest{Node: b.Name, RingEpoch: r.Epoch(), Images: [][]byte{img}})
+	_, err = a.Node.PeerRPC().Fill(ctx, &pb.FillRequest{Node: b.Name, RingEpoch: r.Epoch(), Images: [][]byte{img}})
 	f("fill, not the backup", err, codes.FailedPrecondition, "is not backed by "+a.Name)
 	img, _ = b.Node.Image(backed)
-	_, err = a.Node.Fill(ctx, &pb.FillRequest{Node: ms[2].Name, RingEpoch: r.Epoch(), Images: [][]byte{img}})
+	_, err = a.Node.PeerRPC().Fill(ctx, &pb.FillRequest{Node: ms[2].Name, RingEpoch: r.Epoch(), Images: [][]byte{img}})
 	f("fill, not the owner", err, codes.FailedPrecondition, "is owned by "+b.Name)
 
 	// The same refusals on a ReplicateStream: each answered by an ack of its
@@ -543,7 +543,7 @@ func TestPeersAreChecked(t *testing.T) {
 	}
 	close(in)
 	var acks []*pb.ReplicateAck
-	err = a.Node.ReplicateStream(ctx, func() (*pb.ReplicateRequest, error) {
+	err = a.Node.ServeReplicateStream(ctx, func() (*pb.ReplicateRequest, error) {
 		if req, ok := <-in; ok {
 			return req, nil
 		}
@@ -553,7 +553,7 @@ func TestPeersAreChecked(t *testing.T) {
 		t.Fatalf("stream: %v after %d acks, want nil after %d", err, len(acks), len(refused))
 	}
 	for i, req := range refused {
-		_, uerr := a.Node.Replicate(ctx, req)
+		_, uerr := a.Node.PeerRPC().Replicate(ctx, req)
 		st := status.Convert(uerr)
 		if got := acks[i]; got.CallId != req.CallId || got.Code != uint32(st.Code()) || got.Code == 0 || got.Message != st.Message() {
 			t.Errorf("stream ack %v for %v, want call id %d and Replicate's %v", got, req, req.CallId, uerr)
@@ -650,7 +650,7 @@ func TestAcquireAnswersTheCallersImageVersion(t *testing.T) {
 		t.Fatal("no records to convert")
 	}
 	for _, tc := range []struct{ ask, got int }{{0, 1}, {1, 1}, {2, 2}, {9, store.ImageVersion}} {
-		resp, err := a.Node.Acquire(context.Background(), &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch(), Partitions: []uint32{uint32(backed)}, ImageVersion: uint32(tc.ask)})
+		resp, err := a.Node.PeerRPC().Acquire(context.Background(), &pb.AcquireRequest{Node: b.Name, RingEpoch: r.Epoch(), Partitions: []uint32{uint32(backed)}, ImageVersion: uint32(tc.ask)})
 		if err != nil {
 			t.Fatal(err)
 		}

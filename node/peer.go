@@ -14,24 +14,31 @@ import (
 	"github.com/freqring/freqring/ring"
 )
 
-// Peer is what one node asks of another: the Peer service of
-// api/freqring/v1, over gRPC or in memory. Errors are gRPC statuses.
+// Peer is what one node asks of another: the calls of the Peer service of
+// api/freqring/v1 (its generated client's method set, so that a gRPC
+// connection's clients are a Peer as they are: grpcPeer), the Admin
+// service's ListOverrides and the Limiter's Status, over gRPC or in memory
+// (localPeer). The receiving side of each is peerServer's method of the
+// same name (peerrpc.go). Errors are gRPC statuses; call options apply to
+// gRPC only.
 type Peer interface {
-	// Forward asks the peer to decide items it owns (Node.Forward).
-	Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error)
-	// Acquire takes partitions over from the peer (Node.Acquire).
-	Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error)
-	// Release lets the peer drop partitions taken over (Node.Release).
-	Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error)
-	// Replicate puts admitted sends on the peer, their backup (Node.Replicate).
-	Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error)
-	// Fill puts partition images on the peer, their backup (Node.Fill).
-	Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error)
-	Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error)
+	// Forward asks the peer to decide items it owns.
+	Forward(ctx context.Context, req *pb.CheckRequest, opts ...grpc.CallOption) (*pb.CheckResponse, error)
+	// Acquire takes partitions over from the peer (partition.go, rule 2).
+	Acquire(ctx context.Context, req *pb.AcquireRequest, opts ...grpc.CallOption) (*pb.AcquireResponse, error)
+	// Release lets the peer drop partitions taken over.
+	Release(ctx context.Context, req *pb.ReleaseRequest, opts ...grpc.CallOption) (*pb.ReleaseResponse, error)
+	// Replicate puts admitted sends on the peer, their backup.
+	Replicate(ctx context.Context, req *pb.ReplicateRequest, opts ...grpc.CallOption) (*pb.ReplicateResponse, error)
+	// Fill puts partition images on the peer, their backup.
+	Fill(ctx context.Context, req *pb.FillRequest, opts ...grpc.CallOption) (*pb.FillResponse, error)
+	// Handback tells the peer, their owner, of partitions this node
+	// decided for under another ring (rule 7).
+	Handback(ctx context.Context, req *pb.HandbackRequest, opts ...grpc.CallOption) (*pb.HandbackResponse, error)
 	// ListOverrides lists the peer's overrides and tombstones (Node.ListOverrides, on the Admin service).
-	ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error)
+	ListOverrides(ctx context.Context, req *pb.OverrideListRequest, opts ...grpc.CallOption) (*pb.OverrideListResponse, error)
 	// Status asks the peer who it is (Node.Status, on the Limiter service).
-	Status(ctx context.Context, req *pb.StatusRequest) (*pb.StatusResponse, error)
+	Status(ctx context.Context, req *pb.StatusRequest, opts ...grpc.CallOption) (*pb.StatusResponse, error)
 }
 
 // MaxPeerResponseBytes bounds a peer's answer (an Acquire carries partition
@@ -80,47 +87,16 @@ func (g *grpcPeers) Peer(m ring.Member) (Peer, error) {
 	return newGRPCPeer(conn), nil
 }
 
-// grpcPeer is a Peer over one gRPC connection.
+// grpcPeer is a Peer over one gRPC connection: the generated clients of its
+// services, whose methods are the Peer interface's.
 type grpcPeer struct {
-	c pb.PeerClient
-	a pb.AdminClient
-	l pb.LimiterClient
+	pb.PeerClient
+	pb.AdminClient
+	pb.LimiterClient
 }
 
 func newGRPCPeer(conn *grpc.ClientConn) grpcPeer {
 	return grpcPeer{pb.NewPeerClient(conn), pb.NewAdminClient(conn), pb.NewLimiterClient(conn)}
-}
-
-func (p grpcPeer) Status(ctx context.Context, req *pb.StatusRequest) (*pb.StatusResponse, error) {
-	return p.l.Status(ctx, req)
-}
-
-func (p grpcPeer) ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error) {
-	return p.a.ListOverrides(ctx, req)
-}
-
-func (p grpcPeer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
-	return p.c.Forward(ctx, req)
-}
-
-func (p grpcPeer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
-	return p.c.Acquire(ctx, req)
-}
-
-func (p grpcPeer) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
-	return p.c.Release(ctx, req)
-}
-
-func (p grpcPeer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
-	return p.c.Replicate(ctx, req)
-}
-
-func (p grpcPeer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
-	return p.c.Handback(ctx, req)
-}
-
-func (p grpcPeer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
-	return p.c.Fill(ctx, req)
 }
 
 func (g *grpcPeers) Prune(r *ring.Ring) {
@@ -199,47 +175,51 @@ func (p localPeer) node() (*Node, error) {
 	return n, nil
 }
 
-func (p localPeer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
-	return localCall(p, ctx, req, (*Node).Forward)
+func (p localPeer) Forward(ctx context.Context, req *pb.CheckRequest, _ ...grpc.CallOption) (*pb.CheckResponse, error) {
+	return localCall(p, ctx, req, peerServer.Forward)
 }
 
-func (p localPeer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
-	return localCall(p, ctx, req, (*Node).Acquire)
+func (p localPeer) Acquire(ctx context.Context, req *pb.AcquireRequest, _ ...grpc.CallOption) (*pb.AcquireResponse, error) {
+	return localCall(p, ctx, req, peerServer.Acquire)
 }
 
-func (p localPeer) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
-	return localCall(p, ctx, req, (*Node).Release)
+func (p localPeer) Release(ctx context.Context, req *pb.ReleaseRequest, _ ...grpc.CallOption) (*pb.ReleaseResponse, error) {
+	return localCall(p, ctx, req, peerServer.Release)
 }
 
-func (p localPeer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
-	return localCall(p, ctx, req, (*Node).Replicate)
+func (p localPeer) Replicate(ctx context.Context, req *pb.ReplicateRequest, _ ...grpc.CallOption) (*pb.ReplicateResponse, error) {
+	return localCall(p, ctx, req, peerServer.Replicate)
 }
 
-func (p localPeer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
-	return localCall(p, ctx, req, (*Node).Handback)
+func (p localPeer) Handback(ctx context.Context, req *pb.HandbackRequest, _ ...grpc.CallOption) (*pb.HandbackResponse, error) {
+	return localCall(p, ctx, req, peerServer.Handback)
 }
 
-func (p localPeer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
-	return localCall(p, ctx, req, (*Node).Fill)
+func (p localPeer) Fill(ctx context.Context, req *pb.FillRequest, _ ...grpc.CallOption) (*pb.FillResponse, error) {
+	return localCall(p, ctx, req, peerServer.Fill)
 }
 
-func (p localPeer) ListOverrides(ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error) {
-	return localCall(p, ctx, req, (*Node).ListOverrides)
+func (p localPeer) ListOverrides(ctx context.Context, req *pb.OverrideListRequest, _ ...grpc.CallOption) (*pb.OverrideListResponse, error) {
+	return localCall(p, ctx, req, func(s peerServer, ctx context.Context, req *pb.OverrideListRequest) (*pb.OverrideListResponse, error) {
+		return s.n.ListOverrides(ctx, req)
+	})
 }
 
-func (p localPeer) Status(ctx context.Context, req *pb.StatusRequest) (*pb.StatusResponse, error) {
-	return localCall(p, ctx, req, (*Node).Status)
+func (p localPeer) Status(ctx context.Context, req *pb.StatusRequest, _ ...grpc.CallOption) (*pb.StatusResponse, error) {
+	return localCall(p, ctx, req, func(s peerServer, ctx context.Context, req *pb.StatusRequest) (*pb.StatusResponse, error) {
+		return s.n.Status(ctx, req)
+	})
 }
 
-// localCall calls method on the node registered at p's address, cloning the
-// request and the answer as a wire would.
-func localCall[Req, Resp proto.Message](p localPeer, ctx context.Context, req Req, method func(*Node, context.Context, Req) (Resp, error)) (Resp, error) {
+// localCall calls method of the peer server of the node registered at p's
+// address, cloning the request and the answer as a wire would.
+func localCall[Req, Resp proto.Message](p localPeer, ctx context.Context, req Req, method func(peerServer, context.Context, Req) (Resp, error)) (Resp, error) {
 	var zero Resp
 	n, err := p.node()
 	if err != nil {
 		return zero, err
 	}
-	resp, err := method(n, ctx, proto.Clone(req).(Req))
+	resp, err := method(peerServer{n: n}, ctx, proto.Clone(req).(Req))
 	if err != nil {
 		return zero, err
 	}

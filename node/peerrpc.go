@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -14,13 +15,23 @@ import (
 	"github.com/freqring/freqring/store"
 )
 
-// This file is the server side of the partition moves: the Peer calls
-// Acquire, Release, Handback and Fill, and the checks every peer message
-// passes.
+// This file is the server side of the peer protocol: peerServer answers
+// the Peer service's calls (Forward, Acquire, Release, Replicate,
+// ReplicateStream, Fill, Handback), for gRPC (server.go registers it) and
+// for in-process peers (localPeer calls its methods); Node has no method of
+// the protocol. Every call has passed the guard first (security.go), and
+// each checks what its caller may ask under this node's ring.
 
-// Image returns partition p's image (see package store) and its record
-// count, for tools and tests; it changes nothing.
-func (n *Node) Image(p int) ([]byte, int64) { return n.store.AppendImage(nil, p) }
+// peerServer answers the Peer service for node n.
+type peerServer struct {
+	pb.UnimplementedPeerServer
+	n *Node
+}
+
+// ReplicateStream answers Peer.ReplicateStream (replstream.go).
+func (s peerServer) ReplicateStream(stream grpc.BidiStreamingServer[pb.ReplicateRequest, pb.ReplicateAck]) error {
+	return s.n.serveReplicateStream(stream.Context(), stream.Recv, stream.Send)
+}
 
 // refuse returns the error for a peer message this node does not take.
 func (n *Node) refuse(format string, args ...any) error {
@@ -66,7 +77,8 @@ func (n *Node) peerView(caller string, epoch uint64, sameEpoch bool) (*cluster, 
 // returns its image, in the newest image version the caller reads: a
 // member left out of the ring for its older protocol still acquires from
 // this node while the majority has not yet changed binaries.
-func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+func (s peerServer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+	n := s.n
 	if req.Node == n.cfg.Name {
 		return nil, n.refuse("a node never acquires from itself, and %q is this node's name", req.Node)
 	}
@@ -117,7 +129,8 @@ func (n *Node) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acquire
 
 // Release answers Peer.Release: it drops its copy of each partition it
 // neither owns nor backs under its ring, nor owes its owner (rule 7).
-func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+func (s peerServer) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	n := s.n
 	if req.Node == n.cfg.Name {
 		return nil, n.refuse("a node never releases to itself, and %q is this node's name", req.Node)
 	}
@@ -158,7 +171,8 @@ func (n *Node) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Release
 // decided for and this node owns under the caller's ring is closed and
 // acquired again from every member. The caller may be out of the ring (left
 // out for other rules, or leaving), but must be a member.
-func (n *Node) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
+func (s peerServer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
+	n := s.n
 	c, r, err := n.peerView(req.Node, req.RingEpoch, true)
 	if err != nil {
 		return nil, err
@@ -207,7 +221,8 @@ func (n *Node) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.Handb
 }
 
 // Fill answers Peer.Fill: it merges images of partitions this node backs.
-func (n *Node) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
+func (s peerServer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
+	n := s.n
 	r, err := n.peerRing(req.Node, req.RingEpoch, false)
 	if err != nil {
 		return nil, err

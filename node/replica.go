@@ -363,7 +363,8 @@ func (n *Node) failUnreplicated(ctx context.Context, resp *pb.CheckResponse, rs 
 // Replicate answers Peer.Replicate: it records, as this partition's backup,
 // the sends the owner admitted, in its store and WAL, before it returns.
 // The whole message is checked before anything changes.
-func (n *Node) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
+func (s peerServer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
+	n := s.n
 	enc, err := n.recordReplicated(req)
 	if lerr := n.logReplicated(ctx, enc); err == nil {
 		err = lerr

@@ -116,13 +116,13 @@ func TestReplicateBadCostIsInvalidArgument(t *testing.T) {
 	before := a.store.Stats(ref).Records
 	want := fmt.Sprintf("send 1: cost %d out of range [1, %d]", window.MaxCost+1, window.MaxCost)
 	req := &pb.ReplicateRequest{Node: "node-b", RingEpoch: r.Epoch(), Sends: enc.bytes(), CallId: 3}
-	_, err := a.Replicate(context.Background(), req)
+	_, err := a.rpc().Replicate(context.Background(), req)
 	if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), want) {
 		t.Fatalf("Replicate: %v, want INVALID_ARGUMENT containing %q", err, want)
 	}
 	var acks []*pb.ReplicateAck
 	sent := false
-	err = a.ReplicateStream(context.Background(), func() (*pb.ReplicateRequest, error) {
+	err = a.serveReplicateStream(context.Background(), func() (*pb.ReplicateRequest, error) {
 		if sent {
 			return nil, io.EOF
 		}

@@ -31,14 +31,10 @@ const noStreamFor = time.Minute
 // replicaStreamer is a Peer that carries Replicate calls on a stream: the
 // gRPC one (an in-process LocalNetwork peer makes unary calls).
 type replicaStreamer interface {
-	ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck], error)
+	ReplicateStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck], error)
 }
 
-func (p grpcPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck], error) {
-	return p.c.ReplicateStream(ctx)
-}
-
-// ReplicateStream answers Peer.ReplicateStream: it reads requests through
+// serveReplicateStream answers Peer.ReplicateStream: it reads requests through
 // recv and answers each through send with a ReplicateAck of its call_id, as
 // Replicate would answer it. It records each request's sends in stream
 // order on the goroutine that reads them (memory work); when they must
@@ -52,7 +48,7 @@ func (p grpcPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient
 // that breaks the stream (a request above the node's size limit, a call
 // its owner stops waiting for) fails every call waiting on it. send is
 // called by one goroutine at a time.
-func (n *Node) ReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
+func (n *Node) serveReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
 	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, send, func(req *pb.ReplicateRequest, reply func(*pb.ReplicateAck)) {
 		enc, err := n.recordReplicated(req)
 		if enc == nil {

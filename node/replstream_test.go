@@ -76,7 +76,7 @@ type fakeStreamPeer struct {
 	gone    int  // the first gone streams fail their first Send
 }
 
-func (p *fakeStreamPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck], error) {
+func (p *fakeStreamPeer) ReplicateStream(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStreamingClient[pb.ReplicateRequest, pb.ReplicateAck], error) {
 	if p.stuck { // a connection that is never made
 		<-ctx.Done()
 		return nil, status.FromContextError(ctx.Err()).Err()
@@ -90,7 +90,7 @@ func (p *fakeStreamPeer) ReplicateStream(ctx context.Context) (grpc.BidiStreamin
 	return f, nil
 }
 
-func (p *fakeStreamPeer) Replicate(context.Context, *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
+func (p *fakeStreamPeer) Replicate(context.Context, *pb.ReplicateRequest, ...grpc.CallOption) (*pb.ReplicateResponse, error) {
 	p.unary.Add(1)
 	return &pb.ReplicateResponse{}, nil
 }

@@ -52,40 +52,6 @@ func (s limiterServer) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.Usa
 	return s.n.Usage(ctx, req)
 }
 
-// peerServer adapts a Node to the Peer service.
-type peerServer struct {
-	pb.UnimplementedPeerServer
-	n *Node
-}
-
-func (s peerServer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
-	return s.n.Forward(ctx, req)
-}
-
-func (s peerServer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
-	return s.n.Acquire(ctx, req)
-}
-
-func (s peerServer) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
-	return s.n.Release(ctx, req)
-}
-
-func (s peerServer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
-	return s.n.Replicate(ctx, req)
-}
-
-func (s peerServer) ReplicateStream(stream grpc.BidiStreamingServer[pb.ReplicateRequest, pb.ReplicateAck]) error {
-	return s.n.ReplicateStream(stream.Context(), stream.Recv, stream.Send)
-}
-
-func (s peerServer) Handback(ctx context.Context, req *pb.HandbackRequest) (*pb.HandbackResponse, error) {
-	return s.n.Handback(ctx, req)
-}
-
-func (s peerServer) Fill(ctx context.Context, req *pb.FillRequest) (*pb.FillResponse, error) {
-	return s.n.Fill(ctx, req)
-}
-
 // adminServer adapts a Node to the Admin service.
 type adminServer struct {
 	pb.UnimplementedAdminServer
