@@ -4,6 +4,7 @@ import (
 	"context"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/ring"
 )
 
 // Test hooks of package node for its tests, and for its external tests
@@ -23,3 +24,10 @@ func (n *Node) ServeReplicateStream(ctx context.Context, recv func() (*pb.Replic
 // Image returns partition p's image and its record count; it changes
 // nothing.
 func (n *Node) Image(p int) ([]byte, int64) { return n.store.AppendImage(nil, p) }
+
+// judgeAndDecide answers b as a forwarded call does: judged under r, then
+// decided here.
+func (n *Node) judgeAndDecide(ctx context.Context, b *batch, r *ring.Ring) (*pb.CheckResponse, error) {
+	n.judge(b, r, true)
+	return n.decide(ctx, b, nil, r, nil)
+}

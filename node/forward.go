@@ -27,75 +27,19 @@ type group struct {
 	bad   []*itemError // with no owner: the validation error of each item
 }
 
-// route returns the items of b grouped by owner under r, or nil if this
-// node owns them all. Items that failed validation are not routed: they form
-// a group of their own, so that their errors name the caller's indices.
-func (n *Node) route(b *batch, r *ring.Ring) []*group {
-	self := n.clus.Load().self.Name
-	var groups []*group
-	byName := map[string]*group{}
-	remote := false
-	var invalid *group
-	for i := range b.items {
-		x := &b.items[i]
-		if x.err != nil {
-			if invalid == nil {
-				invalid = &group{}
-				groups = append(groups, invalid)
-			}
-			invalid.idx = append(invalid.idx, i)
-			invalid.bad = append(invalid.bad, x.err)
-			continue
-		}
-		m := r.PartitionOwner(x.part)
-		g := byName[m.Name]
-		if g == nil {
-			g = &group{owner: m}
-			byName[m.Name] = g
-			groups = append(groups, g)
-		}
-		g.idx = append(g.idx, i)
-		remote = remote || m.Name != self
-	}
-	if !remote {
-		return nil
-	}
-	return groups
-}
-
-// checkRouted decides the local items, forwards the others to their owners
-// in parallel (one call per owner) and merges the answers in request order.
-func (n *Node) checkRouted(ctx context.Context, b *batch, r *ring.Ring, groups []*group, t *walTicket) (*pb.CheckResponse, error) {
-	c := n.clus.Load()
-	req := b.req
+// route answers a batch some of whose items another member owns (judge):
+// it forwards them, one call per owner in parallel, decides the local ones
+// meanwhile, and merges the answers in request order.
+func (n *Node) route(ctx context.Context, b *batch, r *ring.Ring, t *walTicket) (*pb.CheckResponse, error) {
+	groups, local := groupByOwner(b)
 	var wg sync.WaitGroup
-	var local *group
 	for _, g := range groups {
-		if g.bad != nil {
-			continue
+		if g.bad == nil && g != local {
+			wg.Go(func() { n.forward(ctx, b.req, r, g) })
 		}
-		if g.owner.Name == c.self.Name {
-			local = g
-			continue
-		}
-		n.forwardedOut.Add(int64(len(g.idx)))
-		wg.Go(func() {
-			cli, err := n.peers.Peer(g.owner)
-			if err != nil {
-				g.err = err
-				return
-			}
-			fctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
-			defer cancel()
-			g.resp, g.err = cli.Forward(fctx, subRequest(req, g.idx, r.Epoch()))
-			if status.Code(g.err) == codes.Canceled && ctx.Err() == nil {
-				// The connection closed under the call: the owner left the ring.
-				g.err = status.Errorf(codes.Unavailable, "%v", g.err)
-			}
-		})
 	}
 	if local != nil {
-		local.resp, local.err = n.decide(ctx, b, local.idx, r, false, t)
+		local.resp, local.err = n.decide(ctx, b, local.idx, r, t)
 	}
 	wg.Wait()
 	for _, g := range groups {
@@ -107,7 +51,62 @@ func (n *Node) checkRouted(ctx context.Context, b *batch, r *ring.Ring, groups [
 			n.decisions.fail(code, int64(len(g.idx)))
 		}
 	}
-	return mergeResponses(len(req.Recipients), groups, r.Epoch(), c.self.Name), nil
+	return mergeResponses(len(b.req.Recipients), groups, r.Epoch(), n.cfg.Name), nil
+}
+
+// groupByOwner groups the items of b by their verdict (judge): one group
+// per owner they are forwarded to, the group decided here (local, nil if
+// none), and the items decoding refused, which form a group of their own so
+// that their errors name the caller's indices.
+func groupByOwner(b *batch) (groups []*group, local *group) {
+	byName := map[string]*group{}
+	var invalid *group
+	for i := range b.items {
+		x := &b.items[i]
+		switch x.where {
+		case rejected:
+			if invalid == nil {
+				invalid = &group{}
+				groups = append(groups, invalid)
+			}
+			invalid.idx = append(invalid.idx, i)
+			invalid.bad = append(invalid.bad, x.err)
+			continue
+		case decidedHere:
+			if local == nil {
+				local = &group{owner: x.owner}
+				groups = append(groups, local)
+			}
+			local.idx = append(local.idx, i)
+			continue
+		}
+		g := byName[x.owner.Name]
+		if g == nil {
+			g = &group{owner: x.owner}
+			byName[x.owner.Name] = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+	}
+	return groups, local
+}
+
+// forward sends group g's items of req to their owner (Peer.Forward) under
+// ring r and keeps its answer, or why there is none, in g.
+func (n *Node) forward(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, g *group) {
+	n.forwardedOut.Add(int64(len(g.idx)))
+	cli, err := n.peers.Peer(g.owner)
+	if err != nil {
+		g.err = err
+		return
+	}
+	fctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
+	defer cancel()
+	g.resp, g.err = cli.Forward(fctx, subRequest(req, g.idx, r.Epoch()))
+	if status.Code(g.err) == codes.Canceled && ctx.Err() == nil {
+		// The connection closed under the call: the owner left the ring.
+		g.err = status.Errorf(codes.Unavailable, "%v", g.err)
+	}
 }
 
 // subRequest returns the items idx of req as a request of their own.

@@ -756,12 +756,12 @@ func TestShrunkRingNotYetJudgedDecidesNothing(t *testing.T) {
 	ctx := context.Background()
 	req := &pb.CheckRequest{Recipients: []string{rcp}}
 	// Under the ring its mover judged, b decides (and a backs the send).
-	if resp, err := b.decide(ctx, decode(req, b.view.Load(), b.Ring()), nil, b.Ring(), true, nil); err != nil || len(resp.Errors) > 0 || !resp.Admitted[0] {
+	if resp, err := b.judgeAndDecide(ctx, decode(req, b.view.Load(), b.Ring()), b.Ring()); err != nil || len(resp.Errors) > 0 || !resp.Admitted[0] {
 		t.Fatalf("under the ring judged: %v %v", resp, err)
 	}
 	// Under a ring of b alone, not yet judged: b holds 1 of the 2 it
 	// counts, and a sorts first.
-	resp, err := b.decide(ctx, decode(req, b.view.Load(), alone), nil, alone, true, nil)
+	resp, err := b.judgeAndDecide(ctx, decode(req, b.view.Load(), alone), alone)
 	if err != nil {
 		t.Fatal(err)
 	}

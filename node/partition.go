@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/freqring/freqring/ring"
+	"google.golang.org/grpc/codes"
 )
 
 // History moves with ownership. This file is each partition's state on
@@ -318,3 +319,53 @@ var errRingMoved = errors.New("the ring changed during its move")
 // errHandedBackDuringMove fails a partition whose move a handback overtook
 // (see finishMove); the mover acquires it again from every member.
 var errHandedBackDuringMove = errors.New("handed back during its move: acquiring it again from every member")
+
+// where is an item's verdict: where it is answered.
+type where uint8
+
+const (
+	rejected    where = iota // decoding refused it: item.err says why
+	decidedHere              // this node answers it (decide), perhaps with an error judge set
+	forwardedTo              // its owner answers it (route): item.owner
+)
+
+// judge gives each item of b its verdict under ring r, at the one place a
+// check judges ownership: forwarded to its owner, or decided here. An item
+// decided here fails (item.err) when the node lacks a majority (rule 5)
+// or, in a forwarded call (which never forwards again), when another member
+// owns it under r. A call routes only if some member other than this one
+// is in r; otherwise everything is decided here, where a closed partition
+// (the store's fence) fails as moving. It reports whether any item is
+// forwarded.
+func (n *Node) judge(b *batch, r *ring.Ring, forwarded bool) (remote bool) {
+	self := n.cfg.Name
+	// A ring of one other member (this node left out of it, or seeing only
+	// that member for a moment) owns everything elsewhere: this node
+	// decides nothing it does not own under its ring (rule 1).
+	routes := !forwarded && (r.Len() > 1 || r.Len() == 1 && !r.Has(self))
+	majority := n.clus.Load().ms == nil || n.ho.majorityUnder(r)
+	var noMajority *itemError
+	for i := range b.items {
+		x := &b.items[i]
+		if x.err != nil {
+			x.where = rejected
+			continue
+		}
+		x.owner = r.PartitionOwner(x.part)
+		switch {
+		case routes && x.owner.Name != self:
+			x.where, remote = forwardedTo, true
+		case !majority:
+			if noMajority == nil {
+				noMajority = &itemError{codes.Unavailable, fmt.Sprintf("node %s sees %d members, not a majority of the cluster: it decides nothing until the cluster heals; retry", self, r.Len())}
+			}
+			x.where, x.err = decidedHere, noMajority
+		case forwarded && x.owner.Name != self:
+			x.where, x.err = decidedHere, &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
+				quote(b.req.Recipients[i]), self, r.Epoch(), x.owner.Name)}
+		default:
+			x.where = decidedHere
+		}
+	}
+	return remote
+}

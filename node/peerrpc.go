@@ -28,6 +28,23 @@ type peerServer struct {
 	n *Node
 }
 
+// Forward answers Peer.Forward: it decides the items this node owns under
+// its own ring and fails the others as retryable.
+func (s peerServer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	n := s.n
+	t := n.announce()
+	defer t.cancel()
+	if err := n.admit(ctx, req); err != nil {
+		return nil, err
+	}
+	n.forwardedIn.Add(int64(len(req.Recipients)))
+	r := n.clus.Load().ring()
+	b := decode(req, n.view.Load(), r)
+	defer b.put()
+	n.judge(b, r, true)
+	return n.decide(ctx, b, nil, r, t)
+}
+
 // ReplicateStream answers Peer.ReplicateStream (replstream.go).
 func (s peerServer) ReplicateStream(stream grpc.BidiStreamingServer[pb.ReplicateRequest, pb.ReplicateAck]) error {
 	return s.n.serveReplicateStream(stream.Context(), stream.Recv, stream.Send)

@@ -1,0 +1,104 @@
+package node
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+)
+
+// This file is a check, stage by stage:
+//
+//	admit    the node serves and the batch is well formed (admit)
+//	decode   each item decoded, validated and hashed once (decode.go)
+//	judge    each item's verdict under the ring: decided here or forwarded
+//	         to its owner, at the one place ownership is judged (partition.go)
+//	route    remote items forwarded, one call per owner (forward.go)
+//	decide   local items decided in the store, answered, counted and
+//	         recorded (decide.go), then made durable and replicated (record.go)
+//
+// A Peer.Forward call takes the same stages but route (peerrpc.go).
+
+// Check answers Limiter.Check. The items this node owns are decided here,
+// the others are forwarded in one call per owner, and the answers come back
+// in request order. With a DataDir, the sends it records are in the WAL
+// before it returns.
+func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	return n.check(ctx, req, true)
+}
+
+// check is Check. With reroute, items whose partition moved away between
+// routing and deciding (another node acquired it under a ring that arrived
+// meanwhile) are routed once more under the new ring.
+func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*pb.CheckResponse, error) {
+	if reroute && n.cfg.Observer != nil {
+		start := time.Now()
+		defer func() { n.cfg.Observer.CheckDone(len(req.Recipients), time.Since(start)) }()
+	}
+	t := n.announce()
+	defer t.cancel()
+	if err := n.admit(ctx, req); err != nil {
+		return nil, err
+	}
+	r := n.clus.Load().ring()
+	b := decode(req, n.view.Load(), r)
+	defer b.put()
+	var resp *pb.CheckResponse
+	var err error
+	if remote := n.judge(b, r, false); remote {
+		resp, err = n.route(ctx, b, r, t)
+	} else {
+		resp, err = n.decide(ctx, b, nil, r, t)
+	}
+	if err != nil || !reroute || len(b.moved) == 0 || n.clus.Load().ring().Epoch() == r.Epoch() {
+		return resp, err
+	}
+	t.cancel()
+	moved := slices.Clone(b.moved)
+	again, err := n.check(ctx, subRequest(req, moved, 0), false)
+	if err != nil {
+		return resp, nil // the items keep their retryable errors
+	}
+	return replaceItems(resp, moved, again, n.cfg.Name), nil
+}
+
+// replaceItems returns resp with the answers of items idx replaced by those
+// of sub, a response to those items alone.
+func replaceItems(resp *pb.CheckResponse, idx []int, sub *pb.CheckResponse, self string) *pb.CheckResponse {
+	replaced := map[uint32]bool{}
+	for _, i := range idx {
+		replaced[uint32(i)] = true
+	}
+	kept := resp.Errors[:0]
+	for _, e := range resp.Errors {
+		if !replaced[e.Index] {
+			kept = append(kept, e)
+		}
+	}
+	resp.Errors = kept
+	all := make([]int, len(resp.Admitted))
+	for i := range all {
+		all[i] = i
+	}
+	// mergeResponses takes each item from the last group that has it.
+	return mergeResponses(len(all), []*group{{idx: all, resp: resp}, {idx: idx, resp: sub}}, sub.RingEpoch, self)
+}
+
+// admit refuses calls the node cannot take: before Open, after Close, and
+// malformed batches.
+func (n *Node) admit(ctx context.Context, req *pb.CheckRequest) error {
+	if !n.ready.Load() {
+		return status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
+	}
+	if err := checkShape(req); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	return nil
+}
