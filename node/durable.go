@@ -395,32 +395,31 @@ func snapshotDue(interval time.Duration, walBytes, grown int64, age, took time.D
 // durableLoop brings a failed WAL back, takes snapshots and expires WAL
 // segments until ctx is done.
 func (n *Node) durableLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
 	var rec walRecovery
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	n.every(ctx, time.Second, func() bool {
+		if n.recoverWAL(&rec) { // no snapshot or retention while the WAL has failed
+			n.durableChores()
 		}
-		if !n.recoverWAL(&rec) {
-			continue // no snapshot or retention while the WAL has failed
-		}
-		d := n.dur
-		d.mu.Lock()
-		grown := d.log.Stats().Bytes - d.snapBytes
-		now := n.cfg.Clock.Now()
-		age := time.Duration(now - d.snapAt)
-		took := d.snapTook
-		retry := now >= d.retryAt
-		d.mu.Unlock()
-		if retry && snapshotDue(n.cfg.SnapshotInterval, n.cfg.SnapshotWALBytes, grown, age, took) {
-			n.trySnapshot()
-		}
-		if err := n.retain(); err != nil {
-			n.log.Error("WAL retention failed", "err", err)
-		}
+		return true
+	})
+}
+
+// durableChores takes a snapshot when one is due and the last failures'
+// backoff has passed, and expires WAL segments.
+func (n *Node) durableChores() {
+	d := n.dur
+	d.mu.Lock()
+	grown := d.log.Stats().Bytes - d.snapBytes
+	now := n.cfg.Clock.Now()
+	age := time.Duration(now - d.snapAt)
+	took := d.snapTook
+	retry := now >= d.retryAt
+	d.mu.Unlock()
+	if retry && snapshotDue(n.cfg.SnapshotInterval, n.cfg.SnapshotWALBytes, grown, age, took) {
+		n.trySnapshot()
+	}
+	if err := n.retain(); err != nil {
+		n.log.Error("WAL retention failed", "err", err)
 	}
 }
 

@@ -102,14 +102,7 @@ func (n *Node) Close() error {
 
 // sweepLoop runs Sweep every SweepInterval until ctx is done.
 func (n *Node) sweepLoop(ctx context.Context) {
-	t := time.NewTicker(n.cfg.SweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	n.every(ctx, n.cfg.SweepInterval, func() bool {
 		start := time.Now()
 		got, err := n.Sweep(ctx)
 		switch {
@@ -117,6 +110,24 @@ func (n *Node) sweepLoop(ctx context.Context) {
 			n.log.Error("sweep failed", "err", err)
 		case got > 0:
 			n.log.Debug("swept idle records", "reclaimed", got, "took", time.Since(start))
+		}
+		return true
+	})
+}
+
+// every calls fn every interval, on the ticks of Config.NewTicker, until ctx
+// is done or fn returns false: the loop of every background job that polls.
+func (n *Node) every(ctx context.Context, interval time.Duration, fn func() bool) {
+	tick, stop := n.cfg.NewTicker(interval)
+	defer stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+		}
+		if !fn() {
+			return
 		}
 	}
 }

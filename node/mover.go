@@ -37,13 +37,13 @@ func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
 	var failingSince time.Time
 	// Rule 5 forgets members gone for ForgetDeadAfter: look again now and
 	// then, not only on ring changes.
-	tick := time.NewTicker(max(n.cfg.ForgetDeadAfter/4, 10*time.Millisecond))
-	defer tick.Stop()
+	tick, stop := n.cfg.NewTicker(max(n.cfg.ForgetDeadAfter/4, 10*time.Millisecond))
+	defer stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick:
 			if n.ho.majority.Load() {
 				// Keep the members present counted as of now, so that
 				// one that vanishes is forgotten ForgetDeadAfter later,
@@ -96,20 +96,40 @@ func (n *Node) moverLoop(ctx context.Context, rings <-chan *ring.Ring) {
 // under r. It returns an error if some partition is left closed.
 func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 	c := n.clus.Load()
-	self := c.self.Name
-	h := n.ho
 	members := c.ms.Members()
+	appeared, prev, majority := n.takeRing(c, r, members)
+	if !majority {
+		for p := range n.store.Partitions() {
+			n.closeOwing(p) // rule 7, if another owns it once the cluster heals
+		}
+		return nil
+	}
+	work, owes := n.planMoves(r, prev, appeared)
+	if owes {
+		n.ho.wakeHandback()
+	}
+	if len(work) == 0 {
+		return nil
+	}
+	return n.acquire(ctx, r, work, members)
+}
+
+// takeRing makes r the ring the mover reconciles with: it returns the
+// members that appeared since the last one (new in the ring, or restarted
+// with a new boot id under a name already there), that last ring, and rule
+// 5's verdict on r, which it records (judged, majority, tieWinner) and logs
+// when it changes.
+func (n *Node) takeRing(c *cluster, r *ring.Ring, members []gossip.MemberState) (appeared map[string]bool, prev *ring.Ring, majority bool) {
+	h := n.ho
 	boots := map[string]uint64{}
 	for _, m := range members {
 		boots[m.Name] = m.Boot
 	}
-	// Members that appeared since the last reconcile: new in the ring, or
-	// restarted (a new boot id) under a name already there.
-	appeared := map[string]bool{}
+	appeared = map[string]bool{}
 	h.mu.Lock()
-	prev := h.prev
+	prev = h.prev
 	for _, m := range r.Members() {
-		if m.Name == self {
+		if m.Name == c.self.Name {
 			continue
 		}
 		if b, ok := h.boots[m.Name]; !ok || b != boots[m.Name] || prev == nil || !prev.Has(m.Name) {
@@ -121,22 +141,7 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 		h.changed = make(chan struct{})
 	}
 	h.prev, h.boots = r, boots
-	// Rule 5: a member counts once seen serving, until it announces that
-	// it is leaving; one that vanished without leaving still counts.
-	// A member gone for ForgetDeadAfter no longer counts either.
-	nowT := time.Now()
-	h.counted.note(members, n.departedSince(c, nowT), r.Members(), nowT)
-	h.counted.forget(nowT, n.cfg.ForgetDeadAfter)
-	h.seen = len(h.counted)
-	first := h.counted.first()
-	majority, tie := hasMajority(r.Len(), h.seen, r.Has(first))
-	if !majority && tie && first != self {
-		h.tieWinner = first
-	}
-	if _, ok := h.counted[h.tieWinner]; !ok {
-		h.tieWinner = "" // forgotten, or left gracefully
-	}
-	h.judged.Store(&judgement{ok: majority, epoch: r.Epoch(), seen: h.seen, first: first})
+	majority = n.judgeMajority(c, r, members)
 	h.mu.Unlock()
 	if h.majority.Swap(majority) != majority {
 		if majority {
@@ -146,18 +151,43 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			n.log.Warn("majority lost: deciding nothing until the cluster heals", "ring", r.Len(), "seen", h.seen)
 		}
 	}
-	if !majority {
-		for p := range n.store.Partitions() {
-			n.closeOwing(p) // rule 7, if another owns it once the cluster heals
-		}
-		return nil
-	}
+	return appeared, prev, majority
+}
 
-	var work []int
-	owes := false // rule 7: handbacks for the handback loop to send
+// judgeMajority counts the members present now (rule 5: a member counts
+// once seen serving, until it announces that it is leaving; one that
+// vanished without leaving still counts, until it has been gone for
+// ForgetDeadAfter), judges r by them and records the verdict, and the
+// winner of a tie this node lost. h.mu is held.
+func (n *Node) judgeMajority(c *cluster, r *ring.Ring, members []gossip.MemberState) bool {
+	h := n.ho
+	now := time.Now()
+	h.counted.note(members, n.departedSince(c, now), r.Members(), now)
+	h.counted.forget(now, n.cfg.ForgetDeadAfter)
+	h.seen = len(h.counted)
+	first := h.counted.first()
+	majority, tie := hasMajority(r.Len(), h.seen, r.Has(first))
+	if !majority && tie && first != c.self.Name {
+		h.tieWinner = first
+	}
+	if _, ok := h.counted[h.tieWinner]; !ok {
+		h.tieWinner = "" // forgotten, or left gracefully
+	}
+	h.judged.Store(&judgement{ok: majority, epoch: r.Epoch(), seen: h.seen, first: first})
+	return majority
+}
+
+// planMoves notes, for each partition, what its next move must do under r
+// (prev: the last ring; appeared: members new since it): a partition this
+// node no longer owns closes (and is owed back if it decided for it, rule
+// 7); one it owns is pulled from every member if it is closed, else from the
+// members that appeared, and its backup filled if the backup changed,
+// appeared or the partition was closed. It returns the partitions with work
+// to do, and whether any is owed.
+func (n *Node) planMoves(r, prev *ring.Ring, appeared map[string]bool) (work []int, owes bool) {
+	h := n.ho
 	for p := range n.store.Partitions() {
-		owner := r.PartitionOwner(p).Name == self
-		if !owner {
+		if r.PartitionOwner(p).Name != n.cfg.Name {
 			n.closeOwing(p)
 			h.mu.Lock()
 			h.parts[p].closedAt = time.Time{}
@@ -165,46 +195,48 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 			h.mu.Unlock()
 			continue
 		}
-		backup, hasBackup := r.PartitionReplica(p)
-		var prevBackup ring.Member
-		prevHas := false
-		if prev != nil {
-			prevBackup, prevHas = prev.PartitionReplica(p)
-		}
-		h.mu.Lock()
-		switch {
-		case !n.store.IsOpen(p):
-			h.parts[p].pullAll = true
-		case len(appeared) > 0:
-			if h.parts[p].from == nil {
-				h.parts[p].from = map[string]bool{}
-			}
-			for m := range appeared {
-				h.parts[p].from[m] = true
-			}
-		}
-		if hasBackup && (!prevHas || prevBackup.Name != backup.Name || appeared[backup.Name] || !n.store.IsOpen(p)) {
-			h.parts[p].fill = true
-		}
-		needs := h.parts[p].pullAll || len(h.parts[p].from) > 0 || h.parts[p].fill
-		if h.parts[p].pullAll && h.parts[p].closedAt.IsZero() {
-			h.parts[p].closedAt = time.Now()
-		}
-		h.mu.Unlock()
-		if needs {
+		if n.planMove(r, prev, appeared, p) {
 			// An open partition stays open while members that appeared are
 			// asked for it (they decided nothing for it: rule 5); one whose
 			// backup must be filled closes when its fill starts.
 			work = append(work, p)
 		}
 	}
-	if owes {
-		h.wakeHandback()
+	return work, owes
+}
+
+// planMove notes the work of the move of partition p, owned here under r,
+// and reports whether there is any.
+func (n *Node) planMove(r, prev *ring.Ring, appeared map[string]bool, p int) bool {
+	backup, hasBackup := r.PartitionReplica(p)
+	var prevBackup ring.Member
+	prevHas := false
+	if prev != nil {
+		prevBackup, prevHas = prev.PartitionReplica(p)
 	}
-	if len(work) == 0 {
-		return nil
+	h := n.ho
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ps := &h.parts[p]
+	open := n.store.IsOpen(p)
+	switch {
+	case !open:
+		ps.pullAll = true
+	case len(appeared) > 0:
+		if ps.from == nil {
+			ps.from = map[string]bool{}
+		}
+		for m := range appeared {
+			ps.from[m] = true
+		}
 	}
-	return n.acquire(ctx, r, work, members)
+	if hasBackup && (!prevHas || prevBackup.Name != backup.Name || appeared[backup.Name] || !open) {
+		ps.fill = true
+	}
+	if ps.pullAll && ps.closedAt.IsZero() {
+		ps.closedAt = time.Now()
+	}
+	return ps.pullAll || len(ps.from) > 0 || ps.fill
 }
 
 // acquire carries out rule 2 for partitions ps under ring r, a chunk of
@@ -212,11 +244,76 @@ func (n *Node) reconcile(ctx context.Context, r *ring.Ring) error {
 // each partition is closed only for the time of its own chunk.
 func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []gossip.MemberState) error {
 	start := time.Now()
-	self := n.clus.Load().self.Name
-	// Who to ask: every other member of the ring, members leaving (out of
-	// the ring, still handing over), and serving members left out of the
-	// ring because they disagree with it (their rules changed: they may hold
-	// what they decided while they were in it).
+	targets := n.moveTargets(r, members)
+	failed := map[int]error{}
+	ps = n.awaitTieWinner(ps, targets, failed)
+	var m moveTally
+	m.failed = failed
+	chunks := make(chan []int)
+	var workers sync.WaitGroup
+	for range moveWorkers {
+		workers.Go(func() {
+			for chunk := range chunks {
+				errs, pulled := n.acquireChunk(ctx, r, chunk, targets, &m.records, &m.nbytes, &m.opened)
+				m.add(chunk, errs, pulled)
+			}
+		})
+	}
+	for chunk := range slices.Chunk(ps, acquireBatch) {
+		chunks <- chunk
+	}
+	close(chunks)
+	workers.Wait()
+	if o := m.opened.Load(); o > 0 || m.records.Load() > 0 {
+		n.ho.moves.Add(o)
+		n.ho.movedRecords.Add(m.records.Load())
+		n.ho.movedBytes.Add(m.nbytes.Load())
+		slices.Sort(m.done)
+		n.log.Info("partitions acquired", "epoch", r.Epoch(), "partitions", len(m.done), "list", m.done, "opened", o,
+			"records", m.records.Load(), "bytes", m.nbytes.Load(), "took", time.Since(start), "from", len(m.pulledFrom))
+	}
+	n.releasePulled(ctx, r, targets, m.pulledFrom)
+	return movesFailed(m.failed)
+}
+
+// moveTally gathers the outcome of acquire's chunks. Safe for concurrent
+// use.
+type moveTally struct {
+	mu         sync.Mutex // guards failed, pulledFrom and done
+	done       []int      // partitions acquired, for the log
+	failed     map[int]error
+	pulledFrom map[string][]uint32 // partitions pulled, by member: to be released
+
+	records, nbytes, opened atomic.Int64
+}
+
+// add takes the outcome of one chunk.
+func (m *moveTally) add(chunk []int, errs map[int]error, pulled map[string][]uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for p, err := range errs {
+		m.failed[p] = err
+	}
+	for _, p := range chunk {
+		if errs[p] == nil {
+			m.done = append(m.done, p)
+		}
+	}
+	if m.pulledFrom == nil {
+		m.pulledFrom = map[string][]uint32{}
+	}
+	for name, parts := range pulled {
+		m.pulledFrom[name] = append(m.pulledFrom[name], parts...)
+	}
+}
+
+// moveTargets returns the members a move under r asks: every other member
+// of the ring, members leaving (out of the ring, still handing over), and
+// serving members left out of the ring because they disagree with it
+// (their rules changed: they may hold what they decided while they were in
+// it).
+func (n *Node) moveTargets(r *ring.Ring, members []gossip.MemberState) map[string]ring.Member {
+	self := n.cfg.Name
 	targets := map[string]ring.Member{}
 	for _, m := range r.Members() {
 		if m.Name != self {
@@ -228,71 +325,38 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 			targets[m.Name] = ring.Member{Name: m.Name, Addr: m.GRPCAddr}
 		}
 	}
-	var (
-		mu         sync.Mutex // guards failed, pulledFrom and done
-		done       []int      // partitions acquired, for the log
-		failed     = map[int]error{}
-		pulledFrom = map[string][]uint32{}
-		records    atomic.Int64
-		nbytes     atomic.Int64
-		opened     atomic.Int64
-	)
-	n.ho.mu.Lock()
-	if w := n.ho.tieWinner; w != "" && w != self {
-		if _, asked := targets[w]; !asked {
-			// Rule 5's tie: the partitions to be asked of every member
-			// wait until the winner is here to be asked, or forgotten.
-			kept := ps[:0:0]
-			for _, p := range ps {
-				if n.ho.parts[p].pullAll {
-					failed[p] = fmt.Errorf("waiting for %s, which won the last tie this node lost (rule 5) and may have decided alone since: it must be asked, or forgotten after ForgetDeadAfter", w)
-				} else {
-					kept = append(kept, p)
-				}
-			}
-			if len(kept) < len(ps) {
-				n.ho.tieWaits.Add(1)
-			}
-			ps = kept
+	return targets
+}
+
+// awaitTieWinner returns the partitions of ps that may be acquired now:
+// while the winner of a tie this node lost (rule 5) is not among the
+// targets, the partitions that must be asked of every member wait, failed
+// (in failed), until it is there to be asked, or forgotten.
+func (n *Node) awaitTieWinner(ps []int, targets map[string]ring.Member, failed map[int]error) []int {
+	h := n.ho
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.tieWinner
+	if _, asked := targets[w]; w == "" || w == n.cfg.Name || asked {
+		return ps
+	}
+	kept := ps[:0:0]
+	for _, p := range ps {
+		if h.parts[p].pullAll {
+			failed[p] = fmt.Errorf("waiting for %s, which won the last tie this node lost (rule 5) and may have decided alone since: it must be asked, or forgotten after ForgetDeadAfter", w)
+		} else {
+			kept = append(kept, p)
 		}
 	}
-	n.ho.mu.Unlock()
-	chunks := make(chan []int)
-	var workers sync.WaitGroup
-	for range moveWorkers {
-		workers.Go(func() {
-			for chunk := range chunks {
-				errs, pulled := n.acquireChunk(ctx, r, chunk, targets, &records, &nbytes, &opened)
-				mu.Lock()
-				for p, err := range errs {
-					failed[p] = err
-				}
-				for _, p := range chunk {
-					if errs[p] == nil {
-						done = append(done, p)
-					}
-				}
-				for name, parts := range pulled {
-					pulledFrom[name] = append(pulledFrom[name], parts...)
-				}
-				mu.Unlock()
-			}
-		})
+	if len(kept) < len(ps) {
+		h.tieWaits.Add(1)
 	}
-	for chunk := range slices.Chunk(ps, acquireBatch) {
-		chunks <- chunk
-	}
-	close(chunks)
-	workers.Wait()
-	if o := opened.Load(); o > 0 || records.Load() > 0 {
-		n.ho.moves.Add(o)
-		n.ho.movedRecords.Add(records.Load())
-		n.ho.movedBytes.Add(nbytes.Load())
-		slices.Sort(done)
-		n.log.Info("partitions acquired", "epoch", r.Epoch(), "partitions", len(done), "list", done, "opened", o,
-			"records", records.Load(), "bytes", nbytes.Load(), "took", time.Since(start), "from", len(pulledFrom))
-	}
-	// Tell the members we pulled from that we hold it now (best effort).
+	return kept
+}
+
+// releasePulled tells the members acquire pulled from that this node holds
+// their partitions now (Release; best effort).
+func (n *Node) releasePulled(ctx context.Context, r *ring.Ring, targets map[string]ring.Member, pulledFrom map[string][]uint32) {
 	var wg sync.WaitGroup
 	for name, parts := range pulledFrom {
 		m := targets[name]
@@ -303,22 +367,27 @@ func (n *Node) acquire(ctx context.Context, r *ring.Ring, ps []int, members []go
 			}
 			rctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
 			defer cancel()
-			cli.Release(rctx, &pb.ReleaseRequest{Node: self, RingEpoch: r.Epoch(), Partitions: parts})
+			cli.Release(rctx, &pb.ReleaseRequest{Node: n.cfg.Name, RingEpoch: r.Epoch(), Partitions: parts})
 		})
 	}
 	wg.Wait()
-	if len(failed) > 0 {
-		var errs []error
-		for p, err := range failed {
-			errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
-			if len(errs) == 3 {
-				errs = append(errs, fmt.Errorf("and %d more", len(failed)-3))
-				break
-			}
-		}
-		return errors.Join(errs...)
+}
+
+// movesFailed returns the error of the partitions a move left closed: the
+// first three, and how many more; nil for none.
+func movesFailed(failed map[int]error) error {
+	if len(failed) == 0 {
+		return nil
 	}
-	return nil
+	var errs []error
+	for p, err := range failed {
+		errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
+		if len(errs) == 3 {
+			errs = append(errs, fmt.Errorf("and %d more", len(failed)-3))
+			break
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // moveWorkers is the number of chunks of partitions acquired at once.
@@ -330,79 +399,45 @@ const moveWorkers = 4
 // failed, and the partitions it pulled, by member, for Release.
 func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targets map[string]ring.Member,
 	records, nbytes, opened *atomic.Int64) (map[int]error, map[string][]uint32) {
-	h := n.ho
-	failed := map[int]error{}
-	ask := map[string][]int{}
-	fillTo := map[string][]int{}
-	handbacks := map[int]uint64{} // h.handbacks as the chunk decided whom to ask
-	for _, p := range chunk {
-		h.mu.Lock()
-		handbacks[p] = h.parts[p].handbacks
-		for name := range targets {
-			if h.parts[p].pullAll || h.parts[p].from[name] {
-				ask[name] = append(ask[name], p)
-			}
-		}
-		fill := h.parts[p].fill
-		h.mu.Unlock()
-		if b, ok := r.PartitionReplica(p); ok && fill && n.cfg.Replication != ReplicationOff {
-			fillTo[b.Name] = append(fillTo[b.Name], p)
-			if n.store.IsOpen(p) {
-				h.mu.Lock()
-				h.parts[p].closedAt = time.Now()
-				h.mu.Unlock()
-				n.closePartition(p)
-			}
-		}
-	}
-	var mu sync.Mutex // guards failed
+	plan := n.planChunk(r, chunk, targets)
+	var failures chunkFailures
+	failures.failed = map[int]error{}
 	var wg sync.WaitGroup
-	for name, parts := range ask {
+	for name, parts := range plan.ask {
 		wg.Go(func() {
 			got, nb, err := n.pullFrom(ctx, r, targets[name], parts)
 			records.Add(got)
 			nbytes.Add(nb)
-			if err != nil {
-				mu.Lock()
-				for _, p := range parts {
-					failed[p] = fmt.Errorf("acquiring from %s: %w", name, err)
-				}
-				mu.Unlock()
-			}
+			failures.fail(parts, err, "acquiring from "+name)
 		})
 	}
 	wg.Wait()
 	fills := map[string][]int{} // what pulled completely, by backup; computed before any fill writes failed
-	for name, parts := range fillTo {
+	for name, parts := range plan.fillTo {
 		for _, p := range parts {
-			if failed[p] == nil {
+			if failures.failed[p] == nil {
 				fills[name] = append(fills[name], p)
 			}
 		}
 	}
-	for name, ok := range fills {
+	for name, parts := range fills {
 		wg.Go(func() {
-			err := n.fillBackup(ctx, r, targets[name], ok)
+			err := n.fillBackup(ctx, r, targets[name], parts)
 			if err == nil {
-				for _, p := range ok {
+				for _, p := range parts {
 					n.unacked[p].Store(0) // the new backup holds every send
 				}
 			}
-			if err != nil {
-				mu.Lock()
-				for _, p := range ok {
-					failed[p] = fmt.Errorf("filling backup %s: %w", name, err)
-				}
-				mu.Unlock()
-			}
+			failures.fail(parts, err, "filling backup "+name)
 		})
 	}
 	wg.Wait()
+	failed := failures.failed
 	for _, p := range chunk {
 		if failed[p] != nil {
 			continue
 		}
-		switch did, err := n.finishMove(p, handbacks[p], r.Epoch()); {
+		switch did, err := n.finishMove(p, plan.handbacks[p], r.Epoch()); {
 		case err != nil:
 			failed[p] = err
 		case did:
@@ -410,7 +445,7 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 		}
 	}
 	pulled := map[string][]uint32{}
-	for name, parts := range ask {
+	for name, parts := range plan.ask {
 		for _, p := range parts {
 			if failed[p] == nil {
 				pulled[name] = append(pulled[name], uint32(p))
@@ -418,6 +453,62 @@ func (n *Node) acquireChunk(ctx context.Context, r *ring.Ring, chunk []int, targ
 		}
 	}
 	return failed, pulled
+}
+
+// chunkPlan is what acquireChunk does: the partitions to ask of each
+// member and to fill on each backup, and the handback count of each as the
+// plan was made.
+type chunkPlan struct {
+	ask, fillTo map[string][]int
+	handbacks   map[int]uint64
+}
+
+// planChunk plans the move of the partitions of chunk under r, and closes
+// those whose backup it fills.
+func (n *Node) planChunk(r *ring.Ring, chunk []int, targets map[string]ring.Member) chunkPlan {
+	h := n.ho
+	plan := chunkPlan{ask: map[string][]int{}, fillTo: map[string][]int{}, handbacks: map[int]uint64{}}
+	for _, p := range chunk {
+		h.mu.Lock()
+		ps := &h.parts[p]
+		plan.handbacks[p] = ps.handbacks
+		for name := range targets {
+			if ps.pullAll || ps.from[name] {
+				plan.ask[name] = append(plan.ask[name], p)
+			}
+		}
+		fill := ps.fill
+		h.mu.Unlock()
+		if b, ok := r.PartitionReplica(p); ok && fill && n.cfg.Replication != ReplicationOff {
+			plan.fillTo[b.Name] = append(plan.fillTo[b.Name], p)
+			if n.store.IsOpen(p) {
+				h.mu.Lock()
+				ps.closedAt = time.Now()
+				h.mu.Unlock()
+				n.closePartition(p)
+			}
+		}
+	}
+	return plan
+}
+
+// chunkFailures gathers the partitions of a chunk that failed. Safe for
+// concurrent use.
+type chunkFailures struct {
+	mu     sync.Mutex // guards failed
+	failed map[int]error
+}
+
+// fail notes parts as failed with err (doing what), unless err is nil.
+func (f *chunkFailures) fail(parts []int, err error, doing string) {
+	if err == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range parts {
+		f.failed[p] = fmt.Errorf("%s: %w", doing, err)
+	}
 }
 
 // pullFrom asks m for partitions ps (Acquire) and merges the images, logging
@@ -586,33 +677,10 @@ func (n *Node) drain(ctx context.Context) {
 	}
 	r := c.ring()
 	if r.Len() == 0 || (r.Len() == 1 && r.Has(n.cfg.Name)) {
-		// Nobody to hand over to. What it owes (rule 7) is lost unless a
-		// backup holds it: say so, to read a loss by.
-		n.ho.mu.Lock()
-		owes := 0
-		for p := range n.ho.parts {
-			if n.ho.owes(p) {
-				owes++
-			}
-		}
-		n.ho.mu.Unlock()
-		if owes > 0 {
-			n.log.Warn("leaving alone in its ring while it owes partitions: what it decided for them is lost unless a backup holds it", "owed", owes)
-		}
+		n.warnOwedAlone()
 		return
 	}
-	var owned []int
-	n.ho.mu.Lock()
-	for p := range n.store.Partitions() {
-		if r.PartitionOwner(p).Name == n.cfg.Name {
-			owned = append(owned, p)
-			n.ho.parts[p].handed = false
-		} else if n.ho.owes(p) {
-			owned = append(owned, p) // rule 7: its owner acquires it from here first
-			n.ho.parts[p].handbackAt = time.Time{}
-		}
-	}
-	n.ho.mu.Unlock()
+	owned := n.toHandOver(r)
 	n.ho.wakeHandback() // tell the owners of what it owes again, now
 	n.ho.leaving.Store(true)
 	if err := c.ms.SetState(ctx, gossip.StateLeaving); err != nil {
@@ -620,28 +688,66 @@ func (n *Node) drain(ctx context.Context) {
 		return
 	}
 	start := time.Now()
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		left := 0
-		n.ho.mu.Lock()
-		for _, p := range owned {
-			if !n.ho.parts[p].handed {
-				left++
-			}
-		}
-		n.ho.mu.Unlock()
-		if left == 0 {
-			n.log.Info("partitions handed over", "partitions", len(owned), "took", time.Since(start))
-			return
-		}
-		select {
-		case <-ctx.Done():
-			n.log.Warn("leaving before every partition was handed over", "left", left, "of", len(owned))
-			return
-		case <-t.C:
+	left := n.notHandedOver(owned)
+	if left > 0 {
+		n.every(ctx, 20*time.Millisecond, func() bool {
+			left = n.notHandedOver(owned)
+			return left > 0
+		})
+	}
+	if left > 0 {
+		n.log.Warn("leaving before every partition was handed over", "left", left, "of", len(owned))
+		return
+	}
+	n.log.Info("partitions handed over", "partitions", len(owned), "took", time.Since(start))
+}
+
+// warnOwedAlone warns, for a node that leaves alone in its ring, that what
+// it owes (rule 7) is lost unless a backup holds it: to read a loss by.
+func (n *Node) warnOwedAlone() {
+	n.ho.mu.Lock()
+	owes := 0
+	for p := range n.ho.parts {
+		if n.ho.owes(p) {
+			owes++
 		}
 	}
+	n.ho.mu.Unlock()
+	if owes > 0 {
+		n.log.Warn("leaving alone in its ring while it owes partitions: what it decided for them is lost unless a backup holds it", "owed", owes)
+	}
+}
+
+// toHandOver returns the partitions a drain waits for: those this node owns
+// under r, and those it owes (rule 7: their owner acquires them from here
+// first), whose handbacks are due again at once.
+func (n *Node) toHandOver(r *ring.Ring) []int {
+	var owned []int
+	n.ho.mu.Lock()
+	defer n.ho.mu.Unlock()
+	for p := range n.store.Partitions() {
+		if r.PartitionOwner(p).Name == n.cfg.Name {
+			owned = append(owned, p)
+			n.ho.parts[p].handed = false
+		} else if n.ho.owes(p) {
+			owned = append(owned, p)
+			n.ho.parts[p].handbackAt = time.Time{}
+		}
+	}
+	return owned
+}
+
+// notHandedOver returns how many of partitions ps no Acquire has taken
+// yet.
+func (n *Node) notHandedOver(ps []int) (left int) {
+	n.ho.mu.Lock()
+	defer n.ho.mu.Unlock()
+	for _, p := range ps {
+		if !n.ho.parts[p].handed {
+			left++
+		}
+	}
+	return left
 }
 
 // encodeImages returns a WAL payload holding partition images merged here.

@@ -54,7 +54,12 @@ type Config struct {
 	Rules         *rules.Set    // nil means the embedded default rules (rules.Default)
 	SweepInterval time.Duration // how often idle records are reclaimed and sparse slab chunks given back; 0 means 1 minute, negative disables
 	Clock         Clock         // nil means the system clock
-	Logger        *slog.Logger  // nil means discard
+	// NewTicker starts the ticker of a background loop that polls (the
+	// sweep, snapshots and WAL recovery, the mover's look at who is
+	// present, a drain's wait) and returns its channel and its stop
+	// function; nil means time.NewTicker. Tests inject their own.
+	NewTicker func(d time.Duration) (<-chan time.Time, func())
+	Logger    *slog.Logger // nil means discard
 
 	// DataDir holds the write-ahead log and snapshots. Empty means memory
 	// only: a restart forgets every send.
@@ -242,6 +247,12 @@ func (c *Config) fill() {
 	}
 	if c.RetentionMargin == 0 {
 		c.RetentionMargin = 10 * time.Minute
+	}
+	if c.NewTicker == nil {
+		c.NewTicker = func(d time.Duration) (<-chan time.Time, func()) {
+			t := time.NewTicker(d)
+			return t.C, t.Stop
+		}
 	}
 	if c.Name == "" {
 		c.Name, _ = os.Hostname()

@@ -388,11 +388,25 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	if n.dur != nil && n.dur.log.Failed() {
 		return nil, status.Error(codes.Unavailable, n.walFailedError().msg)
 	}
-	v := n.view.Load()
 	sc := replicatedScratches.Get().(*replicatedScratch)
 	defer sc.release()
+	if err := n.decodeReplicated(req, r, sc); err != nil {
+		return nil, err
+	}
+	if err := n.refuseOwed(sc.sends, req.Node); err != nil {
+		return nil, err
+	}
+	n.store.RecordBatch(n.nowMs(), sc.items)
+	return n.replicatedPayload(req.Node, sc)
+}
+
+// decodeReplicated decodes the sends of req into sc, checking each under
+// this node's ring r: a send of a partition the caller does not own, or
+// this node does not back, or of a domain it lacks, fails the call whole.
+func (n *Node) decodeReplicated(req *pb.ReplicateRequest, r *ring.Ring, sc *replicatedScratch) error {
+	v := n.view.Load()
 	next := 0 // the index of the next send
-	err = decodeWAL(req.Sends, func(s walSend) error {
+	err := decodeWAL(req.Sends, func(s walSend) error {
 		i := next
 		next++
 		if s.unconfirmed {
@@ -416,24 +430,23 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		sc.items = append(sc.items, store.RecordItem{Part: p, Ref: dv.ref, Key: s.key, Tag: s.tag, At: s.at, Item: windowItem(s), ID: s.id, Refund: s.refund})
 		return nil
 	})
-	if err != nil {
-		if errors.Is(err, ErrBadPayload) {
-			return nil, status.Errorf(codes.InvalidArgument, "node %s: sends: %v", n.cfg.Name, err)
-		}
-		return nil, err
+	if errors.Is(err, ErrBadPayload) {
+		return status.Errorf(codes.InvalidArgument, "node %s: sends: %v", n.cfg.Name, err)
 	}
-	sends, items := sc.sends, sc.items
-	if err := n.refuseOwed(sends, req.Node); err != nil {
-		return nil, err
-	}
-	n.store.RecordBatch(n.nowMs(), items)
+	return err
+}
+
+// replicatedPayload returns the WAL payload of the sends of sc that the
+// store recorded (nil without a WAL, or with none), and the first error of
+// those it failed to record.
+func (n *Node) replicatedPayload(from string, sc *replicatedScratch) (*walEncoder, error) {
 	var enc *walEncoder // nil without a WAL
 	if n.dur != nil {
 		enc = new(walEncoder)
 	}
 	var first error
-	for k, s := range sends {
-		x := &items[k]
+	for k, s := range sc.sends {
+		x := &sc.items[k]
 		if x.Err != nil {
 			if first == nil {
 				first = status.Errorf(codes.Internal, "node %s: recording a replicated send: %v", n.cfg.Name, x.Err)
@@ -443,7 +456,7 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		if x.Dup {
 			// Sent again with its request id: recorded (or refunded)
 			// already. Logged, to read a loss by: the id is known here.
-			n.log.Debug("replicated send skipped: its request id is recorded here already", "partition", x.Part, "id", s.id, "at", s.at, "from", req.Node)
+			n.log.Debug("replicated send skipped: its request id is recorded here already", "partition", x.Part, "id", s.id, "at", s.at, "from", from)
 			continue
 		}
 		if enc != nil {
