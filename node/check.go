@@ -5,10 +5,12 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 )
 
 // This file is a check, stage by stage:
@@ -59,33 +61,30 @@ func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*
 	}
 	t.cancel()
 	moved := slices.Clone(b.moved)
-	again, err := n.check(ctx, subRequest(req, moved, 0), false)
+	again, err := n.check(ctx, wire.Pick(req, moved, 0), false)
 	if err != nil {
 		return resp, nil // the items keep their retryable errors
 	}
-	return replaceItems(resp, moved, again, n.cfg.Name), nil
+	return replaceItems(resp, moved, again), nil
 }
 
 // replaceItems returns resp with the answers of items idx replaced by those
 // of sub, a response to those items alone.
-func replaceItems(resp *pb.CheckResponse, idx []int, sub *pb.CheckResponse, self string) *pb.CheckResponse {
-	replaced := map[uint32]bool{}
-	for _, i := range idx {
-		replaced[uint32(i)] = true
-	}
-	kept := resp.Errors[:0]
-	for _, e := range resp.Errors {
-		if !replaced[e.Index] {
-			kept = append(kept, e)
-		}
-	}
-	resp.Errors = kept
+func replaceItems(resp *pb.CheckResponse, idx []int, sub *pb.CheckResponse) *pb.CheckResponse {
 	all := make([]int, len(resp.Admitted))
 	for i := range all {
 		all[i] = i
 	}
-	// mergeResponses takes each item from the last group that has it.
-	return mergeResponses(len(all), []*group{{idx: all, resp: resp}, {idx: idx, resp: sub}}, sub.RingEpoch, self)
+	first, err := wire.Read(resp, len(all))
+	if err != nil {
+		panic("BUG: node: a response of this node's is malformed: " + err.Error())
+	}
+	second, err := wire.Read(sub, len(idx))
+	if err != nil {
+		panic("BUG: node: a response of this node's is malformed: " + err.Error())
+	}
+	// Merge takes each item from the last part that has it.
+	return wire.Merge(len(all), []wire.Part{{Idx: all, Resp: first}, {Idx: idx, Resp: second}}, sub.RingEpoch)
 }
 
 // admit refuses calls the node cannot take: before Open, after Close, and
@@ -94,11 +93,21 @@ func (n *Node) admit(ctx context.Context, req *pb.CheckRequest) error {
 	if !n.ready.Load() {
 		return status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
 	}
-	if err := checkShape(req); err != nil {
-		return err
+	if err := wire.CheckRequest(req, MaxBatch); err != nil {
+		return badRequest(err.(*wire.ShapeError))
 	}
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
 	return nil
+}
+
+// badRequest is the INVALID_ARGUMENT status of a malformed batch, with its
+// column as a google.rpc.BadRequest field violation in its details.
+func badRequest(e *wire.ShapeError) error {
+	st := status.New(codes.InvalidArgument, e.Error())
+	if d, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: e.Field, Description: e.Msg}}}); err == nil {
+		st = d
+	}
+	return st.Err()
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 	"github.com/freqring/freqring/ring"
 	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/window"
@@ -79,7 +80,7 @@ func (n *Node) newPass(b *batch, idx []int, r *ring.Ring, t *walTicket) *pass {
 	if idx != nil {
 		p.cnt = len(idx)
 	}
-	p.resp = newResponse(p.cnt)
+	p.resp = wire.NewResponse(p.cnt)
 	p.resp.RingEpoch = r.Epoch()
 	p.replicating = n.clus.Load().ms != nil && n.cfg.Replication != ReplicationOff && r.Len() > 1
 	if t != nil {
@@ -104,7 +105,6 @@ func (p *pass) item(j int) int {
 func (p *pass) take(j int) {
 	i := p.item(j)
 	x := &p.b.items[i]
-	p.resp.DeniedBy[j] = -1
 	if x.err != nil {
 		p.fail(j, x.err)
 		return
@@ -127,7 +127,7 @@ func (p *pass) fail(j int, e *itemError) {
 	p.failed++
 	p.tally.failed[e.code%numCodes]++
 	p.resp.DecidedAtMs[j] = p.now
-	p.resp.Errors = append(p.resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(e.code), Message: e.msg})
+	p.resp.Errors = append(p.resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(e.code), Message: e.msg, Field: e.field})
 }
 
 // count counts a decided item: by result, in its domain's and rules'
@@ -233,23 +233,23 @@ func (n *Node) waitMoving(ctx context.Context, b *batch, idx []int, r *ring.Ring
 func (n *Node) applyError(rcp string, p int, r *ring.Ring, err error) *itemError {
 	switch {
 	case errors.Is(err, store.ErrClosed):
-		return &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: partition %d is not open on %s under ring epoch %d (owner %s): it is moving; retry",
+		return &itemError{code: codes.Unavailable, msg: fmt.Sprintf("recipient %s: partition %d is not open on %s under ring epoch %d (owner %s): it is moving; retry",
 			quote(rcp), p, n.cfg.Name, r.Epoch(), r.PartitionOwner(p).Name)}
 	case errors.Is(err, window.ErrInvalid):
-		return badItem("recipient %s: %s", quote(rcp), trimPrefix(err))
+		return badItem("", "recipient %s: %s", quote(rcp), trimPrefix(err))
 	case errors.Is(err, store.ErrIDReused):
-		return &itemError{codes.AlreadyExists, fmt.Sprintf("request_ids: recipient %s: %s; not recorded (a retry repeats its item exactly)",
+		return &itemError{code: codes.AlreadyExists, field: wire.RequestIDs, msg: fmt.Sprintf("request_ids: recipient %s: %s; not recorded (a retry repeats its item exactly)",
 			quote(rcp), strings.TrimPrefix(err.Error(), store.ErrIDReused.Error()+": "))}
 	case errors.Is(err, store.ErrRefundUnknown):
-		return &itemError{codes.NotFound, fmt.Sprintf("request_ids: recipient %s: %s: nothing refunded (a refund must come within the idempotency window of its send, and only a recorded send can be refunded)",
+		return &itemError{code: codes.NotFound, field: wire.RequestIDs, msg: fmt.Sprintf("request_ids: recipient %s: %s: nothing refunded (a refund must come within the idempotency window of its send, and only a recorded send can be refunded)",
 			quote(rcp), strings.TrimPrefix(err.Error(), store.ErrRefundUnknown.Error()+": "))}
 	case errors.Is(err, store.ErrMemoryLimit):
 		return n.refusedAtLimit(rcp)
 	case errors.Is(err, window.ErrFull):
-		return &itemError{codes.ResourceExhausted, fmt.Sprintf("recipient %s: %s", quote(rcp), trimPrefix(err))}
+		return &itemError{code: codes.ResourceExhausted, msg: fmt.Sprintf("recipient %s: %s", quote(rcp), trimPrefix(err))}
 	}
 	n.log.Error("check failed", "recipient", quote(rcp), "err", err)
-	return &itemError{codes.Internal, fmt.Sprintf("recipient %s: %v", quote(rcp), err)}
+	return &itemError{code: codes.Internal, msg: fmt.Sprintf("recipient %s: %v", quote(rcp), err)}
 }
 
 // trimPrefix drops the "window: invalid item: " style prefix of a window error.
@@ -285,5 +285,5 @@ func (n *Node) confirmDuplicates(ctx context.Context, resp *pb.CheckResponse, ta
 		resp.Admitted[j], resp.Recorded[j] = false, false
 		resp.Errors = append(resp.Errors, &pb.ItemError{Index: j, Code: uint32(codes.Unavailable), Message: msg})
 	}
-	sortErrors(resp.Errors)
+	wire.SortErrors(resp.Errors)
 }

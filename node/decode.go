@@ -6,9 +6,9 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 	"github.com/freqring/freqring/ring"
 	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/window"
@@ -81,62 +81,27 @@ func decode(req *pb.CheckRequest, v *view, r *ring.Ring) *batch {
 		if x.err == nil {
 			x.key, x.tag = KeyOf(req.Recipients[i])
 			x.part = r.PartitionHash(x.key)
-			x.id = column(req.RequestIds, i, 0)
-			if x.refund = column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD) == pb.Mode_MODE_REFUND; x.refund && x.id == 0 {
-				x.err = badItem("request_ids[%d]: a refund (modes[%d] MODE_REFUND) names the send it takes back by its request id; it has none", i, i)
+			x.id = wire.Column(req.RequestIds, i, 0)
+			if x.refund = wire.Column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD) == pb.Mode_MODE_REFUND; x.refund && x.id == 0 {
+				x.err = badItem(wire.RequestIDs, "request_ids[%d]: a refund (modes[%d] MODE_REFUND) names the send it takes back by its request id; it has none", i, i)
 			}
 		}
 	}
 	return b
 }
 
-// column returns entry i of a per-item column of 0, 1 or n entries.
-func column[T any](c []T, i int, def T) T {
-	switch len(c) {
-	case 0:
-		return def
-	case 1:
-		return c[0]
-	}
-	return c[i]
-}
-
-// checkShape validates a request's columns: it fails whole if they are not
-// well formed.
-func checkShape(req *pb.CheckRequest) error {
-	n := len(req.Recipients)
-	if n == 0 || n > MaxBatch {
-		return status.Errorf(codes.InvalidArgument, "recipients: %d items, want 1 to %d", n, MaxBatch)
-	}
-	for _, c := range []struct {
-		name string
-		len  int
-	}{
-		{"domains", len(req.Domains)}, {"contents", len(req.Contents)},
-		{"content_hashes", len(req.ContentHashes)}, {"costs", len(req.Costs)},
-		{"modes", len(req.Modes)}, {"request_ids", len(req.RequestIds)},
-	} {
-		if c.len > 1 && c.len != n {
-			return status.Errorf(codes.InvalidArgument, "%s: %d entries, want 0, 1 or %d (one per recipient)", c.name, c.len, n)
-		}
-	}
-	if len(req.RequestIds) == 1 && n > 1 {
-		return status.Errorf(codes.InvalidArgument, "request_ids: 1 entry for %d items, want 0 or %d: a request id names one item", n, n)
-	}
-	if len(req.Contents) > 0 && len(req.ContentHashes) > 0 {
-		return status.Error(codes.InvalidArgument, "contents and content_hashes: set at most one of them")
-	}
-	return nil
-}
-
-// itemError is one failed item: a gRPC code and a message naming the field.
+// itemError is one failed item: a gRPC code, a message naming the field,
+// and the request column at fault (wire's names), "" when its failure is
+// not about its input.
 type itemError struct {
-	code codes.Code
-	msg  string
+	code  codes.Code
+	msg   string
+	field string
 }
 
-func badItem(format string, args ...any) *itemError {
-	return &itemError{codes.InvalidArgument, fmt.Sprintf(format, args...)}
+// badItem is an INVALID_ARGUMENT item error about its column field.
+func badItem(field, format string, args ...any) *itemError {
+	return &itemError{code: codes.InvalidArgument, msg: fmt.Sprintf(format, args...), field: field}
 }
 
 // quote shows a recipient in an error, cut to 40 bytes.
@@ -152,44 +117,44 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 	var it window.Item
 	rcp := req.Recipients[i]
 	if rcp == "" {
-		return nil, it, badItem("recipients[%d]: empty recipient", i)
+		return nil, it, badItem(wire.Recipients, "recipients[%d]: empty recipient", i)
 	}
 	if len(rcp) > MaxRecipientBytes {
-		return nil, it, badItem("recipients[%d]: %d bytes, more than %d", i, len(rcp), MaxRecipientBytes)
+		return nil, it, badItem(wire.Recipients, "recipients[%d]: %d bytes, more than %d", i, len(rcp), MaxRecipientBytes)
 	}
 	if !utf8.ValidString(rcp) {
-		return nil, it, badItem("recipients[%d]: %s is not valid UTF-8", i, quote(rcp))
+		return nil, it, badItem(wire.Recipients, "recipients[%d]: %s is not valid UTF-8", i, quote(rcp))
 	}
-	name := column(req.Domains, i, "")
+	name := wire.Column(req.Domains, i, "")
 	if name == "" {
 		name = DefaultDomain
 	}
 	dv := v.domains[name]
 	if dv == nil && !utf8.ValidString(name) {
-		return nil, it, badItem("domains[%d]: %s is not valid UTF-8", i, quote(name))
+		return nil, it, badItem(wire.Domains, "domains[%d]: %s is not valid UTF-8", i, quote(name))
 	}
 	if dv == nil {
-		return nil, it, badItem("domains[%d]: unknown domain %s (this node serves %v)", i, quote(name), v.names)
+		return nil, it, badItem(wire.Domains, "domains[%d]: unknown domain %s (this node serves %v)", i, quote(name), v.names)
 	}
 	dv = dv.forKey(rcp)
 	if len(req.Contents) > 0 {
-		c := column(req.Contents, i, nil)
+		c := wire.Column(req.Contents, i, nil)
 		if len(c) > v.maxContent {
-			return nil, it, badItem("contents[%d]: %d bytes, more than %d", i, len(c), v.maxContent)
+			return nil, it, badItem(wire.Contents, "contents[%d]: %d bytes, more than %d", i, len(c), v.maxContent)
 		}
 		it.Content = ContentHash(c)
 	} else {
-		it.Content = column(req.ContentHashes, i, 0)
+		it.Content = wire.Column(req.ContentHashes, i, 0)
 	}
-	cost := column(req.Costs, i, 1)
+	cost := wire.Column(req.Costs, i, 1)
 	if cost == 0 {
 		cost = 1 // 0 is the proto3 default, as in the client and the CLI
 	}
 	if cost > window.MaxCost {
-		return nil, it, badItem("costs[%d]: cost %d out of range [1, %d] (0 means 1)", i, cost, window.MaxCost)
+		return nil, it, badItem(wire.Costs, "costs[%d]: cost %d out of range [1, %d] (0 means 1)", i, cost, window.MaxCost)
 	}
 	it.Cost = int(cost)
-	mode := column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD)
+	mode := wire.Column(req.Modes, i, pb.Mode_MODE_CHECK_AND_RECORD)
 	switch mode {
 	case pb.Mode_MODE_CHECK_AND_RECORD:
 		it.Mode = window.CheckAndRecord
@@ -200,7 +165,7 @@ func (v *view) item(req *pb.CheckRequest, i int) (*domainView, window.Item, *ite
 	case pb.Mode_MODE_REFUND:
 		it.Mode = window.CheckAndRecord // unused: decode marks the item a refund
 	default:
-		return nil, it, badItem("modes[%d]: unknown mode %d", i, int32(mode))
+		return nil, it, badItem(wire.Modes, "modes[%d]: unknown mode %d", i, int32(mode))
 	}
 	return dv, it, nil
 }

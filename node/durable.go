@@ -633,7 +633,7 @@ func windowItem(s walSend) window.Item {
 // walFailedError is the error of an item that would be recorded while the
 // WAL has failed: nothing is recorded until it recovers.
 func (n *Node) walFailedError() *itemError {
-	return &itemError{codes.Unavailable, fmt.Sprintf("node %s: the write-ahead log failed (%v): it records nothing until the log recovers; retry",
+	return &itemError{code: codes.Unavailable, msg: fmt.Sprintf("node %s: the write-ahead log failed (%v): it records nothing until the log recovers; retry",
 		n.cfg.Name, n.dur.log.Err())}
 }
 

@@ -3,13 +3,13 @@ package node
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 	"github.com/freqring/freqring/ring"
 )
 
@@ -17,8 +17,8 @@ import (
 // one Peer.Forward per owner, in parallel, and the answers are merged back
 // in request order.
 
-// group is the items of a batch that one member owns, or that failed
-// validation here (owner zero, err set).
+// group is the items of a batch that one member answers (owner), or that
+// decoding refused (bad, their errors).
 type group struct {
 	owner ring.Member
 	idx   []int // item indices in the original request
@@ -46,12 +46,12 @@ func (n *Node) route(ctx context.Context, b *batch, r *ring.Ring, t *walTicket) 
 		if g.bad == nil && g.resp == nil && g.err != nil {
 			code := status.Code(g.err)
 			if code == codes.Unknown {
-				code = codes.Unavailable // as mergeResponses answers
+				code = codes.Unavailable // as parts answers
 			}
 			n.decisions.fail(code, int64(len(g.idx)))
 		}
 	}
-	return mergeResponses(len(b.req.Recipients), groups, r.Epoch(), n.cfg.Name), nil
+	return wire.Merge(len(b.req.Recipients), n.parts(groups), r.Epoch()), nil
 }
 
 // groupByOwner groups the items of b by their verdict (judge): one group
@@ -102,119 +102,47 @@ func (n *Node) forward(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, 
 	}
 	fctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
 	defer cancel()
-	g.resp, g.err = cli.Forward(fctx, subRequest(req, g.idx, r.Epoch()))
+	g.resp, g.err = cli.Forward(fctx, wire.Pick(req, g.idx, r.Epoch()))
 	if status.Code(g.err) == codes.Canceled && ctx.Err() == nil {
 		// The connection closed under the call: the owner left the ring.
 		g.err = status.Errorf(codes.Unavailable, "%v", g.err)
 	}
 }
 
-// subRequest returns the items idx of req as a request of their own.
-func subRequest(req *pb.CheckRequest, idx []int, epoch uint64) *pb.CheckRequest {
-	sub := &pb.CheckRequest{RingEpoch: epoch, Recipients: make([]string, len(idx))}
-	for j, i := range idx {
-		sub.Recipients[j] = req.Recipients[i]
-	}
-	sub.Domains = pick(req.Domains, idx)
-	sub.Contents = pick(req.Contents, idx)
-	sub.ContentHashes = pick(req.ContentHashes, idx)
-	sub.Costs = pick(req.Costs, idx)
-	sub.Modes = pick(req.Modes, idx)
-	sub.RequestIds = pick(req.RequestIds, idx)
-	return sub
-}
-
-// pick returns entries idx of a per-item column; a column of 0 or 1 entries
-// applies to every item and is kept as it is.
-func pick[T any](c []T, idx []int) []T {
-	if len(c) <= 1 {
-		return c
-	}
-	out := make([]T, len(idx))
-	for j, i := range idx {
-		out[j] = c[i]
-	}
-	return out
-}
-
-// mergeResponses assembles the response to a batch of n items from the
-// answers of its groups. Items of a group whose call failed get an
-// UNAVAILABLE error naming the owner.
-func mergeResponses(n int, groups []*group, epoch uint64, self string) *pb.CheckResponse {
-	out := newResponse(n)
-	out.RingEpoch = epoch
-	type src struct {
-		g   *group
-		j   int // position in the group
-		off int // first per-rule entry in the group's response
-	}
-	where := make([]src, n)
-	for _, g := range groups {
-		off := 0
-		for j, i := range g.idx {
-			where[i] = src{g: g, j: j, off: off}
-			if g.resp != nil && j < len(g.resp.RuleCounts) {
-				off += int(g.resp.RuleCounts[j])
-			}
-		}
-		if g.resp != nil {
-			for name, d := range g.resp.Domains {
-				out.Domains[name] = d
-			}
-			for _, e := range g.resp.Errors {
-				if int(e.Index) < len(g.idx) {
-					out.Errors = append(out.Errors, &pb.ItemError{Index: uint32(g.idx[e.Index]), Code: e.Code, Message: e.Message})
-				}
-			}
-			out.Duplicates = remapIndices(out.Duplicates, g.resp.Duplicates, g.idx)
-			out.Refunded = remapIndices(out.Refunded, g.resp.Refunded, g.idx)
-		}
-	}
-	for i := range n {
-		s := where[i]
-		r := s.g.resp
-		if s.g.bad != nil {
-			e := s.g.bad[s.j]
-			out.DeniedBy[i] = -1
-			out.Errors = append(out.Errors, &pb.ItemError{Index: uint32(i), Code: uint32(e.code), Message: e.msg})
-			continue
-		}
-		if r == nil || len(r.Admitted) <= s.j {
-			out.DeniedBy[i] = -1
-			msg := fmt.Sprintf("owner %s (%s) did not answer: %v", s.g.owner.Name, s.g.owner.Addr, s.g.err)
-			if s.g.owner.Name == self {
-				msg = fmt.Sprintf("%v", s.g.err)
-			}
-			out.Errors = append(out.Errors, &pb.ItemError{Index: uint32(i), Code: uint32(status.Code(s.g.err)), Message: msg})
-			if status.Code(s.g.err) == codes.Unknown {
-				out.Errors[len(out.Errors)-1].Code = uint32(codes.Unavailable)
+// parts returns the answers of the groups, for wire.Merge: a group's
+// response, or its items' errors: those decoding found, or, for a group
+// whose owner did not answer (or answered a malformed response), its
+// failure, UNAVAILABLE (retryable) unless it has a code of its own.
+func (n *Node) parts(groups []*group) []wire.Part {
+	parts := make([]wire.Part, len(groups))
+	for k, g := range groups {
+		parts[k].Idx = g.idx
+		switch {
+		case g.bad != nil:
+			for _, e := range g.bad {
+				parts[k].Errors = append(parts[k].Errors, &pb.ItemError{Code: uint32(e.code), Message: e.msg, Field: e.field})
 			}
 			continue
+		case g.resp != nil:
+			r, err := wire.Read(g.resp, len(g.idx))
+			if err == nil {
+				parts[k].Resp = r
+				continue
+			}
+			g.err = status.Errorf(codes.Unavailable, "a malformed response: %v", err)
 		}
-		out.Admitted[i], out.Recorded[i], out.DeniedBy[i] = r.Admitted[s.j], r.Recorded[s.j], r.DeniedBy[s.j]
-		if len(r.ShadowDeniedBy) > s.j && r.ShadowDeniedBy[s.j] >= 0 {
-			setShadowDeniedBy(out, i, r.ShadowDeniedBy[s.j])
+		msg := fmt.Sprintf("owner %s (%s) did not answer: %v", g.owner.Name, g.owner.Addr, g.err)
+		if g.owner.Name == n.cfg.Name {
+			msg = fmt.Sprintf("%v", g.err)
 		}
-		out.RetryAfterMs[i], out.DecidedAtMs[i] = r.RetryAfterMs[s.j], r.DecidedAtMs[s.j]
-		k := int(r.RuleCounts[s.j])
-		out.RuleCounts[i] = uint32(k)
-		out.Used = append(out.Used, r.Used[s.off:s.off+k]...)
-		out.Remaining = append(out.Remaining, r.Remaining[s.off:s.off+k]...)
-		out.RuleRetryAfterMs = append(out.RuleRetryAfterMs, r.RuleRetryAfterMs[s.off:s.off+k]...)
-	}
-	sortErrors(out.Errors)
-	slices.Sort(out.Duplicates)
-	slices.Sort(out.Refunded)
-	return out
-}
-
-// remapIndices appends to dst the item indices of a group's answer (src,
-// indices into the group) as indices into the whole request (idx[j]).
-func remapIndices(dst, src []uint32, idx []int) []uint32 {
-	for _, j := range src {
-		if int(j) < len(idx) {
-			dst = append(dst, uint32(idx[j]))
+		code := status.Code(g.err)
+		if code == codes.Unknown {
+			code = codes.Unavailable
+		}
+		e := &pb.ItemError{Code: uint32(code), Message: msg}
+		for range g.idx {
+			parts[k].Errors = append(parts[k].Errors, e)
 		}
 	}
-	return dst
+	return parts
 }

@@ -78,7 +78,7 @@ func (n *Node) refusedAtLimit(rcp string) *itemError {
 			"max_memory", n.cfg.MaxMemory, "store_limit", m.MaxBytes, "store_held", m.HeldBytes,
 			"refused_total", m.Refused, "refusals_not_logged", left, "recipient", quote(rcp))
 	}
-	return &itemError{codes.ResourceExhausted, fmt.Sprintf(
+	return &itemError{code: codes.ResourceExhausted, msg: fmt.Sprintf(
 		"recipient %s: node %s is at its memory limit (max memory %d bytes; its store holds %d bytes of the %d it may): it decides only for recipients it has a record of; retry later, or add nodes",
 		quote(rcp), n.cfg.Name, n.cfg.MaxMemory, m.HeldBytes, m.MaxBytes)}
 }

@@ -357,11 +357,11 @@ func (n *Node) judge(b *batch, r *ring.Ring, forwarded bool) (remote bool) {
 			x.where, remote = forwardedTo, true
 		case !majority:
 			if noMajority == nil {
-				noMajority = &itemError{codes.Unavailable, fmt.Sprintf("node %s sees %d members, not a majority of the cluster: it decides nothing until the cluster heals; retry", self, r.Len())}
+				noMajority = &itemError{code: codes.Unavailable, msg: fmt.Sprintf("node %s sees %d members, not a majority of the cluster: it decides nothing until the cluster heals; retry", self, r.Len())}
 			}
 			x.where, x.err = decidedHere, noMajority
 		case forwarded && x.owner.Name != self:
-			x.where, x.err = decidedHere, &itemError{codes.Unavailable, fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
+			x.where, x.err = decidedHere, &itemError{code: codes.Unavailable, msg: fmt.Sprintf("recipient %s: node %s does not own it under ring epoch %d (owner %s); retry with the new ring",
 				quote(b.req.Recipients[i]), self, r.Epoch(), x.owner.Name)}
 		default:
 			x.where = decidedHere

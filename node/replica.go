@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 	"github.com/freqring/freqring/ring"
 	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/window"
@@ -357,7 +358,7 @@ func (n *Node) failUnreplicated(ctx context.Context, resp *pb.CheckResponse, rs 
 				Message: fmt.Sprintf("backup %s (%s) did not confirm the send: %v; retry", rb.member.Name, rb.member.Addr, rb.err)})
 		}
 	}
-	sortErrors(resp.Errors)
+	wire.SortErrors(resp.Errors)
 }
 
 // Replicate answers Peer.Replicate: it records, as this partition's backup,

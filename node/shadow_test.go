@@ -131,23 +131,3 @@ func TestShadowDomain(t *testing.T) {
 		t.Fatalf("used %d after five sends, want 2 (the record keeps the largest limit of the scope)", resp.Used[4])
 	}
 }
-
-// TestMergeResponsesShadowColumn: a batch split across owners keeps each
-// item's shadow_denied_by, and the column stays empty when no group has one.
-func TestMergeResponsesShadowColumn(t *testing.T) {
-	part := func(shadow []int32, k int) *pb.CheckResponse {
-		r := newResponse(k)
-		r.ShadowDeniedBy = shadow
-		return r
-	}
-	g1 := &group{idx: []int{0, 2}, resp: part(nil, 2)}
-	g2 := &group{idx: []int{1, 3}, resp: part([]int32{-1, 4}, 2)}
-	out := mergeResponses(4, []*group{g1, g2}, 1, "a")
-	if want := []int32{-1, -1, -1, 4}; len(out.ShadowDeniedBy) != 4 || out.ShadowDeniedBy[3] != 4 || out.ShadowDeniedBy[1] != -1 || out.ShadowDeniedBy[0] != -1 {
-		t.Fatalf("merged shadow_denied_by %v, want %v", out.ShadowDeniedBy, want)
-	}
-	g2.resp.ShadowDeniedBy = nil
-	if out := mergeResponses(4, []*group{g1, g2}, 1, "a"); out.ShadowDeniedBy != nil {
-		t.Fatalf("merged shadow_denied_by %v, want empty", out.ShadowDeniedBy)
-	}
-}

@@ -892,9 +892,14 @@ func (x *CheckResponse) GetRefunded() []uint32 {
 
 // RequestError is the status of a request that failed whole.
 type RequestError struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"` // a gRPC status code
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Code    uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"` // a gRPC status code
+	Message string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// The request column at fault (recipients, domains, contents,
+	// content_hashes, costs, modes, request_ids), for a malformed batch;
+	// empty otherwise. A unary Check carries it as a google.rpc.BadRequest
+	// field violation in its status details.
+	Field         string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -943,12 +948,24 @@ func (x *RequestError) GetMessage() string {
 	return ""
 }
 
+func (x *RequestError) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
 // ItemError says why one item of a batch failed.
 type ItemError struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`    // item index in the request
-	Code          uint32                 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`      // a gRPC status code: 3 INVALID_ARGUMENT, 8 RESOURCE_EXHAUSTED, ...
-	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"` // names the field and the value
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Index   uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`    // item index in the request
+	Code    uint32                 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`      // a gRPC status code: 3 INVALID_ARGUMENT, 8 RESOURCE_EXHAUSTED, ...
+	Message string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"` // names the field and the value
+	// The request column at fault when the item's own input is (recipients,
+	// domains, contents, content_hashes, costs, modes, request_ids): its
+	// entry for this item. Empty when the failure is not about one field
+	// (a partition moving, a full store, ...).
+	Field         string `protobuf:"bytes,4,opt,name=field,proto3" json:"field,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1000,6 +1017,13 @@ func (x *ItemError) GetCode() uint32 {
 func (x *ItemError) GetMessage() string {
 	if x != nil {
 		return x.Message
+	}
+	return ""
+}
+
+func (x *ItemError) GetField() string {
+	if x != nil {
+		return x.Field
 	}
 	return ""
 }
@@ -2844,14 +2868,16 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\brefunded\x18\x11 \x03(\rR\brefunded\x1aO\n" +
 	"\fDomainsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
-	"\x05value\x18\x02 \x01(\v2\x13.freqring.v1.DomainR\x05value:\x028\x01\"<\n" +
+	"\x05value\x18\x02 \x01(\v2\x13.freqring.v1.DomainR\x05value:\x028\x01\"R\n" +
 	"\fRequestError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"O\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\"e\n" +
 	"\tItemError\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"E\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x14\n" +
+	"\x05field\x18\x04 \x01(\tR\x05field\"E\n" +
 	"\x06Domain\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
 	"\x05rules\x18\x02 \x03(\v2\x11.freqring.v1.RuleR\x05rules\"\x93\x01\n" +
