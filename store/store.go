@@ -27,10 +27,10 @@ type Config struct {
 	// print of its item); 0 means 1,048,576. Past it, the oldest are
 	// forgotten before IDHorizon.
 	IDCapacity int
-	// MaxBytes bounds the heap the store holds (Store.Memory) that Apply
-	// may grow for a recipient with no record: past it, Apply refuses to
-	// create records with ErrMemoryLimit. 0 means no limit. See Memory
-	// limit in the package doc.
+	// MaxBytes bounds the memory the store holds (Store.Memory) that Apply
+	// may grow: past it, Apply refuses with ErrMemoryLimit to create a
+	// record, or to move one to a larger slot, with no room held for it. 0
+	// means no limit. See Memory limit in the package doc.
 	MaxBytes int64
 	// HeapSlabs keeps every slab chunk on the Go heap. By default the
 	// full-size chunks, which hold nearly all records, come from memory
@@ -102,13 +102,14 @@ type partition struct {
 // allocates and frees, rarely (chunks, table resizes, free-list growth, 64
 // request ids at a time), so the shared counter stays cold.
 type memory struct {
-	_          [64]byte     // off the cache lines of other fields of the Store
-	held       atomic.Int64 // heap bytes held (see Store.Memory)
-	refused    atomic.Int64 // new records Apply refused at the limit
-	overshoots atomic.Int64 // new records that grew the heap past the limit by paths that never refuse
-	limit      int64        // Config.MaxBytes; 0 means none
-	blocks     *blocks      // full-size slab chunks, mapped outside the Go heap
-	_          [64]byte
+	_             [64]byte     // off the cache lines of other fields of the Store
+	held          atomic.Int64 // heap bytes held (see Store.Memory)
+	refused       atomic.Int64 // items Apply refused at the limit: new records, and records that would grow
+	refusedGrowth atomic.Int64 // of refused, those of known recipients whose record would grow
+	overshoots    atomic.Int64 // records created or grown past the limit by paths that never refuse
+	limit         int64        // Config.MaxBytes; 0 means none
+	blocks        *blocks      // full-size slab chunks, mapped outside the Go heap
+	_             [64]byte
 }
 
 // over reports whether the store holds its limit or more, counting the
@@ -351,7 +352,7 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 	if sp == nil {
 		sp = pt.space(r.id, true)
 	}
-	if err := sp.put(key, pos, out, other); err != nil {
+	if err := sp.put(key, pos, out, other, true); err != nil {
 		dec.Recorded = false
 		return 0, false, err
 	}
@@ -363,8 +364,9 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 }
 
 // ErrMemoryLimit reports an item that Apply refused because it would create a
-// record (its recipient has none in its domain) while the store holds
-// Config.MaxBytes or more and has no free room for it. Nothing changed.
+// record (its recipient has none in its domain), or move its recipient's
+// record to a larger slot, while the store holds Config.MaxBytes or more and
+// has no free room for it. Nothing changed.
 var ErrMemoryLimit = errors.New("store: memory limit reached")
 
 // ErrIDReused reports a request id that the store remembers for this
@@ -405,7 +407,7 @@ func (s *Store) Insert(p int, r Ref, key uint64, tag uint16, at int64, it window
 	if err != nil || out == nil {
 		return err
 	}
-	return sp.put(key, pos, out, other)
+	return sp.put(key, pos, out, other, false)
 }
 
 // Record records it as sent at time at (unix ms) without deciding, as
@@ -441,7 +443,7 @@ func (s *Store) record(pt *partition, ws *window.Scratch, r Ref, key uint64, tag
 		return 0, false, err
 	}
 	if out != nil {
-		if err := sp.put(key, pos, out, other); err != nil {
+		if err := sp.put(key, pos, out, other, false); err != nil {
 			return 0, false, err
 		}
 	}
@@ -486,7 +488,15 @@ func (sp *space) lookup(key uint64, tag uint16) (pos int, rec []byte, other bool
 
 // put stores rec as key's record: in place when it fits the same size class,
 // else in a new slot. pos is key's index position, or -1 for a new record.
-func (sp *space) put(key uint64, pos int, rec []byte, collision bool) error {
+//
+// Past the memory limit (memory.over), a record that would move to a class
+// with no room the store holds already (slab.hasHeldRoom) does not: one
+// that shrank stays in its slot, which holds it (a record ignores the bytes
+// after it); one that grew is refused with ErrMemoryLimit, changing
+// nothing, if refuse (Apply's decisions), and otherwise takes its new slot
+// past the limit, counted as an overshoot (replay, backups and merges
+// carry sends already admitted, and never refuse).
+func (sp *space) put(key uint64, pos int, rec []byte, collision, refuse bool) error {
 	c := sizeClass(len(rec))
 	if pos >= 0 {
 		r := sp.index.ref(pos)
@@ -494,8 +504,20 @@ func (sp *space) put(key uint64, pos int, rec []byte, collision bool) error {
 			copy(sp.slabs[c].bytes(r.slot()), rec)
 			return nil
 		}
-	}
-	if pos < 0 && sp.mem != nil && sp.mem.over() && !sp.roomFor(len(rec)) {
+		if sp.mem != nil && sp.mem.over() && !sp.slabs[c].hasHeldRoom() {
+			switch {
+			case len(rec) <= sp.slabs[r.class()].size:
+				copy(sp.slabs[r.class()].bytes(r.slot()), rec)
+				return nil
+			case refuse:
+				sp.mem.refused.Add(1)
+				sp.mem.refusedGrowth.Add(1)
+				return fmt.Errorf("%w: the store holds %d bytes, its limit is %d: a record that would grow from %d to %d bytes is refused until idle records free room",
+					ErrMemoryLimit, sp.mem.held.Load(), sp.mem.limit, sp.slabs[r.class()].size, len(rec))
+			}
+			sp.mem.overshoots.Add(1)
+		}
+	} else if sp.mem != nil && sp.mem.over() && !sp.roomFor(len(rec)) {
 		sp.mem.overshoots.Add(1) // replay, backups and merges never refuse
 	}
 	slot, err := sp.slabs[c].alloc()
@@ -582,7 +604,7 @@ func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, 
 				// and stays in place within its class). A failed put (no
 				// memory to map) leaves the record as it was.
 				c := sizeClass(len(out))
-				if s.mem.over() && c != ref.class() && !sp.slabs[c].hasHeldRoom() || sp.put(k, pos, out, false) != nil {
+				if s.mem.over() && c != ref.class() && !sp.slabs[c].hasHeldRoom() || sp.put(k, pos, out, false, false) != nil {
 					break
 				}
 				sp.compacted++
@@ -765,11 +787,14 @@ type MemoryStats struct {
 	// recipient may take at the limit.
 	FreeBytes int64
 	MaxBytes  int64 // Config.MaxBytes; 0 means no limit
-	// Refused counts the items Apply refused with ErrMemoryLimit.
-	Refused int64
-	// Overshoots counts the records that replay (Insert), backups (Record)
-	// and merges created past the limit with no free room: they are never
-	// refused, since losing an admitted send is worse than holding more.
+	// Refused counts the items Apply refused with ErrMemoryLimit: for
+	// recipients with no record, and (RefusedGrowth of them) for known
+	// recipients whose record would have grown.
+	Refused, RefusedGrowth int64
+	// Overshoots counts the records that replay (Insert), backups (Record),
+	// merges and refunds created or grew past the limit with no free room:
+	// they are never refused, since losing an admitted send is worse than
+	// holding more.
 	Overshoots int64
 }
 
@@ -777,5 +802,5 @@ type MemoryStats struct {
 func (s *Store) Memory() MemoryStats {
 	b := s.mem.blocks
 	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: b.carved.Load() + b.tableBytes.Load(), FreeBytes: b.freeBytes.Load(),
-		MaxBytes: s.mem.limit, Refused: s.mem.refused.Load(), Overshoots: s.mem.overshoots.Load()}
+		MaxBytes: s.mem.limit, Refused: s.mem.refused.Load(), RefusedGrowth: s.mem.refusedGrowth.Load(), Overshoots: s.mem.overshoots.Load()}
 }
