@@ -112,7 +112,13 @@
 // Everything else is decided as always: denials and peeks, which write
 // nothing, sends that fit the record's slot, and records that move to a
 // class with room held. A record that shrinks into a class with no room
-// held stays in its slot, which holds it.
+// held stays in its slot, which holds it. The request ids of recorded
+// items are remembered as always, but the table does not grow: its
+// rebuilds keep the newest that fit (Stats.EvictedIDs counts the others).
+// So the store holds no more than its limit, give or take a chunk: a free
+// block that two partitions' checks both count on (the later one takes a
+// fresh block), the free lists of slots records leave, and an id table of
+// minimal size for a domain that had none.
 //
 // Replay (Insert), backups (Record), merges (MergeImage, MergeRecord) and
 // refunds never refuse: they carry sends another node or this one

@@ -493,6 +493,55 @@ func TestMemoryLimitBoundsGrowingRecords(t *testing.T) {
 	}
 }
 
+// TestMemoryLimitBoundsRequestIDs: past the limit, sends that fit their
+// record's slot (a fixed-window rule's record keeps its size) are recorded
+// with their request ids, and the id table does not grow past the smallest
+// size: its rebuilds keep
+// the newest ids that fit its size and count the others evicted; the
+// newest are still answered as retries.
+func TestMemoryLimitBoundsRequestIDs(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Algorithm: window.FixedWindow, Limit: 1_000_000, Window: time.Hour}})
+	st, err := New(Config{Partitions: 1, IDCapacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	var dec window.Decision
+	var keys [][2]uint64
+	for i := range 64 {
+		key, tag := keyOf(fmt.Sprint("r", i))
+		keys = append(keys, [2]uint64{key, uint64(tag)})
+		for range 200 { // past the counts whose records are smaller
+			if _, _, err := apply(st, ref, key, tag, t0, window.Item{}, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	held := st.Memory().HeldBytes
+	st.mem.limit = held // at the limit from here
+	const sends = 20_000
+	id := uint64(1000)
+	for i := range sends {
+		k := keys[i%len(keys)]
+		id++
+		if _, dup, err := apply(st, ref, k[0], uint16(k[1]), t0+int64(i/100), window.Item{}, id, &dec); err != nil || dup || !dec.Recorded {
+			t.Fatalf("send %d at the limit: %+v dup %v, %v", i, dec, dup, err)
+		}
+	}
+	// The domain had no id table: it gets the smallest one.
+	if got := st.Memory().HeldBytes; got > held+minIDSlots*idSlotBytes {
+		t.Fatalf("held %d -> %d bytes at the limit for %d sends with request ids, want at most a %d-slot table more", held, got, sends, minIDSlots)
+	}
+	s := st.Stats(ref)
+	if s.EvictedIDs < sends/2 || s.IDs == 0 {
+		t.Fatalf("%d ids held, %d evicted; want most of %d evicted", s.IDs, s.EvictedIDs, sends)
+	}
+	k := keys[(sends-1)%len(keys)]
+	if _, dup, err := apply(st, ref, k[0], uint16(k[1]), t0+sends/100, window.Item{}, id, &dec); err != nil || !dup {
+		t.Fatalf("retry of the newest id: dup %v, %v", dup, err)
+	}
+}
+
 // TestMemoryLimitShrunkRecordStaysInItsSlot: past the limit, a record that
 // shrinks (the content logs of its older sends dropped) into a size class
 // with no room held stays in its slot, which holds it, rather than take

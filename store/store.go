@@ -138,7 +138,7 @@ var spaceBytes = int64(unsafe.Sizeof(space{})) + int64(len(classSizes))*int64(un
 func newSpace(mem *memory) *space {
 	sp := &space{mem: mem, slabs: make([]slab, len(classSizes))}
 	sp.index.held, sp.index.blk = &mem.held, mem.blocks
-	sp.ids.held = &mem.held
+	sp.ids.held, sp.ids.mem = &mem.held, mem
 	for c, size := range classSizes {
 		sp.slabs[c] = newSlab(size, &mem.held, mem.blocks)
 	}
@@ -662,7 +662,7 @@ type Stats struct {
 	Compacted  int64 // records whose content logs the sweep dropped because no rule could count them
 	Unreadable int64 // records the current or latest sweep pass could not decode to compact, left as they were
 	IDs        int64 // request ids held: those remembered, and those past the horizon that no rebuild has dropped yet
-	EvictedIDs int64 // request ids forgotten before the horizon because the domain held IDCapacity
+	EvictedIDs int64 // request ids forgotten before the horizon because the domain held IDCapacity, or the store its memory limit
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs, free slots included
 	LiveBytes  int64 // bytes of slots in use
