@@ -3,8 +3,12 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/window"
 )
 
 // TestMemoryLimitThroughCheck: at the store's limit, a batch's items for
@@ -170,4 +175,76 @@ func TestStoreBudget(t *testing.T) {
 	if _, err := New(Config{MaxMemory: 800}); err == nil || !strings.Contains(err.Error(), "MaxMemory 800 bytes is below") {
 		t.Fatalf("MaxMemory 800: %v", err)
 	}
+}
+
+func TestSnapshotChunk(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		max  int64
+		want int
+	}{
+		{0, 0}, // wal's default, 8 MiB
+		{MinMaxMemory, mib},
+		{511 * mib, mib},
+		{512 * mib, 2 * mib},
+		{2048 * mib, 8 * mib},
+		{12 << 30, 8 * mib},
+	} {
+		if got := snapshotChunk(tc.max); got != tc.want {
+			t.Errorf("snapshotChunk(%d MiB) = %d, want %d", tc.max/mib, got, tc.want)
+		}
+	}
+}
+
+// TestSnapshotBuffersAtMaxMemory: with MaxMemory at its least (128 MiB), a
+// snapshot of a store whose file is 20 MiB and more (300,000 recipients at
+// the seed's steady state) allocates a few MiB for its write and its
+// verification: 1 MiB direct I/O chunks (snapshotChunk) and one partition
+// image at a time. With 8 MiB chunks the two took 40 MiB.
+func TestSnapshotBuffersAtMaxMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills 300,000 recipients")
+	}
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	now := t0 + 86_400_000
+	clk := &testClock{}
+	clk.set(now)
+	a := openNode(t, Config{Clock: clk, MaxMemory: MinMaxMemory, DataDir: t.TempDir(),
+		SnapshotInterval: -1, SnapshotWALBytes: -1, SweepInterval: -1})
+	defer a.Close()
+	rng := rand.New(rand.NewPCG(42, 1000))
+	var templates [][]byte
+	for range 100 {
+		rec, err := window.SteadyStateRecord(d, rng, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		templates = append(templates, rec)
+	}
+	dv := a.view.Load().domains[DefaultDomain]
+	for i := range 300_000 {
+		key := rng.Uint64() | 1
+		rec := append([]byte(nil), templates[i%len(templates)]...)
+		binary.LittleEndian.PutUint16(rec, uint16(key>>20))
+		if _, err := a.store.MergeRecord(a.store.PartitionOf(key), dv.ref, key, rec, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	before := ms.TotalAlloc
+	if err := a.snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&ms)
+	alloc := ms.TotalAlloc - before
+	file := dirBytes(filepath.Join(a.cfg.DataDir)) // the snapshot, the WAL's empty segment and small files
+	if file < 20<<20 {
+		t.Fatalf("data directory of %d bytes, want a snapshot of 20 MiB or more", file)
+	}
+	if alloc > 8<<20 {
+		t.Fatalf("a snapshot of %d bytes allocated %d bytes at MaxMemory %d, want at most 8 MiB", file, alloc, MinMaxMemory)
+	}
+	t.Logf("a snapshot of %d bytes allocated %d bytes", file, alloc)
 }
