@@ -7,9 +7,13 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
 )
 
@@ -139,3 +143,171 @@ func BenchmarkFillToLimit(b *testing.B) {
 		a.Close()
 	}
 }
+
+// BenchmarkMemoryBound drives a node with MaxMemory 128 MiB (also the Go
+// memory limit, followed as serve follows it) and a WAL as the safety
+// review did: new recipients (one send each) until the store refuses them,
+// then 60 rounds in which 50,000 of those known recipients send once each
+// with one of 20 contents, the clock 5 s on per round, so that their
+// records grow towards the day's 50 sends;
+// a snapshot runs beside the checks every 10 rounds. A goroutine samples
+// the process's resident set (VmRSS), the store's account and the Go
+// runtime's memory every 2 ms. It reports the peaks against the budget:
+// the resident set over all and during snapshots, the store's held bytes
+// against its limit, and the Go runtime's memory; the resident set before
+// the node opened is the test binary's own (base-rss-MiB).
+//
+//	go test -run '^$' -bench MemoryBound -benchtime 1x ./node
+func BenchmarkMemoryBound(b *testing.B) {
+	const budget = 128 << 20
+	old := debug.SetMemoryLimit(budget)
+	defer debug.SetMemoryLimit(old)
+	samples := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"},
+		{Name: "/memory/classes/heap/objects:bytes"}}
+	for b.Loop() {
+		runtime.GC()
+		debug.FreeOSMemory()
+		baseRSS, _ := processMemory()
+		clk := &testClock{}
+		clk.set(t0)
+		a := openNode(b, Config{Clock: clk, MaxMemory: budget, DataDir: b.TempDir(), Sync: wal.SyncNone,
+			SnapshotInterval: -1, SnapshotWALBytes: -1, SweepInterval: -1})
+
+		var (
+			mu                                     sync.Mutex
+			peakRSS, peakSnapRSS, peakHeld, peakGo int64
+			atPeak                                 string
+			inSnapshot                             atomic.Bool
+			stop                                   = make(chan struct{})
+			sampler                                sync.WaitGroup
+		)
+		sample := func() {
+			rss, _ := processMemory()
+			m := a.StoreMemory()
+			metrics.Read(samples)
+			goMem := int64(samples[0].Value.Uint64() - samples[1].Value.Uint64())
+			mu.Lock()
+			defer mu.Unlock()
+			if rss > peakRSS {
+				peakRSS = rss
+				atPeak = fmt.Sprintf("rss %.1f MiB: store held %.1f mapped %.1f free %.1f MiB, Go %.1f MiB (heap objects %.1f), snapshot %v",
+					mib(rss), mib(m.HeldBytes), mib(m.MappedBytes), mib(m.FreeBytes), mib(goMem), mib(int64(samples[2].Value.Uint64())), inSnapshot.Load())
+			}
+			if inSnapshot.Load() {
+				peakSnapRSS = max(peakSnapRSS, rss)
+			}
+			peakHeld = max(peakHeld, m.HeldBytes)
+			peakGo = max(peakGo, goMem)
+		}
+		sampler.Go(func() {
+			t := time.NewTicker(2 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					sample()
+				}
+			}
+		})
+		follow := func() { debug.SetMemoryLimit(GoMemoryLimit(budget, a.StoreMemory().MappedBytes)) }
+
+		// New recipients until 10 batches in a row are refused whole.
+		req := &pb.CheckRequest{Recipients: make([]string, 1000)}
+		known := make([]string, 0, 50_000) // the first 50,000 admitted
+		filled := 0
+		for refusedRun, next := 0, 0; refusedRun < 10; {
+			for i := range req.Recipients {
+				req.Recipients[i] = fmt.Sprintf("+86%011d", next)
+				next++
+			}
+			resp, err := a.Check(context.Background(), req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			failed := map[uint32]bool{}
+			for _, e := range resp.Errors {
+				failed[e.Index] = true
+			}
+			for i, r := range req.Recipients {
+				if !failed[uint32(i)] {
+					filled++
+					if len(known) < cap(known) {
+						known = append(known, r)
+					}
+				}
+			}
+			if len(resp.Errors) == len(req.Recipients) {
+				refusedRun++
+			} else {
+				refusedRun = 0
+			}
+			follow()
+		}
+
+		// Known recipients send, their records growing; snapshots beside.
+		contents := make([][]byte, 20)
+		for i := range contents {
+			contents[i] = fmt.Appendf(nil, "template %d: your code is %06d", i, i*7919)
+		}
+		rng := rand.New(rand.NewPCG(7, 8))
+		var snaps sync.WaitGroup
+		var refused, admitted int64
+		for round := range 60 {
+			rng.Shuffle(len(known), func(i, j int) { known[i], known[j] = known[j], known[i] })
+			if round%10 == 5 {
+				snaps.Wait()
+				snaps.Go(func() {
+					inSnapshot.Store(true)
+					defer inSnapshot.Store(false)
+					if err := a.snapshot(); err != nil {
+						b.Error(err)
+					}
+				})
+			}
+			for start := 0; start < len(known); start += 1000 {
+				part := known[start:min(start+1000, len(known))]
+				r := &pb.CheckRequest{Recipients: part, Contents: make([][]byte, len(part))}
+				for i := range r.Contents {
+					r.Contents[i] = contents[rng.IntN(len(contents))]
+				}
+				resp, err := a.Check(context.Background(), r)
+				if err != nil {
+					b.Fatal(err)
+				}
+				refused += int64(len(resp.Errors))
+				for _, ok := range resp.Admitted {
+					if ok {
+						admitted++
+					}
+				}
+				clk.advance(5 * time.Second / time.Duration((len(known)+999)/1000))
+				follow()
+			}
+		}
+		snaps.Wait()
+		inSnapshot.Store(true)
+		if err := a.snapshot(); err != nil {
+			b.Fatal(err)
+		}
+		inSnapshot.Store(false)
+		close(stop)
+		sampler.Wait()
+		sample()
+		m := a.Stats().Memory
+		b.Logf("%d recipients filled the store, %d of them sent in the rounds: %d admitted, %d refused; peak %s", filled, len(known), admitted, refused, atPeak)
+		b.ReportMetric(float64(filled), "filled")
+		b.ReportMetric(mib(m.HeldBytes), "store-MiB")
+		b.ReportMetric(mib(peakHeld), "peak-store-MiB")
+		b.ReportMetric(mib(m.MaxBytes), "store-limit-MiB")
+		b.ReportMetric(mib(peakGo), "peak-go-MiB")
+		b.ReportMetric(mib(baseRSS), "base-rss-MiB")
+		b.ReportMetric(mib(peakRSS), "peak-rss-MiB")
+		b.ReportMetric(mib(peakSnapRSS), "peak-snapshot-rss-MiB")
+		b.ReportMetric(float64(peakRSS)*100/budget, "peak-rss-%")
+		a.Close()
+	}
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
