@@ -346,8 +346,7 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 	if pos < 0 && s.mem.over() && !sp.roomFor(len(out)) {
 		s.mem.refused.Add(1)
 		dec.Recorded = false
-		return 0, false, fmt.Errorf("%w: the store holds %d bytes, its limit is %d: a recipient with no record is refused until idle records free room",
-			ErrMemoryLimit, s.mem.held.Load(), s.mem.limit)
+		return 0, false, &limitError{held: s.mem.held.Load(), limit: s.mem.limit}
 	}
 	if sp == nil {
 		sp = pt.space(r.id, true)
@@ -368,6 +367,26 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 // record to a larger slot, while the store holds Config.MaxBytes or more and
 // has no free room for it. Nothing changed.
 var ErrMemoryLimit = errors.New("store: memory limit reached")
+
+// limitError is an ErrMemoryLimit refusal: what the store held, its limit,
+// and for a record that would grow, its slot's size and the new record's.
+// Its text is made only when read: past the limit a node may refuse most
+// of the items it decides.
+type limitError struct {
+	held, limit int64
+	from, to    int // 0 for a new record
+}
+
+func (e *limitError) Error() string {
+	if e.to == 0 {
+		return fmt.Sprintf("%v: the store holds %d bytes, its limit is %d: a recipient with no record is refused until idle records free room",
+			ErrMemoryLimit, e.held, e.limit)
+	}
+	return fmt.Sprintf("%v: the store holds %d bytes, its limit is %d: a record that would grow from %d to %d bytes is refused until idle records free room",
+		ErrMemoryLimit, e.held, e.limit, e.from, e.to)
+}
+
+func (e *limitError) Unwrap() error { return ErrMemoryLimit }
 
 // ErrIDReused reports a request id that the store remembers for this
 // recipient with another item: other content, cost, mode or domain. Such an
@@ -512,8 +531,7 @@ func (sp *space) put(key uint64, pos int, rec []byte, collision, refuse bool) er
 			case refuse:
 				sp.mem.refused.Add(1)
 				sp.mem.refusedGrowth.Add(1)
-				return fmt.Errorf("%w: the store holds %d bytes, its limit is %d: a record that would grow from %d to %d bytes is refused until idle records free room",
-					ErrMemoryLimit, sp.mem.held.Load(), sp.mem.limit, sp.slabs[r.class()].size, len(rec))
+				return &limitError{held: sp.mem.held.Load(), limit: sp.mem.limit, from: sp.slabs[r.class()].size, to: len(rec)}
 			}
 			sp.mem.overshoots.Add(1)
 		}
