@@ -1,8 +1,8 @@
 package node
 
 import (
-	"fmt"
-	"sync"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -50,35 +50,51 @@ func GoMemoryLimit(maxMemory, mapped int64) int64 {
 }
 
 // memoryLog logs refusals at the memory limit, at most one line a second
-// with the number left out since the last one. Safe for concurrent use.
+// with the number left out since the last one. Safe for concurrent use; past
+// the limit most items may be refused, so it takes no lock.
 type memoryLog struct {
-	mu         sync.Mutex // guards last and suppressed
-	last       int64      // unix ns of the last line; 0 before the first
-	suppressed int64
+	last       atomic.Int64 // unix ns of the last line; 0 before the first
+	suppressed atomic.Int64 // refusals not logged since the last line
+}
+
+// due reports whether a refusal at now (unix ns) is logged, and if so how
+// many were not since the last line. A clock that went back logs at once.
+func (l *memoryLog) due(now int64) (bool, int64) {
+	last := l.last.Load()
+	if last != 0 && now >= last && now-last < int64(time.Second) || !l.last.CompareAndSwap(last, now) {
+		l.suppressed.Add(1)
+		return false, 0
+	}
+	return true, l.suppressed.Swap(0)
 }
 
 // refusedAtLimit counts and logs an item the store refused with
-// store.ErrMemoryLimit, and returns its item error: RESOURCE_EXHAUSTED, with
-// the limit and what the store holds.
+// store.ErrMemoryLimit (it would have created a record, or grown one, past
+// the limit), and returns its item error: RESOURCE_EXHAUSTED, with the
+// limit and what the store holds. Its message is built without fmt: past
+// the limit a node may refuse most of what it decides.
 func (n *Node) refusedAtLimit(rcp string) *itemError {
 	m := n.store.Memory()
-	now := n.cfg.Clock.Now()
-	l := &n.memLog
-	l.mu.Lock()
-	log := l.last == 0 || now-l.last >= int64(time.Second) || now < l.last
-	var left int64
-	if log {
-		l.last, left, l.suppressed = now, l.suppressed, 0
-	} else {
-		l.suppressed++
-	}
-	l.mu.Unlock()
-	if log {
-		n.log.Warn("memory limit reached: refusing recipients with no record (known ones are still decided)",
+	if log, left := n.memLog.due(n.cfg.Clock.Now()); log {
+		n.log.Warn("memory limit reached: refusing sends that would create a record or grow one (denials, peeks and sends that fit a record's slot are still decided)",
 			"max_memory", n.cfg.MaxMemory, "store_limit", m.MaxBytes, "store_held", m.HeldBytes,
-			"refused_total", m.Refused, "refusals_not_logged", left, "recipient", quote(rcp))
+			"refused_total", m.Refused, "refused_growth_total", m.RefusedGrowth, "refusals_not_logged", left, "recipient", quote(rcp))
 	}
-	return &itemError{codes.ResourceExhausted, fmt.Sprintf(
-		"recipient %s: node %s is at its memory limit (max memory %d bytes; its store holds %d bytes of the %d it may): it decides only for recipients it has a record of; retry later, or add nodes",
-		quote(rcp), n.cfg.Name, n.cfg.MaxMemory, m.HeldBytes, m.MaxBytes)}
+	msg := make([]byte, 0, 320)
+	msg = append(msg, "recipient "...)
+	if len(rcp) > 40 {
+		msg = append(msg, quote(rcp)...)
+	} else {
+		msg = strconv.AppendQuote(msg, rcp) // as quote does
+	}
+	msg = append(msg, ": node "...)
+	msg = append(msg, n.cfg.Name...)
+	msg = append(msg, " is at its memory limit (max memory "...)
+	msg = strconv.AppendInt(msg, n.cfg.MaxMemory, 10)
+	msg = append(msg, " bytes; its store holds "...)
+	msg = strconv.AppendInt(msg, m.HeldBytes, 10)
+	msg = append(msg, " bytes of the "...)
+	msg = strconv.AppendInt(msg, m.MaxBytes, 10)
+	msg = append(msg, " it may): it records no send that needs more memory (a new recipient, or a record that must grow) until idle records free room; retry later, or add nodes"...)
+	return &itemError{codes.ResourceExhausted, string(msg)}
 }

@@ -21,9 +21,10 @@ import (
 
 // TestMemoryLimitThroughCheck: at the store's limit, a batch's items for
 // recipients with no record fail alone with RESOURCE_EXHAUSTED naming the
-// limit; the node's known recipient in the same batch is decided as always
-// (admitted and recorded, then denied by its rule), a peek of a new
-// recipient is answered, the refused items change no record, and the
+// limit, while in the same batch the send of the node's known recipient
+// that its rule denies, and peeks, are answered; later the known
+// recipient's send that its rules admit, but which its record would have to
+// grow for, fails the same way. The refused items change no record, and the
 // refusals are counted and logged at most once a second.
 func TestMemoryLimitThroughCheck(t *testing.T) {
 	clk := &fixedClock{ns: t0 * 1e6}
@@ -40,9 +41,10 @@ func TestMemoryLimitThroughCheck(t *testing.T) {
 	ctx := context.Background()
 
 	// The store starts empty, below its 1-byte limit: the first recipient
-	// gets a record, and the store is then at the limit.
+	// gets a record, of a send of cost 15 (all recipient-1m allows), and
+	// the store is then at the limit.
 	const known = "+8613800000000"
-	resp, err := n.Check(ctx, &pb.CheckRequest{Recipients: []string{known}})
+	resp, err := n.Check(ctx, &pb.CheckRequest{Recipients: []string{known}, Costs: []uint32{15}})
 	if err != nil || len(resp.Errors) != 0 || !resp.Admitted[0] {
 		t.Fatalf("first recipient: %v %v", resp, err)
 	}
@@ -59,7 +61,7 @@ func TestMemoryLimitThroughCheck(t *testing.T) {
 	before := n.Stats()
 	req := &pb.CheckRequest{
 		Recipients: []string{fresh[0], known, fresh[1], known, fresh[2]},
-		Modes:      []pb.Mode{0, 0, pb.Mode_MODE_RECORD_ONLY, 0, pb.Mode_MODE_PEEK},
+		Modes:      []pb.Mode{0, 0, pb.Mode_MODE_RECORD_ONLY, pb.Mode_MODE_PEEK, pb.Mode_MODE_PEEK},
 	}
 	resp, err = n.Check(ctx, req)
 	if err != nil {
@@ -69,27 +71,31 @@ func TestMemoryLimitThroughCheck(t *testing.T) {
 	for _, e := range resp.Errors {
 		errs[e.Index] = e
 	}
-	for _, i := range []uint32{0, 2} {
-		e := errs[i]
+	refused := func(i uint32, e *pb.ItemError, rcp string, admitted, recorded bool) {
+		t.Helper()
 		if e == nil || codes.Code(e.Code) != codes.ResourceExhausted {
-			t.Fatalf("item %d (new recipient): %v, want RESOURCE_EXHAUSTED", i, e)
+			t.Fatalf("item %d (%s): %v, want RESOURCE_EXHAUSTED", i, rcp, e)
 		}
-		for _, want := range []string{fresh[i/2], "memory limit", "of the 1 it may"} {
+		for _, want := range []string{rcp, "memory limit", "of the 1 it may", "a new recipient, or a record that must grow"} {
 			if !strings.Contains(e.Message, want) {
 				t.Errorf("item %d: message %q does not say %q", i, e.Message, want)
 			}
 		}
-		if resp.Admitted[i] || resp.Recorded[i] {
-			t.Errorf("item %d refused but admitted %v recorded %v", i, resp.Admitted[i], resp.Recorded[i])
+		if admitted || recorded {
+			t.Errorf("item %d refused but admitted %v recorded %v", i, admitted, recorded)
 		}
 	}
-	for _, i := range []int{1, 3} {
-		if errs[uint32(i)] != nil || !resp.Admitted[i] || !resp.Recorded[i] {
-			t.Fatalf("item %d (known recipient): %v, admitted %v recorded %v", i, errs[uint32(i)], resp.Admitted[i], resp.Recorded[i])
-		}
+	for _, i := range []uint32{0, 2} {
+		refused(i, errs[i], fresh[i/2], resp.Admitted[i], resp.Recorded[i])
 	}
-	if errs[4] != nil || !resp.Admitted[4] || resp.Recorded[4] {
-		t.Fatalf("item 4 (peek of a new recipient): %v, admitted %v recorded %v; want answered", errs[4], resp.Admitted[4], resp.Recorded[4])
+	if errs[1] != nil || resp.Admitted[1] || resp.Recorded[1] || resp.DeniedBy[1] != 0 {
+		t.Fatalf("item 1 (the known recipient's 16th send in a minute): %v, admitted %v recorded %v denied by %d; want denied by recipient-1m",
+			errs[1], resp.Admitted[1], resp.Recorded[1], resp.DeniedBy[1])
+	}
+	for _, i := range []int{3, 4} {
+		if errs[uint32(i)] != nil || resp.Recorded[i] || resp.Admitted[i] != (i == 4) {
+			t.Fatalf("item %d (a peek): %v, admitted %v recorded %v; want answered", i, errs[uint32(i)], resp.Admitted[i], resp.Recorded[i])
+		}
 	}
 	after := n.Stats()
 	for _, rcp := range fresh {
@@ -98,35 +104,36 @@ func TestMemoryLimitThroughCheck(t *testing.T) {
 			t.Fatalf("partition %d of refused %s holds %d records", p, rcp, after.Partitions[p])
 		}
 	}
-	if after.Domains[0].Records != 1 || after.Memory.Refused != 2 || after.Failed-before.Failed != 2 {
-		t.Fatalf("after the batch: %d records, %d refused, %d failed; want 1, 2, 2",
-			after.Domains[0].Records, after.Memory.Refused, after.Failed-before.Failed)
+	if m := after.Memory; after.Domains[0].Records != 1 || m.Refused != 2 || m.RefusedGrowth != 0 || after.Failed-before.Failed != 2 {
+		t.Fatalf("after the batch: %d records, %d refused (%d growths), %d failed; want 1, 2 (0), 2",
+			after.Domains[0].Records, m.Refused, m.RefusedGrowth, after.Failed-before.Failed)
 	}
 	if after.Memory.MaxBytes != 1 || after.Memory.HeldBytes < 1 {
 		t.Fatalf("memory %+v", after.Memory)
 	}
-
-	// The known recipient is still decided by its rules: 15 a minute.
-	resp, err = n.Check(ctx, &pb.CheckRequest{Recipients: repeat(known, 13)})
-	if err != nil || len(resp.Errors) != 0 {
-		t.Fatalf("known recipient, 13 more: %v %v", resp, err)
-	}
-	if !resp.Admitted[11] || resp.Admitted[12] || resp.DeniedBy[12] != 0 {
-		t.Fatalf("known recipient's 15th and 16th sends: admitted %v, %v (denied by %d); want the 16th denied by recipient-1m",
-			resp.Admitted[11], resp.Admitted[12], resp.DeniedBy[12])
-	}
-
-	// Logged once for the two refusals at one instant; a second later, the
-	// next refusal is logged with the one left out.
+	// Logged once for the two refusals at one instant.
 	if got := strings.Count(logs.String(), "memory limit reached"); got != 1 {
 		t.Fatalf("%d log lines for 2 refusals within a second, want 1:\n%s", got, logs.String())
 	}
-	clk.ns += int64(time.Second)
-	if _, err := n.Check(ctx, &pb.CheckRequest{Recipients: fresh[:1]}); err != nil {
-		t.Fatal(err)
+
+	// A minute on, recipient-1m admits the known recipient's send, but its
+	// record would grow to log the send's content: refused, and logged with
+	// the refusal left out before.
+	clk.ns += int64(time.Minute)
+	img, _ := n.store.AppendImage(nil, kp)
+	resp, err = n.Check(ctx, &pb.CheckRequest{Recipients: []string{known}, Contents: [][]byte{[]byte("your code is 1234")}})
+	if err != nil || len(resp.Errors) != 1 {
+		t.Fatalf("the known recipient a minute later: %v %v", resp, err)
+	}
+	refused(0, resp.Errors[0], known, resp.Admitted[0], resp.Recorded[0])
+	if again, _ := n.store.AppendImage(nil, kp); !bytes.Equal(img, again) {
+		t.Fatal("the refused send changed the known recipient's partition")
+	}
+	if m := n.Stats().Memory; m.Refused != 3 || m.RefusedGrowth != 1 {
+		t.Fatalf("%+v, want 3 refused, 1 of them a growth", m)
 	}
 	if got := strings.Count(logs.String(), "memory limit reached"); got != 2 || !strings.Contains(logs.String(), "refusals_not_logged=1") {
-		t.Fatalf("a second later: %d log lines, want 2, the second with refusals_not_logged=1:\n%s", got, logs.String())
+		t.Fatalf("a minute later: %d log lines, want 2, the second with refusals_not_logged=1:\n%s", got, logs.String())
 	}
 
 	st, err := n.Status(ctx, &pb.StatusRequest{})
@@ -136,15 +143,6 @@ func TestMemoryLimitThroughCheck(t *testing.T) {
 	if st.MemoryRefusals != 3 || st.StoreLimitBytes != 1 || st.StoreBytes < 1 {
 		t.Fatalf("status: memory_refusals %d, store_limit_bytes %d, store_bytes %d; want 3, 1, >0", st.MemoryRefusals, st.StoreLimitBytes, st.StoreBytes)
 	}
-}
-
-// repeat returns rcp n times.
-func repeat(rcp string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = rcp
-	}
-	return out
 }
 
 func TestGoMemoryLimit(t *testing.T) {
