@@ -157,6 +157,17 @@ func TestGoMemoryLimit(t *testing.T) {
 	}
 }
 
+// TestResidentOutsideGo: on Linux, the test binary's file-backed pages
+// are resident, and counted.
+func TestResidentOutsideGo(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc/self/status")
+	}
+	if got := ResidentOutsideGo(); got < 1<<20 || got > 1<<30 {
+		t.Fatalf("ResidentOutsideGo() = %d bytes, want the binary's pages: above 1 MiB, below 1 GiB", got)
+	}
+}
+
 func TestStoreBudget(t *testing.T) {
 	const mib = 1 << 20
 	for _, tc := range []struct{ max, want int64 }{

@@ -145,7 +145,8 @@ func BenchmarkFillToLimit(b *testing.B) {
 }
 
 // BenchmarkMemoryBound drives a node with MaxMemory 128 MiB (also the Go
-// memory limit, followed as serve follows it) and a WAL, as the safety
+// memory limit, followed after each batch as serve follows it each second)
+// and a WAL, as the safety
 // review did, under two loads. fill=new: new recipients (one send each)
 // until the store refuses them, then 60 rounds in which 50,000 of those
 // known recipients send once each with one of 20 contents, the clock 5 s on
@@ -226,7 +227,7 @@ func memoryBound(b *testing.B, fillFirst bool) {
 			sample()
 		}
 	})
-	follow := func() { debug.SetMemoryLimit(GoMemoryLimit(budget, a.StoreMemory().MappedBytes)) }
+	follow := func() { debug.SetMemoryLimit(GoMemoryLimit(budget, a.StoreMemory().MappedBytes+ResidentOutsideGo())) }
 
 	known := make([]string, 0, 100_000)
 	filled := 0
