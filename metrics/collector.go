@@ -78,7 +78,7 @@ var (
 	descStoreLimit = desc("freqring_store_limit_bytes",
 		"The store's memory limit (StoreBudget of --max-memory), bytes; 0 means no limit.")
 	descStoreRefused = desc("freqring_store_refused_items_total",
-		"Items for new recipients refused at the store's memory limit (RESOURCE_EXHAUSTED).")
+		"Items refused at the store's memory limit (RESOURCE_EXHAUSTED): for new recipients, and for known ones whose record would have grown.")
 	descWALAppends = desc("freqring_wal_appends_total",
 		"Records appended to the write-ahead log.")
 	descWALBytes = desc("freqring_wal_written_bytes_total",
