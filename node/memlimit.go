@@ -18,9 +18,11 @@ import (
 const MinMaxMemory = 128 << 20
 
 // memoryReserve is the least of a process's budget that StoreBudget keeps
-// for the rest of the node: the Go runtime, gRPC connections and in-flight
-// requests (one Check of MaxRequestBytes decodes to about twice that), WAL
-// and snapshot buffers.
+// for the rest of the node: the binary's resident pages (about 20 MiB of
+// freqring serve's, ResidentOutsideGo), the Go runtime, gRPC connections and
+// in-flight requests (one Check of MaxRequestBytes decodes to about twice
+// that), WAL and snapshot buffers (three and two direct I/O chunks of
+// snapshotChunk, 1 MiB at the least budget).
 const memoryReserve = 96 << 20
 
 // StoreBudget returns the heap the store may hold (store.Config.MaxBytes)

@@ -257,3 +257,30 @@ func TestSnapshotBuffersAtMaxMemory(t *testing.T) {
 	}
 	t.Logf("a snapshot of %d bytes allocated %d bytes", file, alloc)
 }
+
+// TestRecoveryPastTheLimitIsLogged: replay never refuses, so a node that
+// restarts with a lower limit than its history needs recovers all of it,
+// says so, and refuses new recipients.
+func TestRecoveryPastTheLimitIsLogged(t *testing.T) {
+	dir := t.TempDir()
+	clk := &testClock{}
+	clk.set(t0)
+	a := openNode(t, Config{Clock: clk, DataDir: dir, SnapshotInterval: -1, SnapshotWALBytes: -1, SweepInterval: -1})
+	if _, err := a.Check(context.Background(), &pb.CheckRequest{Recipients: []string{"+8613800000001", "+8613800000002"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	b := openNode(t, Config{Clock: clk, DataDir: dir, SnapshotInterval: -1, SnapshotWALBytes: -1, SweepInterval: -1,
+		storeMaxBytes: 1, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer b.Close()
+	if s := b.Stats(); s.Domains[0].Records != 2 || !strings.Contains(logs.String(), "the recovered store holds more than its memory limit") {
+		t.Fatalf("recovered %d records; log:\n%s", s.Domains[0].Records, logs.String())
+	}
+	resp, err := b.Check(context.Background(), &pb.CheckRequest{Recipients: []string{"+8613900000003"}})
+	if err != nil || len(resp.Errors) != 1 || codes.Code(resp.Errors[0].Code) != codes.ResourceExhausted {
+		t.Fatalf("a new recipient after recovery: %v %v, want RESOURCE_EXHAUSTED", resp, err)
+	}
+}

@@ -147,13 +147,17 @@ type Config struct {
 	// forgotten sooner, and at least the newest half of capacity are kept.
 	IdempotencyCapacity int
 
-	// MaxMemory is the process's memory budget in bytes: the store may hold
-	// StoreBudget(MaxMemory), past which an item for a recipient with no
-	// record fails with RESOURCE_EXHAUSTED (counted, logged at most once a
-	// second) while known recipients are decided as always. 0 means no
-	// limit; otherwise at least MinMaxMemory. The node does not set the Go
-	// runtime's memory limit (a process-wide setting): its caller does
-	// (cmd/freqring calls debug.SetMemoryLimit(MaxMemory)).
+	// MaxMemory is the process's memory budget in bytes, which its resident
+	// set stays within (see Memory in the package doc): the store may hold
+	// StoreBudget(MaxMemory), past which an item that would create a record
+	// (a new recipient) or grow one (a known recipient's record that needs a
+	// larger slot) fails with RESOURCE_EXHAUSTED (counted, logged at most
+	// once a second), while denials, peeks and sends that fit a record's
+	// slot are decided as always; snapshots use direct I/O chunks sized to
+	// it (snapshotChunk). 0 means no limit; otherwise at least MinMaxMemory.
+	// The node does not set the Go runtime's memory limit (a process-wide
+	// setting): its caller does (cmd/freqring keeps it at GoMemoryLimit of
+	// MaxMemory and the memory outside the Go runtime).
 	MaxMemory int64
 	// storeMaxBytes, if nonzero, replaces StoreBudget(MaxMemory) as the
 	// store's limit: tests reach a limit without filling 96 MiB.
@@ -511,8 +515,10 @@ type Stats struct {
 	Open                             []bool  // per ring partition: open here (this node decides for it)
 	// Memory is the store's heap account: bytes held, its limit
 	// (StoreBudget(Config.MaxMemory)), items refused at it (each a
-	// RESOURCE_EXHAUSTED item error, also counted in Failed), and records
-	// replay, backups and merges created past it.
+	// RESOURCE_EXHAUSTED item error, also counted in Failed): for new
+	// recipients and, RefusedGrowth of them, for known ones whose record
+	// would have grown; and records replay, backups and merges created or
+	// grew past it.
 	Memory store.MemoryStats
 	// Serving is Serving().
 	Serving bool
