@@ -435,11 +435,12 @@ func TestMemoryLimitTakesFreeBlocks(t *testing.T) {
 // TestMemoryLimitBoundsGrowingRecords fills a store with recipients of one
 // send until it refuses a new one, then has them send for 20 rounds with
 // one of five contents, 5 s apart, under the default rules, so that their
-// records would grow tenfold: the store's held bytes stay at the limit
-// (within the free-list growth of the slots moved records leave, which the
-// test measures), sends are still admitted where a slot holds them, and
-// the rest are refused with ErrMemoryLimit. Before records were bounded,
-// the store held 6 times its limit at the end.
+// records would grow tenfold: the store's held bytes stay where the first
+// refusal found them (within 1/64 of the limit: the free lists of the slots
+// moved records leave), and every send whose record would grow is refused
+// with ErrMemoryLimit, and counted (here all of them: a full store holds no
+// free slot). Before records were bounded, the store held 23.7 times its
+// limit at the end.
 func TestMemoryLimitBoundsGrowingRecords(t *testing.T) {
 	d, _ := window.NewDomain("default", window.DefaultRules())
 	const limit = 256 << 10
