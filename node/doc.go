@@ -130,12 +130,24 @@
 // tables that are on the Go heap (all of them in a small store), snapshot
 // buffers (direct I/O chunks of 1/256 of the budget, 1 to 8 MiB:
 // snapshotChunk), requests in flight and gRPC's buffers, and the
-// collector's headroom. BenchmarkMemoryBound (128 MiB, a WAL, snapshots
-// beside the checks) measured a resident set of at most 115 MiB, 90% of the
-// budget, where before a store of 165 MiB took it to 268 MiB (209%).
-// Requests in flight are bounded by Limits (MaxRequestBytes a message,
-// MaxStreams a connection), not by MaxMemory: many clients sending large
-// batches at once can still take the process past it. Setting the Go
+// collector's headroom. Requests in flight are bounded with it: Limiter
+// calls (Check, CheckStream) decide at most an eighth of the budget's worth
+// of items at once, at 1 KiB an item (inflightItems: 16,384 at 128 MiB),
+// and the others wait their turn in arrival order (itemGate,
+// Stats.GateWaits); a stream reads no more requests meanwhile, so that
+// HTTP/2 flow control holds its sender back. An overloaded node thus queues
+// calls rather than holding them all decoded and answered: at the limit,
+// where each refused item carries its message, 190 calls of 500 items at
+// once had taken a node to 147% of its budget. Forwarded batches and
+// backups' sends do not wait (their callers hold their own turn, and two
+// nodes forwarding to each other could wait on each other), nor do calls
+// made in process (Node.Check: the HTTP gateway, Envoy's RLS). Unary calls
+// waiting their turn hold their decoded request: at most Limits.MaxStreams
+// of Limits.MaxRequestBytes a connection.
+//
+// BenchmarkMemoryBound (128 MiB, a WAL, snapshots beside the checks)
+// measured a resident set of at most 115 MiB, 90% of the budget, where
+// before a store of 165 MiB took it to 268 MiB (209%). Setting the Go
 // runtime's memory limit is left to the caller: it is one per process, and
 // a process may run several nodes (package nodetest).
 package node

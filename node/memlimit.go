@@ -1,13 +1,17 @@
 package node
 
 import (
+	"context"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // This file is the memory limit (Config.MaxMemory): the store's share of
@@ -128,4 +132,131 @@ func (n *Node) refusedAtLimit(rcp string) *itemError {
 	msg = strconv.AppendInt(msg, m.MaxBytes, 10)
 	msg = append(msg, " it may): it records no send that needs more memory (a new recipient, or a record that must grow) until idle records free room; retry later, or add nodes"...)
 	return &itemError{codes.ResourceExhausted, string(msg)}
+}
+
+// inflightItemBytes is what an item of a Limiter call in progress holds,
+// bytes, as measured at the memory limit (a heap profile of a node deciding
+// 95,000 items at once, most refused, each with its error's message): its
+// share of the decoded request, of the batch's working memory and of the
+// response.
+const inflightItemBytes = 1 << 10
+
+// inflightItems returns how many items the Limiter calls of a node budgeted
+// at maxMemory bytes may decide at once: an eighth of the budget's worth
+// of inflightItemBytes, and at least MaxBatch (one request of the most
+// items); 0, no bound, without a budget. At 128 MiB that is 16,384 items,
+// some 30 ms of deciding on two cores.
+func inflightItems(maxMemory int64) int64 {
+	if maxMemory <= 0 {
+		return 0
+	}
+	return max(MaxBatch, maxMemory/8/inflightItemBytes)
+}
+
+// itemGate bounds the items that Limiter calls (Check, CheckStream) decide
+// at once, so that a node with more calls than it can decide queues them
+// rather than holding all of them, decoded and answered, in memory: calls
+// wait their turn in arrival order, and a CheckStream reads no more
+// requests meanwhile (HTTP/2 flow control then holds its sender back).
+// Forwarded batches and backups' sends do not wait: they come from peers'
+// calls that hold their own gate, and making them wait could deadlock two
+// nodes forwarding to each other. A nil *itemGate admits everything. Safe
+// for concurrent use.
+type itemGate struct {
+	capacity int64
+	mu       sync.Mutex    // guards free and waiters
+	free     int64         // items not held
+	waiters  []*gateWaiter // in arrival order
+	waits    atomic.Int64  // calls that waited
+}
+
+// gateWaiter is a call waiting for n items of an itemGate; ready is closed
+// when they are its.
+type gateWaiter struct {
+	n     int64
+	ready chan struct{}
+}
+
+// newItemGate returns a gate of capacity items; nil for 0.
+func newItemGate(capacity int64) *itemGate {
+	if capacity <= 0 {
+		return nil
+	}
+	return &itemGate{capacity: capacity, free: capacity}
+}
+
+// acquire waits until n items (at least 1, at most the capacity) are free
+// and takes them, and returns the function that gives them back; it fails,
+// taking nothing, when ctx ends (the context's status) or stopping is
+// closed (UNAVAILABLE) first.
+func (g *itemGate) acquire(ctx context.Context, stopping <-chan struct{}, n int) (release func(), err error) {
+	if g == nil {
+		return func() {}, nil
+	}
+	w := min(max(int64(n), 1), g.capacity)
+	g.mu.Lock()
+	if len(g.waiters) == 0 && g.free >= w {
+		g.free -= w
+		g.mu.Unlock()
+		return func() { g.release(w) }, nil
+	}
+	gw := &gateWaiter{n: w, ready: make(chan struct{})}
+	g.waiters = append(g.waiters, gw)
+	g.mu.Unlock()
+	g.waits.Add(1)
+	select {
+	case <-gw.ready:
+		return func() { g.release(w) }, nil
+	case <-ctx.Done():
+		err = status.FromContextError(ctx.Err()).Err()
+	case <-stopping:
+		err = errStreamStopping
+	}
+	g.mu.Lock()
+	select {
+	case <-gw.ready: // granted meanwhile: give it back
+		g.mu.Unlock()
+		g.release(w)
+		return nil, err
+	default:
+	}
+	i := slices.Index(g.waiters, gw)
+	g.waiters = slices.Delete(g.waiters, i, i+1)
+	if i == 0 {
+		g.grant() // the next may fit now that the head is gone
+	}
+	g.mu.Unlock()
+	return nil, err
+}
+
+// release gives back n items and grants the waiters they let through.
+func (g *itemGate) release(n int64) {
+	g.mu.Lock()
+	g.free += n
+	if g.free > g.capacity {
+		g.mu.Unlock()
+		panic("BUG: node: itemGate released more items than it holds")
+	}
+	g.grant()
+	g.mu.Unlock()
+}
+
+// waited returns the calls that waited for their items; 0 for a nil gate.
+func (g *itemGate) waited() int64 {
+	if g == nil {
+		return 0
+	}
+	return g.waits.Load()
+}
+
+// grant hands free items to the waiters at the head of the queue, in
+// order, while they fit. g.mu is held.
+func (g *itemGate) grant() {
+	for len(g.waiters) > 0 && g.waiters[0].n <= g.free {
+		w := g.waiters[0]
+		g.free -= w.n
+		close(w.ready)
+		g.waiters[0] = nil
+		g.waiters = g.waiters[1:]
+	}
 }

@@ -9,11 +9,14 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/window"
@@ -283,4 +286,99 @@ func TestRecoveryPastTheLimitIsLogged(t *testing.T) {
 	if err != nil || len(resp.Errors) != 1 || codes.Code(resp.Errors[0].Code) != codes.ResourceExhausted {
 		t.Fatalf("a new recipient after recovery: %v %v, want RESOURCE_EXHAUSTED", resp, err)
 	}
+}
+
+func TestInflightItems(t *testing.T) {
+	for _, tc := range []struct{ max, want int64 }{
+		{0, 0},
+		{MinMaxMemory, 16_384},
+		{12 << 30, 1_572_864},
+		{MinMaxMemory / 2, MaxBatch}, // never below one request of the most items
+	} {
+		if got := inflightItems(tc.max); got != tc.want {
+			t.Errorf("inflightItems(%d) = %d, want %d", tc.max, got, tc.want)
+		}
+	}
+}
+
+// TestItemGate: calls take items in arrival order, a call waits while an
+// earlier one does (even if its items are free), a call that gives up or
+// whose node stops takes nothing and lets the next through, and a call is
+// never asked for more than the capacity or less than one item.
+func TestItemGate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		stopping := make(chan struct{})
+		g := newItemGate(10)
+		took := make(chan string, 10)
+		take := func(ctx context.Context, name string, n int) func() {
+			release, err := g.acquire(ctx, stopping, n)
+			if err != nil {
+				took <- name + ": " + status.Code(err).String()
+				return nil
+			}
+			took <- name
+			return release
+		}
+		got := func() []string {
+			synctest.Wait()
+			var out []string
+			for len(took) > 0 {
+				out = append(out, <-took)
+			}
+			slices.Sort(out) // calls let through together report in any order
+			return out
+		}
+		relA := take(ctx, "a", 6)
+		var relB, relC func()
+		go func() { relB = take(ctx, "b", 6) }()
+		synctest.Wait()
+		go func() { relC = take(ctx, "c", 1) }() // 4 are free, but b came first
+		if g := got(); !slices.Equal(g, []string{"a"}) {
+			t.Fatalf("took %v, want a only", g)
+		}
+		relA()
+		if g := got(); !slices.Equal(g, []string{"b", "c"}) {
+			t.Fatalf("after a: took %v, want b and c", g)
+		}
+		// d asks for more than the capacity: it waits for all of it; e,
+		// behind it, gives up, and f, behind e, gets its turn after d.
+		var relD, relF func()
+		go func() { relD = take(ctx, "d", 1_000) }()
+		synctest.Wait()
+		ectx, cancel := context.WithCancel(ctx)
+		go func() { take(ectx, "e", 1) }()
+		synctest.Wait()
+		go func() { relF = take(ctx, "f", 0) }()
+		synctest.Wait()
+		cancel()
+		if g := got(); !slices.Equal(g, []string{"e: Canceled"}) {
+			t.Fatalf("took %v, want e canceled", g)
+		}
+		relB()
+		relC()
+		if g := got(); !slices.Equal(g, []string{"d"}) {
+			t.Fatalf("took %v, want d", g)
+		}
+		relD()
+		if g := got(); !slices.Equal(g, []string{"f"}) {
+			t.Fatalf("took %v, want f", g)
+		}
+		go func() { take(ctx, "g", 10) }() // 9 are free
+		synctest.Wait()
+		close(stopping)
+		if g := got(); !slices.Equal(g, []string{"g: Unavailable"}) {
+			t.Fatalf("took %v, want g unavailable once the node stops", g)
+		}
+		relF()
+		if g.free != g.capacity || len(g.waiters) != 0 || g.waits.Load() != 6 {
+			t.Fatalf("free %d of %d, %d waiting, %d waits; want all free, none waiting, 6 waits", g.free, g.capacity, len(g.waiters), g.waits.Load())
+		}
+		var none *itemGate
+		if release, err := none.acquire(ctx, stopping, 1<<30); err != nil {
+			t.Fatal(err)
+		} else {
+			release()
+		}
+	})
 }

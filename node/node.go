@@ -153,8 +153,10 @@ type Config struct {
 	// (a new recipient) or grow one (a known recipient's record that needs a
 	// larger slot) fails with RESOURCE_EXHAUSTED (counted, logged at most
 	// once a second), while denials, peeks and sends that fit a record's
-	// slot are decided as always; snapshots use direct I/O chunks sized to
-	// it (snapshotChunk). 0 means no limit; otherwise at least MinMaxMemory.
+	// slot are decided as always; Limiter calls decide at most an eighth of
+	// it in items at once, at 1 KiB an item, the others waiting their turn
+	// (inflightItems); snapshots use direct I/O chunks sized to it
+	// (snapshotChunk). 0 means no limit; otherwise at least MinMaxMemory.
 	// The node does not set the Go runtime's memory limit (a process-wide
 	// setting): its caller does (cmd/freqring keeps it at GoMemoryLimit of
 	// MaxMemory and the memory outside the Go runtime).
@@ -315,6 +317,7 @@ type Node struct {
 	forwardedOut, forwardedIn                   atomic.Int64
 	admin                                       adminOverrides // the admin override layer of the view (overrides.go)
 	memLog                                      memoryLog
+	gate                                        *itemGate // items Limiter calls decide at once; nil: no bound (memlimit.go)
 	// usage counts decided items per day and domain (usage.go); saved in
 	// DataDir at each snapshot and on Close.
 	usage *usage.Tracker
@@ -400,7 +403,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), store: st, peers: cfg.Peers, started: time.Now(),
-		stopping: make(chan struct{}), usage: tr}
+		stopping: make(chan struct{}), usage: tr, gate: newItemGate(inflightItems(cfg.MaxMemory))}
 	if n.peers == nil {
 		n.peers = GRPCPeers()
 	}
@@ -520,6 +523,10 @@ type Stats struct {
 	// would have grown; and records replay, backups and merges created or
 	// grew past it.
 	Memory store.MemoryStats
+	// GateWaits counts the Limiter calls that waited for their turn to
+	// decide: with Config.MaxMemory, the items decided at once are bounded
+	// (memlimit.go, itemGate).
+	GateWaits int64
 	// Serving is Serving().
 	Serving bool
 	// Ring is this node's view of the ring; zero before Open.
@@ -576,7 +583,7 @@ func (n *Node) Stats() Stats {
 		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load(),
 		FailedByCode: n.decisions.failedByCode(), Duplicates: n.decisions.duplicates.Load(),
 		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
-		Memory: n.store.Memory(), Serving: n.Serving(),
+		Memory: n.store.Memory(), Serving: n.Serving(), GateWaits: n.gate.waited(),
 		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load(),
 		ReplicateCalls: n.replCalls.Load(), ReplicateUnaryCalls: n.replUnaryCalls.Load()}
 	for p := range n.unacked {
