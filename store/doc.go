@@ -115,10 +115,11 @@
 // held stays in its slot, which holds it. The request ids of recorded
 // items are remembered as always, but the table does not grow: its
 // rebuilds keep the newest that fit (Stats.EvictedIDs counts the others).
-// So the store holds no more than its limit, give or take a chunk: a free
-// block that two partitions' checks both count on (the later one takes a
-// fresh block), the free lists of slots records leave, and an id table of
-// minimal size for a domain that had none.
+// So the store holds no more than its limit and what the last allocation
+// below it took past it (a chunk, or an index table grown by a quarter),
+// give or take a free block that two partitions' checks both count on (the
+// later one maps a fresh block), the free lists of the slots moved records
+// leave, and an id table of minimal size for a domain that had none.
 //
 // Replay (Insert), backups (Record), merges (MergeImage, MergeRecord) and
 // refunds never refuse: they carry sends another node or this one
