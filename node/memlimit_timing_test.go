@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
@@ -79,9 +81,12 @@ func BenchmarkMemoryOverhead(b *testing.B) {
 
 // BenchmarkFillToLimit sends batches of 1000 new recipients (one send
 // each) to a node with MaxMemory 256 MiB, which is also the Go memory limit
-// for the run, until 10 batches in a row are refused whole, then decides a
-// batch of known recipients. As serve does, it keeps the Go limit at the
-// budget less what the store mapped outside the heap. It reports the
+// for the run, until 10 batches in a row are refused whole, then a second
+// send of 1000 known recipients (answered where their record's slot holds
+// it, RESOURCE_EXHAUSTED where it would grow: known-refused) and peeks of
+// them (all answered). As serve does, it keeps the Go limit at the
+// budget less what the store mapped outside the heap and the binary's
+// resident pages (GoMemoryLimit, ResidentOutsideGo). It reports the
 // recipients admitted, the store's bytes against its limit, and the peak of
 // the Go runtime's mapped memory (runtime/metrics) plus the store's
 // (MemoryStats.MappedBytes), sampled after each batch, against the budget.
@@ -121,7 +126,7 @@ func BenchmarkFillToLimit(b *testing.B) {
 			}
 			admitted += int64(len(req.Recipients) - len(resp.Errors))
 			mapped := a.StoreMemory().MappedBytes
-			debug.SetMemoryLimit(GoMemoryLimit(budget, mapped))
+			debug.SetMemoryLimit(GoMemoryLimit(budget, mapped+ResidentOutsideGo()))
 			if total := goMemory() + mapped; total > peak {
 				peak, peakMapped = total, mapped
 			}
@@ -130,12 +135,26 @@ func BenchmarkFillToLimit(b *testing.B) {
 			req.Recipients[i] = fmt.Sprintf("+86%011d", i) // known
 		}
 		resp, err := a.Check(context.Background(), req)
-		if err != nil || len(resp.Errors) != 0 {
-			b.Fatalf("known recipients at the limit: %d errors, %v", len(resp.Errors), err)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, e := range resp.Errors {
+			if codes.Code(e.Code) != codes.ResourceExhausted {
+				b.Fatalf("a known recipient's send at the limit: %v", e)
+			}
+		}
+		knownRefused := len(resp.Errors)
+		req.Modes = make([]pb.Mode, len(req.Recipients))
+		for i := range req.Modes {
+			req.Modes[i] = pb.Mode_MODE_PEEK
+		}
+		if resp, err := a.Check(context.Background(), req); err != nil || len(resp.Errors) != 0 {
+			b.Fatalf("peeks of known recipients at the limit: %v %v", resp.Errors, err)
 		}
 		m := a.Stats().Memory
 		b.ReportMetric(float64(admitted), "admitted")
 		b.ReportMetric(float64(m.Refused), "refused")
+		b.ReportMetric(float64(knownRefused), "known-refused")
 		b.ReportMetric(float64(m.HeldBytes)/(1<<20), "store-MiB")
 		b.ReportMetric(float64(m.MaxBytes)/(1<<20), "store-limit-MiB")
 		b.ReportMetric(float64(peak)/(1<<20), "peak-MiB")
