@@ -78,7 +78,13 @@ var (
 	descStoreLimit = desc("freqring_store_limit_bytes",
 		"The store's memory limit (StoreBudget of --max-memory), bytes; 0 means no limit.")
 	descStoreRefused = desc("freqring_store_refused_items_total",
-		"Items for new recipients refused at the store's memory limit (RESOURCE_EXHAUSTED).")
+		"Items refused at the store's memory limit (RESOURCE_EXHAUSTED): for new recipients, and for known ones whose record would have grown.")
+	descStoreRefusedGrowth = desc("freqring_store_refused_growth_items_total",
+		"Of the items refused at the store's memory limit, those of known recipients whose record would have grown.")
+	descStoreOvershoots = desc("freqring_store_overshoots_total",
+		"Records that replay, backups, partition moves and refunds created or grew past the store's memory limit: never refused, since losing an admitted send is worse than holding more.")
+	descGateWaits = desc("freqring_gate_waits_total",
+		"Check calls and stream requests that waited for their turn because the items in progress would have passed their share of --max-memory.")
 	descWALAppends = desc("freqring_wal_appends_total",
 		"Records appended to the write-ahead log.")
 	descWALBytes = desc("freqring_wal_written_bytes_total",
@@ -126,7 +132,7 @@ var (
 var allDescs = []*prometheus.Desc{
 	descServing, descChecked, descDecisions, descRuleDenied, descRuleShadowDenied, descFailed, descDuplicates,
 	descForwarded, descRingEpoch, descRingMembers, descPartitions, descOwnedRecords, descDomainRecords,
-	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused,
+	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused, descStoreRefusedGrowth, descStoreOvershoots, descGateWaits,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descSnapshotFailures, descWALFailed, descWALFailures, descWALRecoveries, descRefusedCalls,
 	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
@@ -199,6 +205,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descStoreFree, float64(s.Memory.FreeBytes))
 	gauge(descStoreLimit, float64(s.Memory.MaxBytes))
 	counter(descStoreRefused, s.Memory.Refused)
+	counter(descStoreRefusedGrowth, s.Memory.RefusedGrowth)
+	counter(descStoreOvershoots, s.Memory.Overshoots)
+	counter(descGateWaits, s.GateWaits)
 	counter(descWALAppends, s.WAL.Appends)
 	counter(descWALBytes, s.WAL.Bytes)
 	counter(descWALBatches, s.WAL.Batches)

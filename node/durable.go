@@ -306,7 +306,7 @@ func (n *Node) snapshot() error {
 		return fmt.Errorf("node: snapshot: %w", err)
 	}
 	wrote := time.Now()
-	if err := verifySnapshot(filepath.Join(d.dir, name), n.store.Partitions()); err != nil {
+	if err := verifySnapshot(filepath.Join(d.dir, name), n.store.Partitions(), snapshotChunk(n.cfg.MaxMemory)); err != nil {
 		os.Remove(filepath.Join(d.dir, name))
 		return fmt.Errorf("node: snapshot failed verification, removed; %s stays: %w", d.last, err)
 	}

@@ -45,8 +45,14 @@ func (n *Node) Open(ctx context.Context) error {
 		// the resident set.
 		debug.FreeOSMemory()
 		rss, heap := processMemory()
+		m := n.store.Memory()
 		n.log.Info("recovery done", "records", rs.Records, "seconds", rs.Total.Seconds(),
-			"store_bytes", rs.StoreBytes, "store_mapped_bytes", n.store.Memory().MappedBytes, "go_heap_bytes", heap, "rss_bytes", rss)
+			"store_bytes", rs.StoreBytes, "store_mapped_bytes", m.MappedBytes, "go_heap_bytes", heap, "rss_bytes", rss)
+		if m.MaxBytes > 0 && m.HeldBytes+m.FreeBytes > m.MaxBytes {
+			// Replay never refuses: it carries admitted sends.
+			n.log.Warn("the recovered store holds more than its memory limit (was --max-memory lowered?): sends that would create or grow a record are refused until idle records free room",
+				"store_bytes", m.HeldBytes, "store_free_bytes", m.FreeBytes, "store_limit", m.MaxBytes, "max_memory", n.cfg.MaxMemory)
+		}
 	}
 	if err := n.startCluster(ctx); err != nil {
 		if n.dur != nil {

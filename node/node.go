@@ -154,13 +154,19 @@ type Config struct {
 	// forgotten sooner, and at least the newest half of capacity are kept.
 	IdempotencyCapacity int
 
-	// MaxMemory is the process's memory budget in bytes: the store may hold
-	// StoreBudget(MaxMemory), past which an item for a recipient with no
-	// record fails with RESOURCE_EXHAUSTED (counted, logged at most once a
-	// second) while known recipients are decided as always. 0 means no
-	// limit; otherwise at least MinMaxMemory. The node does not set the Go
-	// runtime's memory limit (a process-wide setting): its caller does
-	// (cmd/freqring calls debug.SetMemoryLimit(MaxMemory)).
+	// MaxMemory is the process's memory budget in bytes, which its resident
+	// set stays within (see Memory in the package doc): the store may hold
+	// StoreBudget(MaxMemory), past which an item that would create a record
+	// (a new recipient) or grow one (a known recipient's record that needs a
+	// larger slot) fails with RESOURCE_EXHAUSTED (counted, logged at most
+	// once a second), while denials, peeks and sends that fit a record's
+	// slot are decided as always; Limiter calls decide at most an eighth of
+	// it in items at once, at 1 KiB an item, the others waiting their turn
+	// (inflightItems); snapshots use direct I/O chunks sized to it
+	// (snapshotChunk). 0 means no limit; otherwise at least MinMaxMemory.
+	// The node does not set the Go runtime's memory limit (a process-wide
+	// setting): its caller does (cmd/freqring keeps it at GoMemoryLimit of
+	// MaxMemory and the memory outside the Go runtime).
 	MaxMemory int64
 	// storeMaxBytes, if nonzero, replaces StoreBudget(MaxMemory) as the
 	// store's limit: tests reach a limit without filling 96 MiB.
@@ -372,6 +378,7 @@ type Node struct {
 	forwardedOut, forwardedIn                   atomic.Int64
 	admin                                       adminOverrides // the admin override layer of the view (overrides.go)
 	memLog                                      memoryLog
+	gate                                        *itemGate // items Limiter calls decide at once; nil: no bound (memlimit.go)
 	// usage counts decided items per day and domain (usage.go); saved in
 	// DataDir at each snapshot and on Close.
 	usage *usage.Tracker
@@ -457,7 +464,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), store: st, peers: cfg.Peers, started: time.Now(),
-		stopping: make(chan struct{}), usage: tr, servingKick: make(chan struct{}, 1)}
+		stopping: make(chan struct{}), usage: tr, servingKick: make(chan struct{}, 1), gate: newItemGate(inflightItems(cfg.MaxMemory))}
 	if n.peers == nil {
 		var opts []grpc.DialOption
 		if cfg.PeerKeys != nil {
@@ -581,9 +588,15 @@ type Stats struct {
 	Open                             []bool  // per ring partition: open here (this node decides for it)
 	// Memory is the store's heap account: bytes held, its limit
 	// (StoreBudget(Config.MaxMemory)), items refused at it (each a
-	// RESOURCE_EXHAUSTED item error, also counted in Failed), and records
-	// replay, backups and merges created past it.
+	// RESOURCE_EXHAUSTED item error, also counted in Failed): for new
+	// recipients and, RefusedGrowth of them, for known ones whose record
+	// would have grown; and records replay, backups and merges created or
+	// grew past it.
 	Memory store.MemoryStats
+	// GateWaits counts the Limiter calls that waited for their turn to
+	// decide: with Config.MaxMemory, the items decided at once are bounded
+	// (memlimit.go, itemGate).
+	GateWaits int64
 	// Serving is Serving().
 	Serving bool
 	// Ring is this node's view of the ring; zero before Open.
@@ -644,7 +657,7 @@ func (n *Node) Stats() Stats {
 		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load(),
 		FailedByCode: n.decisions.failedByCode(), Duplicates: n.decisions.duplicates.Load(),
 		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
-		Memory: n.store.Memory(), Serving: n.Serving(),
+		Memory: n.store.Memory(), Serving: n.Serving(), GateWaits: n.gate.waited(),
 		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load(),
 		ReplicateCalls: n.replCalls.Load(), ReplicateUnaryCalls: n.replUnaryCalls.Load(),
 		RefusedPeerCalls: n.guard.refusedPeer.Load(), RefusedAdminCalls: n.guard.refusedAdmin.Load()}

@@ -24,7 +24,13 @@ type limiterServer struct {
 	n *Node
 }
 
+// Check waits its turn at the node's item gate (memlimit.go), then checks.
 func (s limiterServer) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	release, err := s.n.gate.acquire(ctx, s.n.stopping, len(req.Recipients))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	return s.n.Check(ctx, req)
 }
 

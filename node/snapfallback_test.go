@@ -139,7 +139,7 @@ func TestSnapshotVerify(t *testing.T) {
 	snaps, _ := listSnapshots(dir)
 	path := filepath.Join(dir, snaps[len(snaps)-1])
 	parts := n.store.Partitions()
-	if err := verifySnapshot(path, parts); err != nil {
+	if err := verifySnapshot(path, parts, 0); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(path)
@@ -153,7 +153,7 @@ func TestSnapshotVerify(t *testing.T) {
 		d := bytes.Clone(b)
 		d[i] ^= 0x01
 		os.WriteFile(path, d, 0o644)
-		err := verifySnapshot(path, parts)
+		err := verifySnapshot(path, parts, 0)
 		if err == nil {
 			t.Fatalf("byte %d of %d flipped: verified", i, len(b))
 		}
@@ -163,7 +163,7 @@ func TestSnapshotVerify(t *testing.T) {
 		}
 	}
 	os.WriteFile(path, b[:len(b)-1], 0o644)
-	if err := verifySnapshot(path, parts); err == nil {
+	if err := verifySnapshot(path, parts, 0); err == nil {
 		t.Fatal("truncated: verified")
 	}
 }

@@ -122,22 +122,42 @@ type snapshotStats struct {
 // writeSnapshot writes every partition's image to dir as the snapshot whose
 // replay starts at from, locking one partition at a time.
 func (n *Node) writeSnapshot(dir string, from wal.Position, nowMs int64) (snapshotStats, error) {
-	return writeSnapshotFile(dir, from, nowMs, n.store.Partitions(), func(dst []byte, p int) ([]byte, int64, error) {
+	return writeSnapshotFile(dir, from, nowMs, n.store.Partitions(), snapshotChunk(n.cfg.MaxMemory), func(dst []byte, p int) ([]byte, int64, error) {
 		img, cnt := n.store.AppendImage(dst, p)
 		return img, cnt, nil
 	})
 }
 
-// writeSnapshotFile writes to dir, with direct I/O where the file system
-// allows it (wal.WriteFileAtomicDirect), the format 3 snapshot whose replay
+// snapshotChunk returns the direct I/O chunk size, bytes, with which a node
+// budgeted at maxMemory bytes (Config.MaxMemory) writes, verifies and loads
+// snapshots: 0 (wal's default, 8 MiB) without a limit; with one, 1/256 of
+// it rounded down to a power of two, from 1 MiB to 8 MiB. A write holds
+// about three chunks and a buffer of its largest partition image,
+// a verification or a load two chunks (and a load its images in flight):
+// with 1 MiB chunks at 128 MiB, a snapshot costs 3 MiB of buffers where 8
+// MiB ones took up to 40 MiB.
+func snapshotChunk(maxMemory int64) int {
+	if maxMemory <= 0 {
+		return 0
+	}
+	c := 1 << 20
+	for c < 8<<20 && int64(c)*2*256 <= maxMemory {
+		c *= 2
+	}
+	return c
+}
+
+// writeSnapshotFile writes to dir, with direct I/O in chunks of chunk bytes
+// (0: wal's default) where the file system allows it
+// (wal.WriteFileAtomicDirectChunk), the format 3 snapshot whose replay
 // starts at from, taken at nowMs (unix ms), of parts partitions: image appends
 // partition p's image (store.AppendImage's format) to dst and returns it
 // with its record count; it is called once per partition, in order, and
-// its bytes are written before the next call. An error of image stops the
-// write and leaves no file.
-func writeSnapshotFile(dir string, from wal.Position, nowMs int64, parts int, image func(dst []byte, p int) ([]byte, int64, error)) (snapshotStats, error) {
+// its bytes are written before the next call, into the buffer the previous
+// call returned. An error of image stops the write and leaves no file.
+func writeSnapshotFile(dir string, from wal.Position, nowMs int64, parts, chunk int, image func(dst []byte, p int) ([]byte, int64, error)) (snapshotStats, error) {
 	var st snapshotStats
-	err := wal.WriteFileAtomicDirect(dir, snapName(from.Seq), func(w io.Writer) error {
+	err := wal.WriteFileAtomicDirectChunk(dir, snapName(from.Seq), chunk, func(w io.Writer) error {
 		cw := &countingWriter{w: w}
 		sw := sectionWriter{w: cw} // w buffers: in chunks with direct I/O, else 64 KiB
 		body := binary.LittleEndian.AppendUint64([]byte(snapMagic), uint64(nowMs))
@@ -228,7 +248,7 @@ func (s *snapshotState) covered(domain string, key, seq uint64) bool {
 // checked by this goroutine and merged by a worker per core, each partition
 // image by one.
 func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
-	r, err := wal.OpenDirect(path) // it reads ahead in chunks
+	r, err := wal.OpenDirectChunk(path, snapshotChunk(n.cfg.MaxMemory)) // it reads ahead in chunks
 	if err != nil {
 		return nil, err
 	}
@@ -479,13 +499,14 @@ func snapSeq(name string) uint64 {
 }
 
 // verifySnapshot reads back a format 3 snapshot that this node just wrote,
-// streaming, with direct I/O where the file system allows it (the disk's
-// bytes, not the page cache's), and checks every section's framing and crc, the partition
+// streaming, with direct I/O in chunks of chunk bytes (0: wal's default)
+// where the file system allows it (the disk's bytes, not the page cache's),
+// and checks every section's framing and crc, the partition
 // count (parts), every partition image (store.CheckImage) and the end
 // section, without loading anything. An error wraps ErrCorruptSnapshot and
 // names the file and offset.
-func verifySnapshot(path string, parts int) error {
-	r, err := wal.OpenDirect(path) // it reads ahead in chunks
+func verifySnapshot(path string, parts, chunk int) error {
+	r, err := wal.OpenDirectChunk(path, chunk) // it reads ahead in chunks
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,9 @@ var errStreamStopping = status.Error(codes.Unavailable, "node is shutting down: 
 
 // CheckStream answers Limiter.CheckStream: it reads requests through recv
 // and decides each in a goroutine of its own through the same pass as Check
-// (check), at most Limits.MaxStreamRequests at once, and sends each answer
+// (check), at most Limits.MaxStreamRequests at once, each once it has its
+// turn at the node's item gate (memlimit.go; the stream reads no more
+// meanwhile), and sends each answer
 // through send as soon as it is decided, with the request's stream_id. A
 // request that Check would fail whole is answered with failed set. It
 // returns when recv fails (io.EOF: the caller closed its side; the error is
@@ -33,7 +35,16 @@ func (n *Node) CheckStream(ctx context.Context, recv func() (*pb.CheckRequest, e
 		return status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
 	}
 	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, send, func(req *pb.CheckRequest, reply func(*pb.CheckResponse)) {
-		go func() { reply(n.streamed(ctx, req)) }()
+		release, err := n.gate.acquire(ctx, n.stopping, len(req.Recipients))
+		if err != nil {
+			st := status.Convert(err)
+			reply(&pb.CheckResponse{StreamId: req.StreamId, Failed: &pb.RequestError{Code: uint32(st.Code()), Message: st.Message()}})
+			return
+		}
+		go func() {
+			defer release()
+			reply(n.streamed(ctx, req))
+		}()
 	})
 }
 

@@ -250,7 +250,7 @@ func Synthesize(ctx context.Context, cfg SynthConfig) (SynthStats, error) {
 		})
 	}
 	from := wal.Position{} // replay the whole WAL, which is empty
-	st, err := writeSnapshotFile(dir, from, cfg.Now, cfg.Partitions, func(dst []byte, p int) ([]byte, int64, error) {
+	st, err := writeSnapshotFile(dir, from, cfg.Now, cfg.Partitions, 0, func(dst []byte, p int) ([]byte, int64, error) {
 		var r built
 		select {
 		case r = <-ready[p]:

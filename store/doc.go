@@ -98,17 +98,36 @@
 // and free list as it is allocated and freed, and the tables of its request
 // ids, in one atomic counter that changes only when memory does (a chunk, a
 // resize, a rebuild), so checks do not contend on it.
-// With Config.MaxBytes, Apply refuses, with ErrMemoryLimit and changing
-// nothing, an item that would create a record (its recipient has none in
-// the domain) once the store holds MaxBytes or more (counting the free
-// blocks it keeps for reuse), unless the record fits
-// room already held: a free slot of its size class (left by a reclaimed
-// record) and room in the index. Known recipients are decided as always and
-// their records may grow: the limit bounds new recipients, not history.
-// Replay (Insert), backups (Record) and merges (MergeImage, MergeRecord)
-// never refuse: they carry sends another node or this one admitted, and
-// losing those is worse than holding more; what they create past the limit
-// is counted (MemoryStats.Overshoots).
+// With Config.MaxBytes, once the store holds MaxBytes or more (counting the
+// free blocks it keeps for reuse), Apply takes no more memory for a
+// decision. It refuses, with ErrMemoryLimit and changing nothing:
+//
+//   - an item that would create a record (its recipient has none in the
+//     domain), unless the record fits room already held: a free slot of its
+//     size class (left by a reclaimed or moved record), room in that
+//     class's chunks or a free block for its next one, and room in the index;
+//   - an item of a known recipient whose record would grow out of its slot
+//     into a size class with no such room (MemoryStats.RefusedGrowth).
+//
+// Everything else is decided as always: denials and peeks, which write
+// nothing, sends that fit the record's slot, and records that move to a
+// class with room held. A record that shrinks into a class with no room
+// held stays in its slot, which holds it. The request ids of recorded
+// items are remembered as always, but the table does not grow: its
+// rebuilds keep the newest that fit (Stats.EvictedIDs counts the others).
+// So the store holds no more than its limit and what the last allocation
+// below it took past it (a chunk, or an index table grown by a quarter),
+// give or take a free block that two partitions' checks both count on (the
+// later one maps a fresh block), the free lists of the slots moved records
+// leave, and an id table of minimal size for a domain that had none.
+//
+// Replay (Insert), backups (Record), merges (MergeImage, MergeRecord) and
+// refunds never refuse: they carry sends another node or this one
+// admitted, and losing those is worse than holding more; what they create
+// or grow past the limit is counted (MemoryStats.Overshoots). Replay
+// rebuilds what the store held before a restart (within the limit then, if
+// the limit has not been lowered since); a backup holds copies of what
+// its partitions' owners admitted within their own limits.
 //
 // # Idle records
 //

@@ -15,7 +15,9 @@ import (
 // item is answered from its first decision instead of being recorded again.
 // An id is remembered for the horizon after its decision, unless more than
 // capacity ids fall within one horizon: then the oldest are forgotten sooner
-// (evicted, and counted), and at least the capacity/2 newest are kept.
+// (evicted, and counted), and at least the capacity/2 newest are kept. Past
+// the store's memory limit the table does not grow: a rebuild keeps the
+// newest ids that fit its size (3/8 of its slots), evicting the others.
 // Keys mix the id with the recipient's key hash: the same id sent for two
 // recipients is two entries. Each id keeps the fingerprint of its item
 // (idPrint), so that an id reused for another item is told from a retry.
@@ -35,6 +37,9 @@ type idCache struct {
 	// has added to it: the table's bytes.
 	held *atomic.Int64
 	acct int64
+	// mem is the store's memory account, whose limit the table does not
+	// grow past (nil: no limit).
+	mem *memory
 }
 
 // idSlot is one slot of an idCache: an id's mixed key and its entry.
@@ -99,7 +104,7 @@ func (c *idCache) put(k uint64, at int64, p idPrint, now, horizon int64, capacit
 	k = idSlotKey(k)
 	i, ok := c.find(k)
 	if !ok && c.used+1 > min(len(c.slots)*3/4, capacity) {
-		c.rebuild(now, horizon, capacity)
+		c.rebuild(now, horizon, capacity, c.mem != nil && c.mem.over())
 		i, ok = c.find(k)
 	}
 	if !ok {
@@ -118,8 +123,10 @@ const idAgeBins = 64
 // than 7/8 of capacity are live, it keeps only the capacity/2 youngest (ids
 // decided in the same millisecond at the limit are kept in slot order) in
 // 4*capacity/3 slots and counts the others evicted, so that a full cache is
-// rebuilt once per capacity/2 puts, in place.
-func (c *idCache) rebuild(now, horizon int64, capacity int) {
+// rebuilt once per capacity/2 puts, in place. With atLimit (the store is at
+// its memory limit) the table keeps its size (at least minIDSlots) and the
+// 3/8 of it youngest, so that the next rebuild is as many puts away.
+func (c *idCache) rebuild(now, horizon int64, capacity int, atLimit bool) {
 	bin := func(at int64) int { return int(max(0, now-at) * idAgeBins / horizon) }
 	var bins [idAgeBins]int
 	live := 0
@@ -132,6 +139,9 @@ func (c *idCache) rebuild(now, horizon int64, capacity int) {
 	keep, size := live, 2*live
 	if live*8 > capacity*7 {
 		keep, size = capacity/2, capacity*4/3+1
+	}
+	if most := max(minIDSlots, len(c.slots)); atLimit && size > most {
+		keep, size = min(keep, most*3/8), most
 	}
 	// Ids younger than cut are kept, and room of those decided at cut. Age
 	// ranges narrow the search: only the range where keep is reached is

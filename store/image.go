@@ -379,7 +379,7 @@ func (s *Store) mergeOne(pt *partition, sp *space, ref Ref, key uint64, rec []by
 	}
 	if fresh {
 		ms.Records++
-		return sp.put(key, -1, rec, false)
+		return sp.put(key, -1, rec, false, false)
 	}
 	tag := window.RecordTag(rec)
 	pos, old, other := sp.lookup(key, tag)
@@ -393,10 +393,10 @@ func (s *Store) mergeOne(pt *partition, sp *space, ref Ref, key uint64, rec []by
 		if out == nil { // nothing left inside any window
 			return nil
 		}
-		return sp.put(key, pos, out, false)
+		return sp.put(key, pos, out, false, false)
 	}
 	ms.Records++
-	return sp.put(key, -1, rec, other)
+	return sp.put(key, -1, rec, other, false)
 }
 
 // MergeRecord merges rec, a record of domain r for key hash key, into

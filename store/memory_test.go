@@ -101,10 +101,11 @@ func TestMemoryAccountIsExact(t *testing.T) {
 }
 
 // TestMemoryLimitRefusesNewRecipients fills a store to its limit: a new
-// recipient is refused with ErrMemoryLimit and changes nothing; known
-// recipients are decided as before (admitted, recorded, then denied by
-// their rule); peeks are answered; replay, backups and merges never refuse
-// and count their overshoots; reclaimed room is used again.
+// recipient is refused with ErrMemoryLimit and changes nothing; a known
+// recipient's send is recorded when its record's slot holds it and refused
+// like a new recipient's when the record would grow past the memory held,
+// and denials are answered; peeks are answered; replay, backups and merges
+// never refuse and count their overshoots; reclaimed room is used again.
 func TestMemoryLimitRefusesNewRecipients(t *testing.T) {
 	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 3, Window: time.Hour}})
 	const limit = 64 << 10
@@ -172,19 +173,62 @@ func TestMemoryLimitRefusesNewRecipients(t *testing.T) {
 		t.Fatalf("peek of a new recipient: %+v, %v", dec, err)
 	}
 
-	// Known recipients are decided: two more sends each are admitted and
-	// recorded (records may grow), the next is denied by the rule.
+	// Known recipients are decided, within the memory the store holds: a
+	// send their record's slot holds is recorded; one that would move the
+	// record to a larger slot, with none free, is refused as a new
+	// recipient is, and changes nothing; the store holds no more after them.
+	held = st.Memory().HeldBytes
+	sends := map[string]int{} // recorded sends per known recipient
+	var recorded, refused int
 	for _, rcp := range known {
 		key, tag := keyOf(rcp)
-		for k := 1; k <= 3; k++ {
+		sends[rcp] = 1
+		for k := 1; k <= 2; k++ {
+			img := images(st)[0]
 			seq, _, err := apply(st, ref, key, tag, now+int64(k), window.Item{}, 0, &dec)
-			if err != nil || dec.Admitted != (k < 3) || (seq != 0) != (k < 3) {
+			switch {
+			case errors.Is(err, ErrMemoryLimit):
+				refused++
+				if seq != 0 || dec.Recorded || !bytes.Equal(img, images(st)[0]) {
+					t.Fatalf("known %s send %d refused, but seq %d recorded %v or the image changed", rcp, k+1, seq, dec.Recorded)
+				}
+				if !strings.Contains(err.Error(), "would grow") {
+					t.Errorf("error %q does not say the record would grow", err)
+				}
+			case err != nil || !dec.Admitted || seq == 0:
 				t.Fatalf("known %s send %d: %+v seq %d, %v", rcp, k+1, dec, seq, err)
+			default:
+				recorded++
+				sends[rcp]++
+			}
+			if got := st.Memory().HeldBytes; got > held {
+				t.Fatalf("known %s send %d: held %d -> %d bytes past the limit", rcp, k+1, held, got)
 			}
 		}
 	}
-	if got := st.Memory().Refused; got != 3 {
-		t.Fatalf("refused %d after deciding known recipients, want still 3", got)
+	if m := st.Memory(); refused == 0 || recorded == 0 || m.Refused != int64(3+refused) || m.RefusedGrowth != int64(refused) {
+		t.Fatalf("known recipients at the limit: %d sends recorded, %d refused; %+v, want some of each, counted", recorded, refused, m)
+	}
+	// A denial grows nothing: it is answered at the limit. (The limit is
+	// lifted while the known recipients reach their rule's 3 sends.)
+	st.mem.limit = 0
+	for rcp, n := range sends {
+		key, tag := keyOf(rcp)
+		for ; n < 3; n++ {
+			if _, _, err := apply(st, ref, key, tag, now+3, window.Item{}, 0, &dec); err != nil || !dec.Admitted {
+				t.Fatalf("known %s below the limit: %+v, %v", rcp, dec, err)
+			}
+		}
+	}
+	st.mem.limit = limit
+	for _, rcp := range known {
+		key, tag := keyOf(rcp)
+		if seq, _, err := apply(st, ref, key, tag, now+4, window.Item{}, 0, &dec); err != nil || dec.Admitted || seq != 0 {
+			t.Fatalf("known %s 4th send at the limit: %+v seq %d, %v; want denied by the rule", rcp, dec, seq, err)
+		}
+	}
+	if got := st.Memory().RefusedGrowth; got != int64(refused) {
+		t.Fatalf("refused %d growths after denials, want still %d", got, refused)
 	}
 
 	// Replay, backups and merges of new recipients are never refused. They
@@ -386,4 +430,172 @@ func TestMemoryLimitTakesFreeBlocks(t *testing.T) {
 		t.Fatalf("running count %d, recount %d", got, want)
 	}
 	t.Logf("%d new recipients admitted at the limit; free blocks %d -> %d bytes", fresh, free, after.FreeBytes)
+}
+
+// TestMemoryLimitBoundsGrowingRecords fills a store with recipients of one
+// send until it refuses a new one, then has them send for 20 rounds with
+// one of five contents, 5 s apart, under the default rules, so that their
+// records would grow tenfold: the store's held bytes stay where the first
+// refusal found them (within 1/64 of the limit: the free lists of the slots
+// moved records leave), and every send whose record would grow is refused
+// with ErrMemoryLimit, and counted (here all of them: a full store holds no
+// free slot). Before records were bounded, the store held 23.7 times its
+// limit at the end.
+func TestMemoryLimitBoundsGrowingRecords(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	const limit = 256 << 10
+	st, err := New(Config{Partitions: 4, MaxBytes: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	var dec window.Decision
+	now := t0
+	var keys [][2]uint64
+	for i := 0; ; i++ {
+		key, tag := keyOf(fmt.Sprintf("+86%09d", i))
+		_, _, err := apply(st, ref, key, tag, now, window.Item{Content: 1}, 0, &dec)
+		if errors.Is(err, ErrMemoryLimit) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, [2]uint64{key, uint64(tag)})
+	}
+	full := st.Memory().HeldBytes
+	var admitted, refused, peak int64
+	for round := range 20 {
+		now += 5000
+		for i, k := range keys {
+			_, _, err := apply(st, ref, k[0], uint16(k[1]), now, window.Item{Content: uint64(i+round)%5 + 1}, uint64(round*len(keys)+i+1), &dec)
+			switch {
+			case errors.Is(err, ErrMemoryLimit):
+				refused++
+			case err != nil:
+				t.Fatal(err)
+			case dec.Admitted:
+				admitted++
+			}
+			peak = max(peak, st.Memory().HeldBytes+st.Memory().FreeBytes)
+		}
+	}
+	m := st.Memory()
+	t.Logf("%d recipients; in the rounds %d sends admitted, %d refused; held %d at the first refusal, peak %d, limit %d (%+v)",
+		len(keys), admitted, refused, full, peak, limit, m)
+	if bound := full + limit/64; peak > bound {
+		t.Fatalf("the store held %d bytes (%.2fx its limit %d) as known recipients sent, want at most %d", peak, float64(peak)/limit, limit, bound)
+	}
+	if refused == 0 || m.RefusedGrowth != refused {
+		t.Fatalf("%d refused, %d refused growths counted; want every refusal counted", refused, m.RefusedGrowth)
+	}
+	if got, want := m.HeldBytes, heldNow(st); got != want {
+		t.Fatalf("running count %d, recount %d", got, want)
+	}
+}
+
+// TestMemoryLimitBoundsRequestIDs: past the limit, sends that fit their
+// record's slot (a fixed-window rule's record keeps its size) are recorded
+// with their request ids, and the id table does not grow past the smallest
+// size: its rebuilds keep
+// the newest ids that fit its size and count the others evicted; the
+// newest are still answered as retries.
+func TestMemoryLimitBoundsRequestIDs(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Algorithm: window.FixedWindow, Limit: 1_000_000, Window: time.Hour}})
+	st, err := New(Config{Partitions: 1, IDCapacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	var dec window.Decision
+	var keys [][2]uint64
+	for i := range 64 {
+		key, tag := keyOf(fmt.Sprint("r", i))
+		keys = append(keys, [2]uint64{key, uint64(tag)})
+		for range 200 { // past the counts whose records are smaller
+			if _, _, err := apply(st, ref, key, tag, t0, window.Item{}, 0, &dec); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	held := st.Memory().HeldBytes
+	st.mem.limit = held // at the limit from here
+	const sends = 20_000
+	id := uint64(1000)
+	for i := range sends {
+		k := keys[i%len(keys)]
+		id++
+		if _, dup, err := apply(st, ref, k[0], uint16(k[1]), t0+int64(i/100), window.Item{}, id, &dec); err != nil || dup || !dec.Recorded {
+			t.Fatalf("send %d at the limit: %+v dup %v, %v", i, dec, dup, err)
+		}
+	}
+	// The domain had no id table: it gets the smallest one.
+	if got := st.Memory().HeldBytes; got > held+minIDSlots*idSlotBytes {
+		t.Fatalf("held %d -> %d bytes at the limit for %d sends with request ids, want at most a %d-slot table more", held, got, sends, minIDSlots)
+	}
+	s := st.Stats(ref)
+	if s.EvictedIDs < sends/2 || s.IDs == 0 {
+		t.Fatalf("%d ids held, %d evicted; want most of %d evicted", s.IDs, s.EvictedIDs, sends)
+	}
+	k := keys[(sends-1)%len(keys)]
+	if _, dup, err := apply(st, ref, k[0], uint16(k[1]), t0+sends/100, window.Item{}, id, &dec); err != nil || !dup {
+		t.Fatalf("retry of the newest id: dup %v, %v", dup, err)
+	}
+}
+
+// TestMemoryLimitShrunkRecordStaysInItsSlot: past the limit, a record that
+// shrinks (the content logs of its older sends dropped) into a size class
+// with no room held stays in its slot, which holds it, rather than take
+// memory; below the limit it moves to its class.
+func TestMemoryLimitShrunkRecordStaysInItsSlot(t *testing.T) {
+	d, _ := window.NewDomain("default", window.DefaultRules())
+	// A record of 14 sends of 14 contents, made elsewhere and merged in
+	// whole, so that the classes it grew through hold nothing here.
+	other, _ := New(Config{Partitions: 1})
+	var dec window.Decision
+	key, tag := keyOf("shrinks")
+	oref := other.Bind(d)
+	for i := range 14 {
+		if _, _, err := apply(other, oref, key, tag, t0+int64(i)*1000, window.Item{Content: uint64(i + 1)}, 0, &dec); err != nil || !dec.Admitted {
+			t.Fatalf("send %d: %+v, %v", i, dec, err)
+		}
+	}
+	st, err := New(Config{Partitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := st.Bind(d)
+	img, _ := other.AppendImage(nil, 0)
+	if _, _, err := st.MergeImage(img, t0+14_000, bindTo(ref)); err != nil {
+		t.Fatal(err)
+	}
+	class := func() int {
+		sp := st.parts[0].space(ref.id, false)
+		pos, _, _ := sp.lookup(storedKey(key), tag)
+		return sp.index.ref(pos).class()
+	}
+	full := class()
+	held := st.Memory().HeldBytes
+	st.mem.limit = held
+	// An hour on, no content rule counts the 14 sends' contents.
+	now := t0 + time.Hour.Milliseconds()
+	if _, _, err := apply(st, ref, key, tag, now, window.Item{Content: 99}, 0, &dec); err != nil || !dec.Admitted || dec.Rules[1].Used != 15 {
+		t.Fatalf("a send at the limit: %+v, %v; want admitted, 15 sends in the day", dec, err)
+	}
+	if m := st.Memory(); m.HeldBytes != held || m.Overshoots != 0 || m.Refused != 0 || class() != full {
+		t.Fatalf("at the limit: held %d -> %d, %+v, class %d -> %d; want the record in its slot", held, m.HeldBytes, m, full, class())
+	}
+	if _, _, err := apply(st, ref, key, tag, now, window.Item{Mode: window.Peek}, 0, &dec); err != nil || dec.Rules[1].Used != 15 {
+		t.Fatalf("peek: %+v, %v; want 15 sends in the day", dec, err)
+	}
+	st.mem.limit = 0
+	if _, _, err := apply(st, ref, key, tag, now+1, window.Item{Content: 99}, 0, &dec); err != nil || !dec.Admitted {
+		t.Fatalf("a send below the limit: %+v, %v", dec, err)
+	}
+	if c := class(); c >= full {
+		t.Fatalf("below the limit the record stays in class %d, want one smaller than %d", c, full)
+	}
+	if got, want := st.Memory().HeldBytes, heldNow(st); got != want {
+		t.Fatalf("running count %d, recount %d", got, want)
+	}
 }

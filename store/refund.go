@@ -129,7 +129,7 @@ func (s *Store) unrecord(pt *partition, sp *space, ws *window.Scratch, r Ref, ke
 	case emptied:
 		sp.drop(pos)
 	case removed > 0 || out != nil: // out alone: a counter state gave some back
-		return sp.put(key, pos, out, other)
+		return sp.put(key, pos, out, other, false)
 	}
 	return nil
 }

@@ -27,10 +27,10 @@ type Config struct {
 	// print of its item); 0 means 1,048,576. Past it, the oldest are
 	// forgotten before IDHorizon.
 	IDCapacity int
-	// MaxBytes bounds the heap the store holds (Store.Memory) that Apply
-	// may grow for a recipient with no record: past it, Apply refuses to
-	// create records with ErrMemoryLimit. 0 means no limit. See Memory
-	// limit in the package doc.
+	// MaxBytes bounds the memory the store holds (Store.Memory) that Apply
+	// may grow: past it, Apply refuses with ErrMemoryLimit to create a
+	// record, or to move one to a larger slot, with no room held for it. 0
+	// means no limit. See Memory limit in the package doc.
 	MaxBytes int64
 	// HeapSlabs keeps every slab chunk on the Go heap. By default the
 	// full-size chunks, which hold nearly all records, come from memory
@@ -102,13 +102,14 @@ type partition struct {
 // allocates and frees, rarely (chunks, table resizes, free-list growth, 64
 // request ids at a time), so the shared counter stays cold.
 type memory struct {
-	_          [64]byte     // off the cache lines of other fields of the Store
-	held       atomic.Int64 // heap bytes held (see Store.Memory)
-	refused    atomic.Int64 // new records Apply refused at the limit
-	overshoots atomic.Int64 // new records that grew the heap past the limit by paths that never refuse
-	limit      int64        // Config.MaxBytes; 0 means none
-	blocks     *blocks      // full-size slab chunks, mapped outside the Go heap
-	_          [64]byte
+	_             [64]byte     // off the cache lines of other fields of the Store
+	held          atomic.Int64 // heap bytes held (see Store.Memory)
+	refused       atomic.Int64 // items Apply refused at the limit: new records, and records that would grow
+	refusedGrowth atomic.Int64 // of refused, those of known recipients whose record would grow
+	overshoots    atomic.Int64 // records created or grown past the limit by paths that never refuse
+	limit         int64        // Config.MaxBytes; 0 means none
+	blocks        *blocks      // full-size slab chunks, mapped outside the Go heap
+	_             [64]byte
 }
 
 // over reports whether the store holds its limit or more, counting the
@@ -137,7 +138,7 @@ var spaceBytes = int64(unsafe.Sizeof(space{})) + int64(len(classSizes))*int64(un
 func newSpace(mem *memory) *space {
 	sp := &space{mem: mem, slabs: make([]slab, len(classSizes))}
 	sp.index.held, sp.index.blk = &mem.held, mem.blocks
-	sp.ids.held = &mem.held
+	sp.ids.held, sp.ids.mem = &mem.held, mem
 	for c, size := range classSizes {
 		sp.slabs[c] = newSlab(size, &mem.held, mem.blocks)
 	}
@@ -345,13 +346,12 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 	if pos < 0 && s.mem.over() && !sp.roomFor(len(out)) {
 		s.mem.refused.Add(1)
 		dec.Recorded = false
-		return 0, false, fmt.Errorf("%w: the store holds %d bytes, its limit is %d: a recipient with no record is refused until idle records free room",
-			ErrMemoryLimit, s.mem.held.Load(), s.mem.limit)
+		return 0, false, &limitError{held: s.mem.held.Load(), limit: s.mem.limit}
 	}
 	if sp == nil {
 		sp = pt.space(r.id, true)
 	}
-	if err := sp.put(key, pos, out, other); err != nil {
+	if err := sp.put(key, pos, out, other, true); err != nil {
 		dec.Recorded = false
 		return 0, false, err
 	}
@@ -363,9 +363,30 @@ func (s *Store) apply(pt *partition, p int, ws *window.Scratch, r Ref, key uint6
 }
 
 // ErrMemoryLimit reports an item that Apply refused because it would create a
-// record (its recipient has none in its domain) while the store holds
-// Config.MaxBytes or more and has no free room for it. Nothing changed.
+// record (its recipient has none in its domain), or move its recipient's
+// record to a larger slot, while the store holds Config.MaxBytes or more and
+// has no free room for it. Nothing changed.
 var ErrMemoryLimit = errors.New("store: memory limit reached")
+
+// limitError is an ErrMemoryLimit refusal: what the store held, its limit,
+// and for a record that would grow, its slot's size and the new record's.
+// Its text is made only when read: past the limit a node may refuse most
+// of the items it decides.
+type limitError struct {
+	held, limit int64
+	from, to    int // 0 for a new record
+}
+
+func (e *limitError) Error() string {
+	if e.to == 0 {
+		return fmt.Sprintf("%v: the store holds %d bytes, its limit is %d: a recipient with no record is refused until idle records free room",
+			ErrMemoryLimit, e.held, e.limit)
+	}
+	return fmt.Sprintf("%v: the store holds %d bytes, its limit is %d: a record that would grow from %d to %d bytes is refused until idle records free room",
+		ErrMemoryLimit, e.held, e.limit, e.from, e.to)
+}
+
+func (e *limitError) Unwrap() error { return ErrMemoryLimit }
 
 // ErrIDReused reports a request id that the store remembers for this
 // recipient with another item: other content, cost, mode or domain. Such an
@@ -405,7 +426,7 @@ func (s *Store) Insert(p int, r Ref, key uint64, tag uint16, at int64, it window
 	if err != nil || out == nil {
 		return err
 	}
-	return sp.put(key, pos, out, other)
+	return sp.put(key, pos, out, other, false)
 }
 
 // Record records it as sent at time at (unix ms) without deciding, as
@@ -441,7 +462,7 @@ func (s *Store) record(pt *partition, ws *window.Scratch, r Ref, key uint64, tag
 		return 0, false, err
 	}
 	if out != nil {
-		if err := sp.put(key, pos, out, other); err != nil {
+		if err := sp.put(key, pos, out, other, false); err != nil {
 			return 0, false, err
 		}
 	}
@@ -486,7 +507,15 @@ func (sp *space) lookup(key uint64, tag uint16) (pos int, rec []byte, other bool
 
 // put stores rec as key's record: in place when it fits the same size class,
 // else in a new slot. pos is key's index position, or -1 for a new record.
-func (sp *space) put(key uint64, pos int, rec []byte, collision bool) error {
+//
+// Past the memory limit (memory.over), a record that would move to a class
+// with no room the store holds already (slab.hasHeldRoom) does not: one
+// that shrank stays in its slot, which holds it (a record ignores the bytes
+// after it); one that grew is refused with ErrMemoryLimit, changing
+// nothing, if refuse (Apply's decisions), and otherwise takes its new slot
+// past the limit, counted as an overshoot (replay, backups and merges
+// carry sends already admitted, and never refuse).
+func (sp *space) put(key uint64, pos int, rec []byte, collision, refuse bool) error {
 	c := sizeClass(len(rec))
 	if pos >= 0 {
 		r := sp.index.ref(pos)
@@ -494,8 +523,19 @@ func (sp *space) put(key uint64, pos int, rec []byte, collision bool) error {
 			copy(sp.slabs[c].bytes(r.slot()), rec)
 			return nil
 		}
-	}
-	if pos < 0 && sp.mem != nil && sp.mem.over() && !sp.roomFor(len(rec)) {
+		if sp.mem != nil && sp.mem.over() && !sp.slabs[c].hasHeldRoom() {
+			switch {
+			case len(rec) <= sp.slabs[r.class()].size:
+				copy(sp.slabs[r.class()].bytes(r.slot()), rec)
+				return nil
+			case refuse:
+				sp.mem.refused.Add(1)
+				sp.mem.refusedGrowth.Add(1)
+				return &limitError{held: sp.mem.held.Load(), limit: sp.mem.limit, from: sp.slabs[r.class()].size, to: len(rec)}
+			}
+			sp.mem.overshoots.Add(1)
+		}
+	} else if sp.mem != nil && sp.mem.over() && !sp.roomFor(len(rec)) {
 		sp.mem.overshoots.Add(1) // replay, backups and merges never refuse
 	}
 	slot, err := sp.slabs[c].alloc()
@@ -582,7 +622,7 @@ func (s *Store) Sweep(p int, r Ref, from int, now int64, budget int) (next int, 
 				// and stays in place within its class). A failed put (no
 				// memory to map) leaves the record as it was.
 				c := sizeClass(len(out))
-				if s.mem.over() && c != ref.class() && !sp.slabs[c].hasHeldRoom() || sp.put(k, pos, out, false) != nil {
+				if s.mem.over() && c != ref.class() && !sp.slabs[c].hasHeldRoom() || sp.put(k, pos, out, false, false) != nil {
 					break
 				}
 				sp.compacted++
@@ -640,7 +680,7 @@ type Stats struct {
 	Compacted  int64 // records whose content logs the sweep dropped because no rule could count them
 	Unreadable int64 // records the current or latest sweep pass could not decode to compact, left as they were
 	IDs        int64 // request ids held: those remembered, and those past the horizon that no rebuild has dropped yet
-	EvictedIDs int64 // request ids forgotten before the horizon because the domain held IDCapacity
+	EvictedIDs int64 // request ids forgotten before the horizon because the domain held IDCapacity, or the store its memory limit
 	IndexBytes int64 // heap held by the index
 	SlabBytes  int64 // heap held by record slabs, free slots included
 	LiveBytes  int64 // bytes of slots in use
@@ -765,11 +805,14 @@ type MemoryStats struct {
 	// recipient may take at the limit.
 	FreeBytes int64
 	MaxBytes  int64 // Config.MaxBytes; 0 means no limit
-	// Refused counts the items Apply refused with ErrMemoryLimit.
-	Refused int64
-	// Overshoots counts the records that replay (Insert), backups (Record)
-	// and merges created past the limit with no free room: they are never
-	// refused, since losing an admitted send is worse than holding more.
+	// Refused counts the items Apply refused with ErrMemoryLimit: for
+	// recipients with no record, and (RefusedGrowth of them) for known
+	// recipients whose record would have grown.
+	Refused, RefusedGrowth int64
+	// Overshoots counts the records that replay (Insert), backups (Record),
+	// merges and refunds created or grew past the limit with no free room:
+	// they are never refused, since losing an admitted send is worse than
+	// holding more.
 	Overshoots int64
 }
 
@@ -777,5 +820,5 @@ type MemoryStats struct {
 func (s *Store) Memory() MemoryStats {
 	b := s.mem.blocks
 	return MemoryStats{HeldBytes: s.mem.held.Load(), MappedBytes: b.carved.Load() + b.tableBytes.Load(), FreeBytes: b.freeBytes.Load(),
-		MaxBytes: s.mem.limit, Refused: s.mem.refused.Load(), Overshoots: s.mem.overshoots.Load()}
+		MaxBytes: s.mem.limit, Refused: s.mem.refused.Load(), RefusedGrowth: s.mem.refusedGrowth.Load(), Overshoots: s.mem.overshoots.Load()}
 }

@@ -54,7 +54,7 @@ func fillSteady(tb testing.TB, st *Store, r Ref, n int, templates [][]byte) {
 		pt := &st.parts[st.PartitionOf(key)]
 		sp := pt.space(r.id, true)
 		pos, _, other := sp.lookup(key, tag)
-		if err := sp.put(key, pos, rec, other); err != nil {
+		if err := sp.put(key, pos, rec, other, false); err != nil {
 			tb.Fatal(err)
 		}
 	}

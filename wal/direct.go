@@ -15,18 +15,30 @@ import (
 // the page cache that is 12.7 GB of fresh cache pages for the kernel to
 // allocate and later reclaim beside the store's own memory, for bytes nobody
 // reads again soon. Both directions keep two chunks, so that the disk moves
-// one while the caller fills or reads the other.
+// one while the caller fills or reads the other; the chunk size is the
+// caller's (WriteFileAtomicDirectChunk, OpenDirectChunk), 8 MiB by default,
+// so that a process with little memory can spend less on them.
 const (
 	// directAlign is the alignment direct I/O needs of buffers, file
 	// offsets and lengths: 4 KiB covers every logical block size Linux uses.
 	directAlign = 4096
-	// directChunk is how many bytes each direct read or write moves.
+	// directChunk is how many bytes each direct read or write moves by
+	// default.
 	directChunk = 8 << 20
-	// firstChunk is the writer's first chunk, which doubles up to
-	// directChunk while the file grows, so that a small file does not cost
+	// firstChunk is the writer's first chunk, which doubles up to the
+	// chunk size while the file grows, so that a small file does not cost
 	// two chunks of fresh memory.
 	firstChunk = 64 << 10
 )
+
+// chunkSize returns the chunk size for a caller's size: directChunk for 0
+// or less, else size rounded up to a multiple of directAlign.
+func chunkSize(size int) int {
+	if size <= 0 {
+		return directChunk
+	}
+	return (size + directAlign - 1) &^ (directAlign - 1)
+}
 
 // alignedBuffer returns n bytes whose first byte is directAlign-aligned.
 func alignedBuffer(n int) []byte {
@@ -36,13 +48,16 @@ func alignedBuffer(n int) []byte {
 }
 
 // directWriter copies writes into aligned chunks and hands each full chunk
-// to a goroutine that writes it to f, with direct I/O while direct holds.
+// to a goroutine that writes it to f, with direct I/O while direct holds. It
+// holds at most two chunks of size bytes, and before those the smaller ones
+// it doubled from, copied and dropped: about three chunks in all.
 // flush writes the tail: whole blocks directly, the file's last partial
 // block through the page cache. stop ends the goroutine and must be called
 // once the writer is no longer used. Not safe for concurrent use.
 type directWriter struct {
 	f      *os.File
 	direct bool          // f is open with O_DIRECT; the goroutine's until stop
+	size   int           // bytes of a full-size chunk, a multiple of directAlign
 	cur    []byte        // the chunk being filled
 	n      int           // bytes in cur
 	chunks int           // full-size chunks made: at most 2
@@ -54,9 +69,14 @@ type directWriter struct {
 	closed bool          // full is closed
 }
 
-func newDirectWriter(f *os.File, direct bool) *directWriter {
-	w := &directWriter{f: f, direct: direct, cur: alignedBuffer(firstChunk),
+// newDirectWriter returns a writer to f in chunks of size bytes, a
+// multiple of directAlign.
+func newDirectWriter(f *os.File, direct bool, size int) *directWriter {
+	w := &directWriter{f: f, direct: direct, size: size, cur: alignedBuffer(min(firstChunk, size)),
 		full: make(chan []byte, 1), free: make(chan []byte, 2), done: make(chan struct{})}
+	if len(w.cur) == size {
+		w.chunks++
+	}
 	go w.loop()
 	return w
 }
@@ -92,23 +112,23 @@ func (w *directWriter) Write(p []byte) (int, error) {
 	return total, nil
 }
 
-// next makes room in cur, which is full: a chunk smaller than directChunk
-// is replaced by one twice its size holding its bytes; a full-size one goes
-// to the goroutine, and cur becomes the second chunk, or the first once the
-// goroutine has written it.
+// next makes room in cur, which is full: a chunk smaller than w.size is
+// replaced by one twice its size (at most w.size) holding its bytes; a
+// full-size one goes to the goroutine, and cur becomes the second chunk, or
+// the first once the goroutine has written it.
 func (w *directWriter) next() {
-	if len(w.cur) < directChunk {
-		b := alignedBuffer(min(2*len(w.cur), directChunk))
+	if len(w.cur) < w.size {
+		b := alignedBuffer(min(2*len(w.cur), w.size))
 		copy(b, w.cur)
 		w.cur = b
-		if len(b) == directChunk {
+		if len(b) == w.size {
 			w.chunks++
 		}
 		return
 	}
 	w.full <- w.cur
 	if w.chunks < 2 {
-		w.cur = alignedBuffer(directChunk)
+		w.cur = alignedBuffer(w.size)
 		w.chunks++
 	} else {
 		w.cur = <-w.free
@@ -178,24 +198,27 @@ func (w *directWriter) flush() error {
 	return nil
 }
 
-// OpenDirect opens path for reading with direct I/O where its file system
-// allows it, and through the page cache where not. A goroutine reads ahead
-// one aligned chunk (8 MiB, or the file's size if smaller) while the caller
-// reads the previous one. Not
-// safe for concurrent use.
-func OpenDirect(path string) (io.ReadCloser, error) {
+// OpenDirect is OpenDirectChunk with 8 MiB chunks.
+func OpenDirect(path string) (io.ReadCloser, error) { return OpenDirectChunk(path, 0) }
+
+// OpenDirectChunk opens path for reading with direct I/O where its file
+// system allows it, and through the page cache where not. A goroutine reads
+// ahead one aligned chunk of size bytes (rounded up to a multiple of 4 KiB;
+// 0 means 8 MiB), or the file's size if smaller, while the caller reads the
+// previous one: the reader holds two chunks. Not safe for concurrent use.
+func OpenDirectChunk(path string, size int) (io.ReadCloser, error) {
 	f, direct, err := openDirect(path, os.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
 	}
-	return newDirectReader(f, direct), nil
+	return newDirectReader(f, direct, chunkSize(size)), nil
 }
 
-// newDirectReader starts reading f ahead in chunks of directChunk, or of
-// the file's size rounded up to a block if that is smaller.
-func newDirectReader(f *os.File, direct bool) *directReader {
-	size := directChunk
-	if st, err := f.Stat(); err == nil && st.Size() < directChunk {
+// newDirectReader starts reading f ahead in chunks of size bytes (a
+// multiple of directAlign), or of the file's size rounded up to a block if
+// that is smaller.
+func newDirectReader(f *os.File, direct bool, size int) *directReader {
+	if st, err := f.Stat(); err == nil && st.Size() < int64(size) {
 		size = int(st.Size()+directAlign) &^ (directAlign - 1)
 	}
 	d := &directReader{f: f, direct: direct, full: make(chan chunk, 1), free: make(chan []byte, 2),

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -62,6 +63,78 @@ func TestDirectFilesRoundTrip(t *testing.T) {
 	}
 }
 
+// TestDirectChunkBoundsBuffers: WriteFileAtomicDirectChunk and
+// OpenDirectChunk move a file of many chunks exactly, allocating about
+// three chunks (the writer: two, and the smaller ones it doubled from) and
+// two (the reader) of the size asked for, rounded up to 4 KiB, however
+// large the file.
+func TestDirectChunkBoundsBuffers(t *testing.T) {
+	dir := t.TempDir()
+	want := make([]byte, 10<<20+777)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range want {
+		want[i] = byte(rng.Uint32())
+	}
+	allocated := func(f func()) int64 {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		before := ms.TotalAlloc
+		f()
+		runtime.ReadMemStats(&ms)
+		return int64(ms.TotalAlloc - before)
+	}
+	const slack = 64 << 10 // the file, the goroutine, the rounding of each buffer up to 4 KiB
+	for _, size := range []int{5000, 256 << 10, 1 << 20} {
+		chunk := int64(chunkSize(size))
+		var err error
+		wrote := allocated(func() {
+			err = WriteFileAtomicDirectChunk(dir, "f", size, func(w io.Writer) error {
+				for rest := want; len(rest) > 0; {
+					n, err := w.Write(rest[:min(100_003, len(rest))])
+					if err != nil {
+						return err
+					}
+					rest = rest[n:]
+				}
+				return nil
+			})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wrote > 3*chunk+slack {
+			t.Errorf("chunk %d: writing %d bytes allocated %d, want at most 3 chunks (%d)", size, len(want), wrote, 3*chunk)
+		}
+		var got []byte
+		buf := make([]byte, 65_537)
+		read := allocated(func() {
+			var r io.ReadCloser
+			if r, err = OpenDirectChunk(filepath.Join(dir, "f"), size); err != nil {
+				return
+			}
+			defer r.Close()
+			got = make([]byte, 0, len(want))
+			for {
+				n, rerr := r.Read(buf)
+				got = append(got, buf[:n]...)
+				if rerr == io.EOF {
+					return
+				}
+				if err = rerr; err != nil {
+					return
+				}
+			}
+		}) - int64(len(want))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("chunk %d: read %d bytes of %d that differ (%v)", size, len(got), len(want), err)
+		}
+		if read > 2*chunk+slack {
+			t.Errorf("chunk %d: reading allocated %d, want at most 2 chunks (%d)", size, read, 2*chunk)
+		}
+		t.Logf("chunk %d: the writer allocated %d bytes, the reader %d", chunk, wrote, read)
+	}
+}
+
 // readInPieces reads r to its end in reads of up to n bytes.
 func readInPieces(r io.Reader, n int) ([]byte, error) {
 	var out []byte
@@ -88,7 +161,7 @@ func TestDirectWriterWithoutDirectIO(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := bytes.Repeat([]byte("0123456789abcdef"), (directChunk+12345)/16)
-	w := newDirectWriter(f, false)
+	w := newDirectWriter(f, false, directChunk)
 	if _, err := w.Write(want); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +173,7 @@ func TestDirectWriterWithoutDirectIO(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := newDirectReader(f, false)
+	d := newDirectReader(f, false, directChunk)
 	got, err := readInPieces(d, 1<<20)
 	d.Close()
 	if err != nil || !bytes.Equal(got, want) {
@@ -120,7 +193,7 @@ func TestDirectWriterFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	w := newDirectWriter(f, false)
+	w := newDirectWriter(f, false, directChunk)
 	defer w.stop()
 	chunk := make([]byte, directChunk)
 	var werr error

@@ -282,25 +282,35 @@ func syncDir(dir string) error {
 // uses it for snapshots. Calls for different names may run concurrently;
 // concurrent calls for the same name must not.
 func WriteFileAtomic(dir, name string, write func(w io.Writer) error) error {
-	return writeFileAtomic(dir, name, false, write)
+	return writeFileAtomic(dir, name, 0, write)
 }
 
-// WriteFileAtomicDirect is WriteFileAtomic writing with direct I/O, around
-// the page cache, where the file system allows it (see directWriter): for
-// large files that nobody reads soon. write's bytes are copied into aligned
-// chunks (64 KiB at first, doubling to 8 MiB); a goroutine writes each full
-// 8 MiB chunk while write fills the next.
+// WriteFileAtomicDirect is WriteFileAtomicDirectChunk with 8 MiB chunks.
 func WriteFileAtomicDirect(dir, name string, write func(w io.Writer) error) error {
-	return writeFileAtomic(dir, name, true, write)
+	return WriteFileAtomicDirectChunk(dir, name, 0, write)
 }
 
-func writeFileAtomic(dir, name string, direct bool, write func(w io.Writer) error) (err error) {
+// WriteFileAtomicDirectChunk is WriteFileAtomic writing with direct I/O,
+// around the page cache, where the file system allows it (see
+// directWriter): for large files that nobody reads soon. write's bytes are
+// copied into aligned chunks (64 KiB at first, doubling to size bytes,
+// rounded up to a multiple of 4 KiB; 0 means 8 MiB); a goroutine writes
+// each full chunk while write fills the next. The writer holds at most two
+// full chunks, and has allocated about three chunks' bytes in all.
+func WriteFileAtomicDirectChunk(dir, name string, size int, write func(w io.Writer) error) error {
+	return writeFileAtomic(dir, name, chunkSize(size), write)
+}
+
+// writeFileAtomic is WriteFileAtomic, with direct I/O in chunks of direct
+// bytes when direct is above 0.
+func writeFileAtomic(dir, name string, direct int, write func(w io.Writer) error) (err error) {
 	final := filepath.Join(dir, name)
 	tmp := final + tmpExt
 	flag := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
 	var f *os.File
-	if direct {
-		f, direct, err = openDirect(tmp, flag, 0o644)
+	isDirect := false
+	if direct > 0 {
+		f, isDirect, err = openDirect(tmp, flag, 0o644)
 	} else {
 		f, err = os.OpenFile(tmp, flag, 0o644)
 	}
@@ -317,8 +327,8 @@ func writeFileAtomic(dir, name string, direct bool, write func(w io.Writer) erro
 		io.Writer
 		flush() error
 	}
-	if direct {
-		dw := newDirectWriter(f, direct)
+	if isDirect {
+		dw := newDirectWriter(f, true, direct)
 		defer dw.stop()
 		w = dw
 	} else {

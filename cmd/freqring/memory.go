@@ -81,14 +81,22 @@ func memTotal(root fs.FS) (int64, error) {
 }
 
 // followMappedMemory keeps the Go runtime's memory limit at
-// node.GoMemoryLimit(budget, mapped) as the store maps memory outside the heap,
-// reading mapped every period, until ctx is done.
+// node.GoMemoryLimit(budget, mapped()+node.ResidentOutsideGo()) as the store
+// maps memory outside the heap and the binary's pages come and go, reading
+// both every period, until ctx is done.
 func followMappedMemory(ctx context.Context, budget int64, mapped func() int64, period time.Duration) {
+	followOutside(ctx, budget, func() int64 { return mapped() + node.ResidentOutsideGo() }, period)
+}
+
+// followOutside keeps the Go runtime's memory limit at
+// node.GoMemoryLimit(budget, outside()), reading outside every period,
+// until ctx is done.
+func followOutside(ctx context.Context, budget int64, outside func() int64, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	last := budget
 	for {
-		if limit := node.GoMemoryLimit(budget, mapped()); limit != last {
+		if limit := node.GoMemoryLimit(budget, outside()); limit != last {
 			debug.SetMemoryLimit(limit)
 			last = limit
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -173,8 +174,8 @@ func TestHugePageMode(t *testing.T) {
 }
 
 // TestFollowMappedMemory checks that the Go runtime's memory limit follows
-// the store's mapped memory within a period, and stops following when the
-// context ends.
+// the memory outside it (the store's mappings, the binary's pages) within a
+// period, and stops following when the context ends.
 func TestFollowMappedMemory(t *testing.T) {
 	prev := debug.SetMemoryLimit(-1)
 	defer debug.SetMemoryLimit(prev)
@@ -184,7 +185,7 @@ func TestFollowMappedMemory(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
 		go func() {
-			followMappedMemory(ctx, budget, mapped.Load, time.Second)
+			followOutside(ctx, budget, mapped.Load, time.Second)
 			close(done)
 		}()
 		synctest.Wait()
@@ -202,5 +203,31 @@ func TestFollowMappedMemory(t *testing.T) {
 		if got := debug.SetMemoryLimit(-1); got != budget-1<<40 {
 			t.Fatalf("limit changed to %d after the follower stopped", got)
 		}
+	})
+}
+
+// TestFollowMappedMemoryCountsResidentPages: on Linux the limit serve
+// follows leaves out the binary's resident pages too, beside the store's
+// mapped memory.
+func TestFollowMappedMemoryCountsResidentPages(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc/self/status")
+	}
+	prev := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prev)
+	const budget = int64(1) << 50
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			followMappedMemory(ctx, budget, func() int64 { return 1 << 40 }, time.Second)
+			close(done)
+		}()
+		synctest.Wait()
+		if got := debug.SetMemoryLimit(-1); got >= budget-1<<40 || got < budget-1<<40-1<<30 {
+			t.Fatalf("limit %d, want below budget - mapped (%d) by the binary's pages", got, budget-1<<40)
+		}
+		cancel()
+		<-done
 	})
 }
