@@ -84,25 +84,6 @@ func ResidentOutsideGo() int64 {
 	return n
 }
 
-// memoryLog logs refusals at the memory limit, at most one line a second
-// with the number left out since the last one. Safe for concurrent use; past
-// the limit most items may be refused, so it takes no lock.
-type memoryLog struct {
-	last       atomic.Int64 // unix ns of the last line; 0 before the first
-	suppressed atomic.Int64 // refusals not logged since the last line
-}
-
-// due reports whether a refusal at now (unix ns) is logged, and if so how
-// many were not since the last line. A clock that went back logs at once.
-func (l *memoryLog) due(now int64) (bool, int64) {
-	last := l.last.Load()
-	if last != 0 && now >= last && now-last < int64(time.Second) || !l.last.CompareAndSwap(last, now) {
-		l.suppressed.Add(1)
-		return false, 0
-	}
-	return true, l.suppressed.Swap(0)
-}
-
 // refusedAtLimit counts and logs an item the store refused with
 // store.ErrMemoryLimit (it would have created a record, or grown one, past
 // the limit), and returns its item error: RESOURCE_EXHAUSTED, with the
@@ -110,7 +91,7 @@ func (l *memoryLog) due(now int64) (bool, int64) {
 // the limit a node may refuse most of what it decides.
 func (n *Node) refusedAtLimit(rcp string) *itemError {
 	m := n.store.Memory()
-	if log, left := n.memLog.due(n.cfg.Clock.Now()); log {
+	if log, left := n.memLog.allow(n.cfg.Clock.Now(), time.Second); log {
 		n.log.Warn("memory limit reached: refusing sends that would create a record or grow one (denials, peeks and sends that fit a record's slot are still decided)",
 			"max_memory", n.cfg.MaxMemory, "store_limit", m.MaxBytes, "store_held", m.HeldBytes,
 			"refused_total", m.Refused, "refused_growth_total", m.RefusedGrowth, "refusals_not_logged", left, "recipient", quote(rcp))

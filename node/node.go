@@ -377,8 +377,8 @@ type Node struct {
 	checks, admitted, denied, failed, snapshots atomic.Int64
 	forwardedOut, forwardedIn                   atomic.Int64
 	admin                                       adminOverrides // the admin override layer of the view (overrides.go)
-	memLog                                      memoryLog
-	gate                                        *itemGate // items Limiter calls decide at once; nil: no bound (memlimit.go)
+	memLog                                      throttle       // refusals at the memory limit: a line a second
+	gate                                        *itemGate      // items Limiter calls decide at once; nil: no bound (memlimit.go)
 	// usage counts decided items per day and domain (usage.go); saved in
 	// DataDir at each snapshot and on Close.
 	usage *usage.Tracker
