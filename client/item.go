@@ -126,6 +126,9 @@ type ItemError struct {
 	Index   int        // the item's index in the call (0 for Check)
 	Code    codes.Code // a gRPC code
 	Message string     // names the field and the value
+	// Field is the request column at fault (wire.Costs, ...) when the
+	// item's own input is; "" otherwise.
+	Field string
 }
 
 func (e *ItemError) Error() string {
@@ -133,16 +136,23 @@ func (e *ItemError) Error() string {
 }
 
 // at returns e as item i of the caller's call, for an error a node reported
-// as item j of its request: a message that starts with a column name and
-// "[j]" (the node's style: "domains[3]: unknown domain ...") gets "[i]".
+// as item j of its request: a message that names its field with index j
+// first (the node's style: "domains[3]: unknown domain ...") names i. The
+// field is e.Field; from a node that does not say (an older version), a
+// first word followed by "[j]".
 func (e *ItemError) at(i, j int) *ItemError {
-	msg := e.Message
-	if b := strings.IndexByte(msg, '['); b > 0 && isWord(msg[:b]) {
-		if rest, ok := strings.CutPrefix(msg[b+1:], strconv.Itoa(j)+"]"); ok {
-			msg = msg[:b+1] + strconv.Itoa(i) + "]" + rest
+	msg, field := e.Message, e.Field
+	if field == "" {
+		if b := strings.IndexByte(msg, '['); b > 0 && isWord(msg[:b]) {
+			field = msg[:b]
 		}
 	}
-	return &ItemError{Index: i, Code: e.Code, Message: msg}
+	if field != "" {
+		if rest, ok := strings.CutPrefix(msg, field+"["+strconv.Itoa(j)+"]"); ok {
+			msg = field + "[" + strconv.Itoa(i) + "]" + rest
+		}
+	}
+	return &ItemError{Index: i, Code: e.Code, Message: msg, Field: e.Field}
 }
 
 func isWord(s string) bool {

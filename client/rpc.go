@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 )
 
 // encode builds the request for n items; a column whose entries are all the
@@ -117,18 +118,15 @@ func emitAll(n int, emit func(int, outcome), o outcome) {
 // refused: retrying it cannot help), else err, retryable.
 func refused(st *status.Status, node string, err error) outcome {
 	if st.Code() == codes.InvalidArgument {
-		return outcome{ierr: &ItemError{Code: st.Code(), Message: fmt.Sprintf("node %s refused the request: %s", node, st.Message())}}
+		field, _ := wire.Violation(st)
+		return outcome{ierr: &ItemError{Code: st.Code(), Message: fmt.Sprintf("node %s refused the request: %s", node, st.Message()), Field: field}}
 	}
 	return outcome{err: err}
 }
 
 // decode emits the outcome of each of n items from resp.
 func decode(resp *pb.CheckResponse, n int, at func(int) *prepared, node string, emit func(int, outcome)) {
-	failed, dup, err := checkResponse(resp, n)
-	var refunded []bool
-	if err == nil {
-		refunded, err = indexSet("refunded", resp.Refunded, n)
-	}
+	r, err := wire.Read(resp, n)
 	if err != nil {
 		o := outcome{err: fmt.Errorf("client: malformed response from %s: %w", node, err)}
 		emitAll(n, emit, o)
@@ -142,16 +140,9 @@ func decode(resp *pb.CheckResponse, n int, at func(int) *prepared, node string, 
 	var dom *pb.Domain
 	off := 0
 	for j := range n {
-		k := int(resp.RuleCounts[j])
-		if failed != nil && failed[j] != nil {
-			off += k
-			e := failed[j]
-			code := codes.Code(e.Code)
-			if callerFault(code) {
-				emit(j, outcome{ierr: &ItemError{Index: j, Code: code, Message: e.Message}})
-			} else {
-				emit(j, outcome{err: fmt.Errorf("client: node %s: %s (%v)", node, e.Message, code)})
-			}
+		if e := r.Err(j); e != nil {
+			off += int(resp.RuleCounts[j])
+			emit(j, failure(e, node))
 			continue
 		}
 		if d := at(j).domain; dom == nil || d != lastName {
@@ -161,93 +152,48 @@ func decode(resp *pb.CheckResponse, n int, at func(int) *prepared, node string, 
 			}
 			dom = resp.Domains[d]
 		}
-		dec := Decision{
-			Admitted: resp.Admitted[j], Recorded: resp.Recorded[j], Duplicate: dup != nil && dup[j], Refunded: refunded != nil && refunded[j],
-			RetryAfter: time.Duration(resp.RetryAfterMs[j]) * time.Millisecond,
-			DecidedAt:  time.UnixMilli(resp.DecidedAtMs[j]),
-			Node:       node,
-		}
-		if k > 0 {
-			rs := rules[off : off+k : off+k]
-			for r := range rs {
-				rs[r] = RuleState{
-					Used: int(resp.Used[off+r]), Remaining: int(resp.Remaining[off+r]),
-					RetryAfter: time.Duration(resp.RuleRetryAfterMs[off+r]) * time.Millisecond,
-				}
-				if dom != nil && r < len(dom.Rules) {
-					rule := dom.Rules[r]
-					rs[r].Name, rs[r].Limit, rs[r].Window = rule.Name, int(rule.Limit), time.Duration(rule.WindowMs)*time.Millisecond
-					rs[r].Shadow = rule.Shadow
-				}
-			}
-			dec.Rules = rs
-		}
-		if by := resp.DeniedBy[j]; by >= 0 && dom != nil && int(by) < len(dom.Rules) {
-			dec.DeniedBy = dom.Rules[by].Name
-		}
-		if len(resp.ShadowDeniedBy) > 0 {
-			if by := resp.ShadowDeniedBy[j]; by >= 0 && dom != nil && int(by) < len(dom.Rules) {
-				dec.ShadowDeniedBy = dom.Rules[by].Name
-			}
-		}
+		k := int(resp.RuleCounts[j])
+		emit(j, outcome{dec: decision(r, j, dom, rules[off:off+k:off+k], node)})
 		off += k
-		emit(j, outcome{dec: dec})
 	}
 }
 
-// checkResponse checks the shape of a response to n items and returns its
-// item errors by index (nil if none) and which items are duplicates (nil if
-// none).
-func checkResponse(resp *pb.CheckResponse, n int) (failed []*pb.ItemError, dup []bool, err error) {
-	for _, col := range []struct {
-		name string
-		len  int
-	}{
-		{"admitted", len(resp.Admitted)}, {"recorded", len(resp.Recorded)}, {"denied_by", len(resp.DeniedBy)},
-		{"retry_after_ms", len(resp.RetryAfterMs)}, {"decided_at_ms", len(resp.DecidedAtMs)}, {"rule_counts", len(resp.RuleCounts)},
-	} {
-		if col.len != n {
-			return nil, nil, fmt.Errorf("%s has %d entries for %d items", col.name, col.len, n)
-		}
+// failure is the outcome of an item that failed with e at node: the
+// caller's error, or a retryable failure.
+func failure(e *pb.ItemError, node string) outcome {
+	code := codes.Code(e.Code)
+	if callerFault(code) {
+		return outcome{ierr: &ItemError{Index: int(e.Index), Code: code, Message: e.Message, Field: e.Field}}
 	}
-	if k := len(resp.ShadowDeniedBy); k != 0 && k != n {
-		return nil, nil, fmt.Errorf("shadow_denied_by has %d entries for %d items, want 0 or %d", k, n, n)
-	}
-	total := 0
-	for _, k := range resp.RuleCounts {
-		total += int(k)
-	}
-	if len(resp.Used) != total || len(resp.Remaining) != total || len(resp.RuleRetryAfterMs) != total {
-		return nil, nil, fmt.Errorf("per-rule columns have %d, %d, %d entries, rule_counts add up to %d",
-			len(resp.Used), len(resp.Remaining), len(resp.RuleRetryAfterMs), total)
-	}
-	if len(resp.Errors) > 0 {
-		failed = make([]*pb.ItemError, n)
-		for _, e := range resp.Errors {
-			if int(e.Index) >= n {
-				return nil, nil, fmt.Errorf("error for item %d of %d", e.Index, n)
-			}
-			failed[e.Index] = e
-		}
-	}
-	if dup, err = indexSet("duplicates", resp.Duplicates, n); err != nil {
-		return nil, nil, err
-	}
-	return failed, dup, nil
+	return outcome{err: fmt.Errorf("client: node %s: %s (%v)", node, e.Message, code)}
 }
 
-// indexSet returns which of n items a response's list of item indices
-// names, or nil if it names none.
-func indexSet(name string, idx []uint32, n int) ([]bool, error) {
-	if len(idx) == 0 {
-		return nil, nil
+// decision is item j's decision in r, under its domain dom (nil if the
+// response lacks it), with its rules in rs.
+func decision(r *wire.Response, j int, dom *pb.Domain, rs []RuleState, node string) Decision {
+	dec := Decision{
+		Admitted: r.Admitted[j], Recorded: r.Recorded[j], Duplicate: r.Duplicate(j), Refunded: r.Refunded(j),
+		RetryAfter: time.Duration(r.RetryAfterMs[j]) * time.Millisecond,
+		DecidedAt:  time.UnixMilli(r.DecidedAtMs[j]),
+		Node:       node,
 	}
-	set := make([]bool, n)
-	for _, i := range idx {
-		if int(i) >= n {
-			return nil, fmt.Errorf("%s names item %d of %d", name, i, n)
+	used, remaining, retry := r.Rules(j)
+	for k := range rs {
+		rs[k] = RuleState{Used: int(used[k]), Remaining: int(remaining[k]), RetryAfter: time.Duration(retry[k]) * time.Millisecond}
+		if dom != nil && k < len(dom.Rules) {
+			rule := dom.Rules[k]
+			rs[k].Name, rs[k].Limit, rs[k].Window = rule.Name, int(rule.Limit), time.Duration(rule.WindowMs)*time.Millisecond
+			rs[k].Shadow = rule.Shadow
 		}
-		set[i] = true
 	}
-	return set, nil
+	if len(rs) > 0 {
+		dec.Rules = rs
+	}
+	if by := r.DeniedBy[j]; by >= 0 && dom != nil && int(by) < len(dom.Rules) {
+		dec.DeniedBy = dom.Rules[by].Name
+	}
+	if by := r.ShadowDeniedBy(j); by >= 0 && dom != nil && int(by) < len(dom.Rules) {
+		dec.ShadowDeniedBy = dom.Rules[by].Name
+	}
+	return dec
 }

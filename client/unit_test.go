@@ -367,3 +367,16 @@ func TestMaxBatch(t *testing.T) {
 		t.Fatalf("%d items in %d RPCs", items, len(f.requests()))
 	}
 }
+
+// TestItemErrorIndexByField: with the field the node named (ItemError.Field),
+// only that field's index is renumbered.
+func TestItemErrorIndexByField(t *testing.T) {
+	e := (&ItemError{Index: 1, Code: codes.InvalidArgument, Message: "costs[1]: cost 5000 out of range", Field: "costs"}).at(7, 1)
+	if e.Message != "costs[7]: cost 5000 out of range" || e.Field != "costs" || e.Index != 7 {
+		t.Fatalf("at(7, 1) = %+v", e)
+	}
+	e = (&ItemError{Index: 1, Code: codes.InvalidArgument, Message: "domains[1]: x", Field: "costs"}).at(7, 1)
+	if e.Message != "domains[1]: x" {
+		t.Fatalf("a message whose first word is not the field: %q", e.Message)
+	}
+}

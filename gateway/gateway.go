@@ -9,7 +9,6 @@ import (
 	"mime"
 	"net/http"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 )
 
 // CheckPath is the endpoint's path.
@@ -210,15 +210,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if code == http.StatusServiceUnavailable {
 				w.Header().Set("Retry-After", "1")
 			}
-			writeProblem(w, code, typ, httpFields(st.Message(), batch, idx))
+			writeProblem(w, code, typ, requestDetail(st, batch))
 			return
 		}
 	}
-	if batch {
-		h.writeBatch(w, req, resp, failed, idx)
+	answers, err := wire.Read(resp, len(req.Recipients))
+	if err != nil {
+		writeProblem(w, http.StatusInternalServerError, TypeInternal, fmt.Sprintf("the node's answer is malformed: %v", err))
 		return
 	}
-	h.writeSingle(w, req, resp)
+	if batch {
+		h.writeBatch(w, req, answers, failed, idx)
+		return
+	}
+	h.writeSingle(w, req, answers)
 }
 
 // bodyIndexes maps the index of each of n items decided to its index in
@@ -261,95 +266,88 @@ func httpStatus(c codes.Code) (int, string) {
 	return http.StatusInternalServerError, TypeInternal
 }
 
-// grpcField matches the gRPC column a node's message starts with.
-var grpcField = regexp.MustCompile(`^(recipients|domains|contents|content_hashes|costs|modes|request_ids)(\[(\d+)\])?`)
-
+// jsonField is this API's name of each request column (wire's names).
 var jsonField = map[string]string{
-	"recipients": "recipient", "domains": "domain", "contents": "content", "content_hashes": "content",
-	"costs": "cost", "modes": "mode", "request_ids": "request_id",
+	wire.Recipients: "recipient", wire.Domains: "domain", wire.Contents: "content", wire.ContentHashes: "content",
+	wire.Costs: "cost", wire.Modes: "mode", wire.RequestIDs: "request_id",
 }
 
-// httpFields rewrites the gRPC field a node's message names
-// ("costs[2]: ...") as this API's ("items[2].cost: ..." in a batch,
-// "cost: ..." for a single item). idx maps the index of an item decided to
-// its index in the body (nil: the same).
-func httpFields(msg string, batch bool, idx []int) string {
-	m := grpcField.FindStringSubmatchIndex(msg)
-	if m == nil {
-		return msg
+// itemDetail is the problem detail of an item error: the node's message,
+// its field named as this API names it ("items[2].cost: ..." in a batch,
+// "cost: ..." for a single item) when the error names one. bodyIndex is
+// the item's index in the body.
+func itemDetail(e *pb.ItemError, batch bool, bodyIndex int) string {
+	name, ok := jsonField[e.Field]
+	if !ok {
+		return e.Message
 	}
-	name := jsonField[msg[m[2]:m[3]]]
-	if batch && m[6] >= 0 {
-		i := msg[m[6]:m[7]]
-		if k, err := strconv.Atoi(i); err == nil && k < len(idx) {
-			i = strconv.Itoa(idx[k])
-		}
-		name = "items[" + i + "]." + name
+	if batch {
+		name = "items[" + strconv.Itoa(bodyIndex) + "]." + name
 	}
-	return name + msg[m[1]:]
+	return name + ": " + wire.Detail(e)
 }
 
-// decisions converts resp's item i.
-func decision(req *pb.CheckRequest, resp *pb.CheckResponse, i, ruleOff int) *Decision {
+// requestDetail is the problem detail of a call that failed whole: its
+// message, with the column its details name (a malformed batch) named as
+// this API names it.
+func requestDetail(st *status.Status, batch bool) string {
+	field, msg := wire.Violation(st)
+	if field == "" {
+		return st.Message()
+	}
+	name := jsonField[field]
+	if field == wire.Recipients && batch {
+		name = "items"
+	}
+	if name == "" {
+		return st.Message()
+	}
+	return name + ": " + msg
+}
+
+// decision converts item i of the answers.
+func decision(req *pb.CheckRequest, r *wire.Response, i int) *Decision {
 	d := &Decision{
 		Recipient:    req.Recipients[i],
-		Admitted:     resp.Admitted[i],
-		Recorded:     resp.Recorded[i],
-		RetryAfterMs: resp.RetryAfterMs[i],
-		DecidedAt:    time.UnixMilli(resp.DecidedAtMs[i]).UTC(),
+		Admitted:     r.Admitted[i],
+		Recorded:     r.Recorded[i],
+		RetryAfterMs: r.RetryAfterMs[i],
+		DecidedAt:    time.UnixMilli(r.DecidedAtMs[i]).UTC(),
 		Refund:       req.Modes[i] == pb.Mode_MODE_REFUND,
 		hasContent:   (i < len(req.Contents) && len(req.Contents[i]) > 0) || (i < len(req.ContentHashes) && req.ContentHashes[i] != 0),
+		Duplicate:    r.Duplicate(i),
+		Refunded:     r.Refunded(i),
 	}
 	domain := req.Domains[i]
 	if domain == "" {
 		domain = "default"
 	}
-	rules := resp.Domains[domain].GetRules()
-	n := int(resp.RuleCounts[i])
-	for k := 0; k < n && k < len(rules); k++ {
+	rules := r.Domains[domain].GetRules()
+	used, remaining, retry := r.Rules(i)
+	for k := 0; k < len(used) && k < len(rules); k++ {
 		ru := rules[k]
-		d.Rules = append(d.Rules, RuleResult{Name: ru.Name, Scope: ru.Scope, Limit: ru.Limit, Window: ru.Window, Used: resp.Used[ruleOff+k],
-			Remaining: resp.Remaining[ruleOff+k], RetryAfterMs: resp.RuleRetryAfterMs[ruleOff+k], Shadow: ru.Shadow})
+		d.Rules = append(d.Rules, RuleResult{Name: ru.Name, Scope: ru.Scope, Limit: ru.Limit, Window: ru.Window, Used: used[k],
+			Remaining: remaining[k], RetryAfterMs: retry[k], Shadow: ru.Shadow})
 	}
-	if k := resp.DeniedBy[i]; k >= 0 && int(k) < len(rules) {
+	if k := r.DeniedBy[i]; k >= 0 && int(k) < len(rules) {
 		d.DeniedBy = rules[k].Name
 	}
-	if len(resp.ShadowDeniedBy) > i {
-		if k := resp.ShadowDeniedBy[i]; k >= 0 && int(k) < len(rules) {
-			d.ShadowDeniedBy = rules[k].Name
-		}
-	}
-	for _, j := range resp.Duplicates {
-		d.Duplicate = d.Duplicate || int(j) == i
-	}
-	for _, j := range resp.Refunded {
-		d.Refunded = d.Refunded || int(j) == i
+	if k := r.ShadowDeniedBy(i); k >= 0 && int(k) < len(rules) {
+		d.ShadowDeniedBy = rules[k].Name
 	}
 	return d
 }
 
-// itemErrors indexes resp's item errors.
-func itemErrors(resp *pb.CheckResponse) map[int]*pb.ItemError {
-	if len(resp.Errors) == 0 {
-		return nil
-	}
-	m := make(map[int]*pb.ItemError, len(resp.Errors))
-	for _, e := range resp.Errors {
-		m[int(e.Index)] = e
-	}
-	return m
-}
-
-func (h *Handler) writeSingle(w http.ResponseWriter, req *pb.CheckRequest, resp *pb.CheckResponse) {
-	if e := itemErrors(resp)[0]; e != nil {
+func (h *Handler) writeSingle(w http.ResponseWriter, req *pb.CheckRequest, r *wire.Response) {
+	if e := r.Err(0); e != nil {
 		code, typ := httpStatus(codes.Code(e.Code))
 		if code == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", "1")
 		}
-		writeProblem(w, code, typ, httpFields(e.Message, false, nil))
+		writeProblem(w, code, typ, itemDetail(e, false, 0))
 		return
 	}
-	d := decision(req, resp, 0, 0)
+	d := decision(req, r, 0)
 	h.setRateLimitHeaders(w.Header(), d)
 	if d.Admitted {
 		writeJSON(w, http.StatusOK, "application/json", d)
@@ -363,29 +361,25 @@ func (h *Handler) writeSingle(w http.ResponseWriter, req *pb.CheckRequest, resp 
 	})
 }
 
-// writeBatch answers a batch: the items of req, decided in resp, and the
+// writeBatch answers a batch: the items of req, decided in r, and the
 // items that failed alone in decoding, each at its index in the body (idx,
 // as from bodyIndexes).
-func (h *Handler) writeBatch(w http.ResponseWriter, req *pb.CheckRequest, resp *pb.CheckResponse, failed []FailedItem, idx []int) {
-	errs := itemErrors(resp)
+func (h *Handler) writeBatch(w http.ResponseWriter, req *pb.CheckRequest, r *wire.Response, failed []FailedItem, idx []int) {
 	out := BatchResponse{Results: make([]ItemResult, len(req.Recipients)+len(failed))}
 	for _, f := range failed {
 		out.Results[f.Index].Error = &Problem{Type: TypeInvalid, Title: http.StatusText(http.StatusBadRequest), Status: http.StatusBadRequest, Detail: f.Err.Error()}
 	}
-	off := 0
 	for i := range req.Recipients {
 		j := i
 		if idx != nil {
 			j = idx[i]
 		}
-		ruleOff := off
-		off += int(resp.RuleCounts[i]) // a failed item may have entries too
-		if e := errs[i]; e != nil {
+		if e := r.Err(i); e != nil {
 			code, typ := httpStatus(codes.Code(e.Code))
-			out.Results[j].Error = &Problem{Type: typ, Title: http.StatusText(code), Status: code, Detail: httpFields(e.Message, true, idx)}
+			out.Results[j].Error = &Problem{Type: typ, Title: http.StatusText(code), Status: code, Detail: itemDetail(e, true, j)}
 			continue
 		}
-		out.Results[j].Decision = decision(req, resp, i, ruleOff)
+		out.Results[j].Decision = decision(req, r, i)
 	}
 	writeJSON(w, http.StatusOK, "application/json", &out)
 }

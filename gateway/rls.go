@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 	"github.com/freqring/freqring/rules"
 )
 
@@ -442,14 +443,14 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*
 	if err != nil {
 		return nil, rlsError(err)
 	}
-	errs := itemErrors(resp)
+	answers, err := wire.Read(resp, len(c.req.Recipients))
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "the node's answer is malformed: %v", err)
+	}
 	var failed error
 	decisions := make([]*Decision, len(c.req.Recipients))
-	off := 0
 	for k := range decisions {
-		ruleOff := off
-		off += int(resp.RuleCounts[k]) // a failed item may have entries too
-		if e := errs[k]; e != nil {
+		if e := answers.Err(k); e != nil {
 			if c.req.Modes[k] == pb.Mode_MODE_REFUND && codes.Code(e.Code) == codes.NotFound {
 				continue // nothing recorded under that id: nothing to take back
 			}
@@ -458,7 +459,7 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*
 			}
 			continue
 		}
-		decisions[k] = decision(c.req, resp, k, ruleOff)
+		decisions[k] = decision(c.req, answers, k)
 		if decisions[k].Duplicate && c.req.Modes[k] == pb.Mode_MODE_CHECK_AND_RECORD && failed == nil {
 			// Envoy forwards on OK: answering a repeated id as the send it
 			// recorded would let a client that reuses x-request-id send

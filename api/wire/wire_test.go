@@ -191,3 +191,19 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+// TestDetail: an item error's message loses the field its node named first,
+// with or without an index, and only that.
+func TestDetail(t *testing.T) {
+	for _, tc := range []struct{ field, msg, want string }{
+		{Costs, "costs[2]: cost 5000 out of range [1, 1000]", "cost 5000 out of range [1, 1000]"},
+		{RequestIDs, `request_ids: recipient "a": reused`, `recipient "a": reused`},
+		{"", "costs[2]: no field given", "costs[2]: no field given"},
+		{Costs, "another message", "another message"},
+		{Costs, "costs[2 unterminated", "costs[2 unterminated"},
+	} {
+		if got := Detail(&pb.ItemError{Field: tc.field, Message: tc.msg}); got != tc.want {
+			t.Errorf("Detail(%q, %q) = %q, want %q", tc.field, tc.msg, got, tc.want)
+		}
+	}
+}
