@@ -7,19 +7,29 @@
 //
 // # Data flow
 //
-// A Check request is a batch of items in columns (see api/freqring/v1). The
-// node validates its shape and decodes every item once (batch.go): domain,
-// content hash, cost and mode are checked, and the recipient is hashed to its
-// 64-bit key (xxhash64, which places it on the ring), its 16-bit tag
-// (CRC-32C, which tells apart recipients whose keys collide) and its ring
-// partition. Items another member owns are forwarded in one Peer.Forward per
-// owner, in parallel (forward.go); the rest are decided in decide, at one
-// clock reading, which is the one place an item meets its partition's state:
-// store.ApplyBatch takes each partition's lock once, decides its items in
-// request order with window.Apply and writes the records back, with the
-// cache misses of later partitions in flight meanwhile. The sends it
-// recorded go to the WAL in one append, in request order, before the reply
-// (durable.go, walrec.go).
+// A Check request is a batch of items in columns (api/freqring/v1, read and
+// written through api/wire), and takes these stages (check.go):
+//
+//	admit    the node serves and the batch's shape is whole (wire.CheckRequest)
+//	decode   every item decoded once (decode.go): domain, content hash, cost
+//	         and mode checked, the recipient hashed to its 64-bit key
+//	         (xxhash64, its place on the ring), its 16-bit tag (CRC-32C, which
+//	         tells apart recipients whose keys collide) and its partition
+//	judge    each item's verdict under the ring, the one place a check judges
+//	         ownership (partition.go): forwarded to its owner, or decided here
+//	route    items another member owns go to it in one Peer.Forward per
+//	         owner, in parallel, and the answers are merged (forward.go)
+//	decide   the rest, at one clock reading, meet their partitions' state in
+//	         store.ApplyBatch, which takes each partition's lock once and
+//	         decides its items in request order with window.Apply, the cache
+//	         misses of later partitions in flight meanwhile (decide.go); each
+//	         answer is written (respond.go), counted, and what it recorded
+//	         listed (record.go)
+//	persist  that one list of sends feeds the WAL (one append, in request
+//	         order) and each backup's frame before the reply (record.go,
+//	         durable.go, walrec.go, replica.go)
+//
+// A Peer.Forward call takes the same stages but route (peerrpc.go).
 //
 // # Rules
 //
@@ -35,38 +45,52 @@
 // # Exact through ring changes
 //
 // History moves with ownership and every admitted send is on two nodes
-// before its reply: handoff.go states the five rules (a node decides only
-// for partitions it has acquired under its current ring; acquiring closes
-// the partition on every other member and merges their copies; a backup
-// holds every admitted send; a leaving node hands over first; a node
-// without a majority decides nothing) and carries them out; replica.go
-// replicates each batch's sends to their backups (Config.Replication).
+// before its reply: partition.go states the rules (a node decides only for
+// partitions it has acquired under its current ring; acquiring closes the
+// partition on every other member and merges their copies; a backup holds
+// every admitted send; a leaving node hands over first; a node without a
+// majority decides nothing; a node hands back what it decided under another
+// ring), and keeps each partition's state; mover.go, handback.go and
+// majority.go carry them out, peerrpc.go answers the peer calls, and
+// replica.go replicates each batch's sends to their backups
+// (Config.Replication).
 //
 // # Peers
 //
 // A node reaches others through the Peers interface (peer.go): gRPC by
 // default, or a LocalNetwork that calls nodes of the same process directly,
-// for in-process clusters (package nodetest).
+// for in-process clusters (package nodetest). A Peer is the generated
+// clients' method set; the receiving side is peerServer (peerrpc.go), never
+// a method of Node, whose exported methods are an embedder's.
 //
 // # Files
 //
 //	node.go       Node, Config, New, the rules view, Stats, Sweep, Status
-//	lifecycle.go  Open, Close, the sweep loop
-//	batch.go      the single pass: decode, Check, Forward, decide
+//	lifecycle.go  Open, Close, the sweep loop, every (the loop of the jobs that poll)
+//	check.go      Check: the stages, in order
+//	decode.go     stage 1: each item decoded, validated and hashed once
+//	partition.go  the rules of moves; each partition's state; judge, the ownership verdict
+//	forward.go    route: grouping by owner, forwarding, merging answers
+//	decide.go     decide: the pass over the local items, the store's results taken and counted
+//	respond.go    the answer columns of a decided item
+//	record.go     what a call recorded, one list for the WAL and the backups; persist
 //	stream.go     CheckStream: Check for the requests of one stream, decided concurrently; serveStream, the loop of both stream handlers
-//	forward.go    grouping by owner, forwarding, merging answers
 //	peer.go       Peer, Peers, GRPCPeers, LocalNetwork
-//	cluster.go    membership (gossip), Leave, the Ring and WatchRing RPCs
-//	handoff.go    partition moves: reconcile, acquire, fill, release, drain, majority
-//	replica.go    a backup per partition: Replicate, sync replication of a batch
+//	peerrpc.go    peerServer: the Peer service's handlers, the checks of a peer message
+//	cluster.go    membership (gossip), a name taken, Leave, the Ring and WatchRing RPCs
+//	mover.go      partition moves: reconcile, acquire, fill, release, drain
+//	handback.go   rule 7, the sender: handing back what was decided under another ring
+//	majority.go   rule 5: hasMajority, the electorate
+//	replica.go    a backup per partition: sync replication of a batch, recording as a backup
 //	replstream.go ReplicateStream: an owner's Replicate calls to one backup on one stream
-//	durable.go    recovery, WAL appends, snapshots' schedule and fallback, retention
-//	snapshot.go   the snapshot file: partition images, older formats read, verification
+//	durable.go    recovery, WAL appends and their failure, snapshots' schedule and fallback, retention
+//	snapshot.go   the snapshot file: format, writing
+//	snapread.go   reading snapshots back: a reader per format, verification
 //	synth.go      synthetic state: a data directory of N recipients at steady state (freqring synth)
 //	lock.go       one process per data directory (flock of DATA_DIR/LOCK)
 //	removed.go    history of domains the rules lack: refuse, or drop when told
 //	overrides.go  admin overrides: the Admin service, overrides.json, the pull from peers (SyncOverrides)
-//	memlimit.go   the memory limit: the store's budget, refusals at it
+//	memlimit.go   the memory limit: the store's budget, refusals at it, the item gate
 //	observe.go    the Observer hooks (timings for metrics), decision counters by domain, rule and code, Serving
 //	walrec.go     the WAL payload of one Check
 //	usage.go      usage statistics: what decide counts, the Usage RPC, the DATA_DIR/usage file

@@ -531,15 +531,12 @@ func domainProto(d *window.Domain) *pb.Domain {
 	return p
 }
 
-// castagnoli is the CRC-32C table behind record tags.
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // KeyOf returns the 64-bit key hash (xxhash64) of a recipient, which places it
 // on the ring and in the store, and its 16-bit tag (CRC-32C), which tells
 // apart two recipients whose key hashes collide.
 func KeyOf(recipient string) (key uint64, tag uint16) {
 	key = xxhash.Sum64String(recipient)
-	tag = uint16(crc32.Checksum(unsafe.Slice(unsafe.StringData(recipient), len(recipient)), castagnoli))
+	tag = uint16(crc32.Checksum(unsafe.Slice(unsafe.StringData(recipient), len(recipient)), wal.Castagnoli))
 	return key, tag
 }
 

@@ -146,7 +146,7 @@ func TestSnapshotVerify(t *testing.T) {
 	// The offsets at which the sections start: a flipped byte is reported
 	// at its section's, the first that fails.
 	var starts []int
-	for off := 0; off < len(b); off += 9 + int(binary.LittleEndian.Uint32(b[off+1:])) {
+	for off := 0; off < len(b); off += 9 + int(binary.LittleEndian.Uint32(b[off:])) { // wal's framing: the size first
 		starts = append(starts, off)
 	}
 	for i := 0; i < len(b); i += 1 + len(b)/500 {

@@ -4,18 +4,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
-	"math/bits"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 
-	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/wal"
 )
 
@@ -31,19 +25,22 @@ var ErrCorruptSnapshot = errors.New("node: corrupt snapshot")
 // the newest intact one, falling back on its own (logging each damaged file
 // at error level), since the older snapshot plus the WAL after it lose
 // nothing. Only when no snapshot is intact does it need --skip-corrupt, to
-// start from the WAL alone. A file is a series of sections, each framed
+// start from the WAL alone. A file is a series of sections, each framed as
+// a WAL record is (wal.AppendFrame), its type the section's kind:
 //
-//	| kind u8 | size u32 | crc u32 = CRC-32C(kind + body) | body (size bytes) |
+//	| size u32 | crc u32 = CRC-32C(kind + body) | kind u8 | body (size bytes) |
 //
-// little-endian, in this order (format 3, "FRQSNAP3"):
+// little-endian, in this order (format 4, "FRQSNAP4"):
 //
-//	header     "FRQSNAP3", created unix ms u64, replay position: segment u64,
+//	header     "FRQSNAP4", created unix ms u64, replay position: segment u64,
 //	           offset u64, partitions u32
 //	partition  a partition image (package store's format), once per partition
 //	end        partitions u32, records u64
 //
-// Formats 1 and 2 ("FRQSNAP1", "FRQSNAP2", written before the store was
-// organised by partition) are still read:
+// Format 3 ("FRQSNAP3") has the same sections in a framing of its own,
+// | kind u8 | size u32 | crc u32 = CRC-32C(kind + body) | body |, and is
+// still read, as are formats 1 and 2 ("FRQSNAP1", "FRQSNAP2", written before
+// the store was organised by partition), in that framing too:
 //
 //	header   magic, created unix ms u64, replay position: segment u64, offset u64
 //	domain   name length u16, name, shards u32 (once per domain)
@@ -54,9 +51,11 @@ var ErrCorruptSnapshot = errors.New("node: corrupt snapshot")
 // Their records are spread over this version's partitions by key; their
 // request ids, saved without their recipient, are dropped (the WAL tail
 // after the snapshot still restores the ids it holds), and Open writes a
-// format 3 snapshot at once. A missing end section means a truncated file.
+// format 4 snapshot at once, as it does after loading a format 3 one. A
+// missing end section means a truncated file. snapread.go reads them.
 const (
-	snapMagic          = "FRQSNAP3"
+	snapMagic          = "FRQSNAP4"
+	snapMagicV3        = "FRQSNAP3"
 	snapMagicV2        = "FRQSNAP2"
 	snapMagicV1        = "FRQSNAP1" // no request ids
 	secHeader    uint8 = 1
@@ -89,23 +88,19 @@ func listSnapshots(dir string) ([]string, error) {
 	return out, nil
 }
 
-var crcTable = crc32.MakeTable(crc32.Castagnoli)
-
-// sectionWriter frames sections onto w, which buffers.
+// sectionWriter frames sections onto w, which buffers, in wal's framing
+// (format 4).
 type sectionWriter struct {
 	w   io.Writer
-	hdr [9]byte
+	hdr []byte
 }
 
 func (sw *sectionWriter) section(kind uint8, body []byte) error {
 	if len(body) > maxSection {
 		return fmt.Errorf("node: snapshot section of %d bytes, more than %d", len(body), maxSection)
 	}
-	sw.hdr[0] = kind
-	binary.LittleEndian.PutUint32(sw.hdr[1:], uint32(len(body)))
-	crc := crc32.Update(crc32.Update(0, crcTable, sw.hdr[:1]), crcTable, body)
-	binary.LittleEndian.PutUint32(sw.hdr[5:], crc)
-	if _, err := sw.w.Write(sw.hdr[:]); err != nil {
+	sw.hdr = wal.AppendFrameHeader(sw.hdr[:0], kind, body)
+	if _, err := sw.w.Write(sw.hdr); err != nil {
 		return err
 	}
 	_, err := sw.w.Write(body)
@@ -149,7 +144,7 @@ func snapshotChunk(maxMemory int64) int {
 
 // writeSnapshotFile writes to dir, with direct I/O in chunks of chunk bytes
 // (0: wal's default) where the file system allows it
-// (wal.WriteFileAtomicDirectChunk), the format 3 snapshot whose replay
+// (wal.WriteFileAtomicDirectChunk), the format 4 snapshot whose replay
 // starts at from, taken at nowMs (unix ms), of parts partitions: image appends
 // partition p's image (store.AppendImage's format) to dst and returns it
 // with its record count; it is called once per partition, in order, and
@@ -242,217 +237,6 @@ func (s *snapshotState) covered(domain string, key, seq uint64) bool {
 	return seq <= ss.seq[max(key, 1)>>ss.shift]
 }
 
-// loadSnapshot loads path into the node's store, skipping records whose
-// newest send is at or before their domain's longest window before nowMs.
-// Sections are read (with direct I/O where the file system allows it) and
-// checked by this goroutine and merged by a worker per core, each partition
-// image by one.
-func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
-	r, err := wal.OpenDirectChunk(path, snapshotChunk(n.cfg.MaxMemory)) // it reads ahead in chunks
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	// f is for advice only: where the file system refuses direct I/O the
-	// reads go through the page cache, and what they leave there is dropped
-	// as they go (dropCached applies to the file, whichever descriptor).
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	ss := &snapshotState{file: path}
-	bad := func(off int64, format string, args ...any) error {
-		return fmt.Errorf("%w: %s offset %d: %s", ErrCorruptSnapshot, path, off, fmt.Sprintf(format, args...))
-	}
-	v := n.view.Load()
-	work := make(chan imageWork, 4)
-	var (
-		loadErr error
-		errOnce sync.Once
-		records atomic.Int64
-		skipped atomic.Int64
-		workers sync.WaitGroup
-		bodies  sync.Pool
-		unknown sync.Mutex // guards ss.unknown
-	)
-	for range max(1, runtime.GOMAXPROCS(0)) {
-		workers.Go(func() {
-			for w := range work {
-				_, ms, err := n.store.MergeImage(*w.img, nowMs, v.bindName)
-				records.Add(ms.Records)
-				skipped.Add(ms.Idle + ms.UnknownDomain)
-				if ms.Unknown != nil {
-					unknown.Lock()
-					ss.unknown = addCounts(ss.unknown, ms.Unknown)
-					unknown.Unlock()
-				}
-				if err != nil {
-					errOnce.Do(func() { loadErr = fmt.Errorf("%w: %s offset %d: %v", ErrCorruptSnapshot, path, w.off, err) })
-				}
-				bodies.Put(w.img)
-			}
-		})
-	}
-	finish := func() error {
-		close(work)
-		workers.Wait()
-		ss.stats.Records, ss.stats.Skipped = ss.stats.Records+records.Load(), ss.stats.Skipped+skipped.Load()
-		return loadErr
-	}
-	buffer := func() *[]byte {
-		if buf, ok := bodies.Get().(*[]byte); ok {
-			return buf
-		}
-		return new([]byte)
-	}
-	submit := func(img []byte, off int64) {
-		buf := buffer()
-		*buf = append((*buf)[:0], img...)
-		work <- imageWork{img: buf, off: off}
-	}
-	var (
-		off      int64
-		hdr      [9]byte
-		body     *[]byte // the section being read: a loading worker's, once a partition image
-		format   int
-		dname    string
-		shards   uint32
-		sawEnd   bool
-		nSecs    int
-		sections uint32
-		image    []byte
-		dropped  int64 // bytes from the start whose page cache is dropped
-	)
-	finished := false
-	defer func() {
-		if !finished {
-			finish()
-		}
-	}()
-	for !sawEnd {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return nil, bad(off, "no end section (%v)", err)
-		}
-		kind, size := hdr[0], binary.LittleEndian.Uint32(hdr[1:])
-		if size > maxSection {
-			return nil, bad(off, "section of %d bytes", size)
-		}
-		if body == nil {
-			body = buffer()
-		}
-		*body = slices.Grow((*body)[:0], int(size))[:size]
-		if _, err := io.ReadFull(r, *body); err != nil {
-			return nil, bad(off, "section of %d bytes cut short (%v)", size, err)
-		}
-		crc := crc32.Update(crc32.Update(0, crcTable, hdr[:1]), crcTable, *body)
-		if want := binary.LittleEndian.Uint32(hdr[5:]); crc != want {
-			return nil, bad(off, "crc %08x, want %08x", crc, want)
-		}
-		if nSecs == 0 && kind != secHeader {
-			return nil, bad(off, "first section is of kind %d, not a header", kind)
-		}
-		br := walReader{b: *body}
-		switch {
-		case kind == secHeader:
-			magic := string(br.take(8))
-			switch {
-			case nSecs != 0:
-				return nil, bad(off, "a second header")
-			case magic == snapMagic:
-				format = 3
-			case magic == snapMagicV2:
-				format = 2
-			case magic == snapMagicV1:
-				format = 1
-			default:
-				return nil, bad(off, "unknown format %q", magic)
-			}
-			ss.created = int64(br.u64())
-			ss.from = wal.Position{Seq: br.u64(), Offset: int64(br.u64())}
-			if format == 3 {
-				parts := br.u64n(4)
-				if parts < 1 || parts > store.MaxPartitions {
-					return nil, bad(off, "%d partitions", parts)
-				}
-				ss.parts = make([]uint64, parts)
-				ss.resnap = int(parts) != n.store.Partitions()
-			} else {
-				ss.legacy = map[string]shardSeqs{}
-				ss.resnap = true
-			}
-		case kind == secPartition && format == 3:
-			img := br.b
-			br.b = nil
-			if len(img) < 17 { // version, partition, partitions, seq
-				return nil, bad(off, "partition image of %d bytes", len(img))
-			}
-			p := binary.LittleEndian.Uint32(img[1:])
-			if int(p) >= len(ss.parts) {
-				return nil, bad(off, "partition %d of %d", p, len(ss.parts))
-			}
-			ss.parts[p] = binary.LittleEndian.Uint64(img[9:])
-			// The worker takes the section's buffer as it is, rather
-			// than a copy, and puts it back in bodies when done.
-			work <- imageWork{img: body, off: off}
-			body = nil
-			sections++
-		case kind == secDomain && format < 3:
-			dname = string(br.take(uint64(br.u64n(2))))
-			shards = uint32(br.u64n(4))
-			if shards == 0 || shards&(shards-1) != 0 || shards > 1<<16 {
-				return nil, bad(off, "domain %q has %d shards", dname, shards)
-			}
-			ss.legacy[dname] = shardSeqs{shift: uint(64 - bits.Len(uint(shards-1))), seq: make([]uint64, shards)}
-		case kind == secShard && format < 3:
-			if dname == "" {
-				return nil, bad(off, "shard section before any domain")
-			}
-			i := uint32(br.u64n(4))
-			seq := br.u64()
-			if i >= shards {
-				return nil, bad(off, "shard %d of %d", i, shards)
-			}
-			ss.legacy[dname].seq[i] = seq
-			// The rest is a domain block of a partition image: records,
-			// then (format 2) request ids. Under one image of a store of
-			// partition count 1 that differs from this one's, MergeImage
-			// spreads the records by key and drops the ids.
-			image = legacyImage(image[:0], dname, br.b, format, n.store.Partitions())
-			br.b = nil
-			submit(image, off)
-			sections++
-		case kind == secEnd:
-			if format == 3 {
-				if want := uint32(br.u64n(4)); want != sections || int(want) != len(ss.parts) {
-					return nil, bad(off, "end section counts %d partitions, read %d of %d", want, sections, len(ss.parts))
-				}
-			} else if want := uint32(br.u64n(4)); want != uint32(len(ss.legacy)) || uint32(br.u64n(4)) != sections {
-				return nil, bad(off, "end section counts %d domains, read %d", want, len(ss.legacy))
-			}
-			sawEnd = true
-		default:
-			return nil, bad(off, "unknown section kind %d in a format %d snapshot", kind, format)
-		}
-		if br.err != nil {
-			return nil, bad(off, "section of kind %d: %v", kind, br.err)
-		}
-		off += int64(len(hdr)) + int64(size)
-		nSecs++
-		if off-dropped >= dropCachedStep {
-			dropCached(f, dropped, off-dropped)
-			dropped = off
-		}
-	}
-	dropCached(f, dropped, off-dropped)
-	finished = true
-	if err := finish(); err != nil {
-		return nil, err
-	}
-	ss.stats.Bytes = off
-	return ss, nil
-}
-
 // dropCachedStep is how many bytes of a snapshot loadSnapshot reads
 // between two requests to drop what it read from the page cache. It reads
 // the file once, and the store it fills is as large: at 100M recipients the
@@ -462,108 +246,8 @@ func (n *Node) loadSnapshot(path string, nowMs int64) (*snapshotState, error) {
 // 100M recipients with deploy/scale/restart.sh; docs/benchmarks.md).
 const dropCachedStep = 64 << 20
 
-// imageWork is one partition image of a snapshot, for a loading worker.
-type imageWork struct {
-	img *[]byte
-	off int64 // the section's offset in the file, for errors
-}
-
-// legacyImage appends to dst a partition image holding the shard section
-// rest (records, then with format 2 request ids) of domain name, taken under
-// a partition count other than this store's (parts), so that MergeImage
-// spreads its records by key and drops its ids, which were saved without
-// their recipients.
-func legacyImage(dst []byte, name string, rest []byte, format, parts int) []byte {
-	from := uint32(1)
-	if parts == 1 {
-		from = 2
-	}
-	dst = append(dst, 1) // image version
-	dst = binary.LittleEndian.AppendUint32(dst, 0)
-	dst = binary.LittleEndian.AppendUint32(dst, from)
-	dst = binary.LittleEndian.AppendUint64(dst, 0)
-	dst = binary.LittleEndian.AppendUint16(dst, 1)
-	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(name)))
-	dst = append(dst, name...)
-	dst = append(dst, rest...)
-	if format == 1 {
-		dst = binary.LittleEndian.AppendUint32(dst, 0) // no request ids
-	}
-	return dst
-}
-
 // snapSeq returns the WAL segment a snapshot file name says replay starts in.
 func snapSeq(name string) uint64 {
 	seq, _ := strconv.ParseUint(name[:16], 16, 64)
 	return seq
-}
-
-// verifySnapshot reads back a format 3 snapshot that this node just wrote,
-// streaming, with direct I/O in chunks of chunk bytes (0: wal's default)
-// where the file system allows it (the disk's bytes, not the page cache's),
-// and checks every section's framing and crc, the partition
-// count (parts), every partition image (store.CheckImage) and the end
-// section, without loading anything. An error wraps ErrCorruptSnapshot and
-// names the file and offset.
-func verifySnapshot(path string, parts, chunk int) error {
-	r, err := wal.OpenDirectChunk(path, chunk) // it reads ahead in chunks
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	bad := func(off int64, format string, args ...any) error {
-		return fmt.Errorf("%w: %s offset %d: %s", ErrCorruptSnapshot, path, off, fmt.Sprintf(format, args...))
-	}
-	var (
-		off      int64
-		hdr      [9]byte
-		body     []byte
-		sections int
-	)
-	for n := 0; ; n++ {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return bad(off, "no end section (%v)", err)
-		}
-		kind, size := hdr[0], binary.LittleEndian.Uint32(hdr[1:])
-		if size > maxSection {
-			return bad(off, "section of %d bytes", size)
-		}
-		body = slices.Grow(body[:0], int(size))[:size]
-		if _, err := io.ReadFull(r, body); err != nil {
-			return bad(off, "section of %d bytes cut short (%v)", size, err)
-		}
-		crc := crc32.Update(crc32.Update(0, crcTable, hdr[:1]), crcTable, body)
-		if want := binary.LittleEndian.Uint32(hdr[5:]); crc != want {
-			return bad(off, "crc %08x, want %08x", crc, want)
-		}
-		switch {
-		case n == 0:
-			if kind != secHeader || len(body) != 8+8+16+4 || string(body[:8]) != snapMagic {
-				return bad(off, "not a format 3 header (kind %d, %d bytes)", kind, len(body))
-			}
-			if got := binary.LittleEndian.Uint32(body[32:]); int(got) != parts {
-				return bad(off, "%d partitions, want %d", got, parts)
-			}
-		case kind == secPartition:
-			if _, err := store.CheckImage(body); err != nil {
-				return bad(off, "partition image: %v", err)
-			}
-			sections++
-		case kind == secEnd:
-			if len(body) != 12 {
-				return bad(off, "end section of %d bytes", len(body))
-			}
-			if got := binary.LittleEndian.Uint32(body); int(got) != sections || sections != parts {
-				return bad(off, "end section counts %d partitions, read %d of %d", got, sections, parts)
-			}
-			var more [1]byte
-			if _, err := io.ReadFull(r, more[:]); err != io.EOF {
-				return bad(off+int64(len(hdr))+int64(size), "bytes after the end section")
-			}
-			return nil
-		default:
-			return bad(off, "unknown section kind %d", kind)
-		}
-		off += int64(len(hdr)) + int64(size)
-	}
 }

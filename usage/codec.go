@@ -8,22 +8,30 @@ import (
 	"math"
 	"slices"
 	"unicode/utf8"
+
+	"github.com/freqring/freqring/wal"
 )
 
 // The saved form of a list of DomainDay (little-endian), as a node writes it
 // to its data directory:
 //
-//	file   := magic "frqusage" | version u8 (1) | count u32 | count × day | crc u32
+//	file   := magic "frqusage" | version u8 (2) | frame (wal.AppendFrame) of
+//	          type 1 around: count u32 | count × day
 //	day    := zone str8 | date i32 | domain str16 | admitted u64 | denied u64 |
 //	          rules u8 | rules × rule | sketch (see Sketch.AppendBinary)
 //	rule   := name str8 | denied u64 | would_deny u64
 //	str8   := len u8 | UTF-8 bytes;  str16 := len u16 | UTF-8 bytes
 //
-// crc is the CRC-32C of every byte before it. Counters are at most
-// math.MaxInt64. Version numbers are only added, never reused.
+// Version 1, still read, had no frame: count u32 | count × day | crc u32,
+// the CRC-32C of every byte before it. Counters are at most math.MaxInt64.
+// Version numbers are only added, never reused.
 const (
 	magic   = "frqusage"
-	version = 1
+	version = 2
+	// maxFile bounds the frame of a saved form.
+	maxFile = 1 << 30
+	// frameDays is the type of the frame that holds the days.
+	frameDays = 1
 	// minDayBytes is the smallest encoded day: empty names, no rules, an
 	// empty sparse sketch.
 	minDayBytes = 1 + 4 + 2 + 8 + 8 + 1 + 4
@@ -32,42 +40,44 @@ const (
 	MaxRules = 255
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // Encode appends the saved form of days to dst. It returns an error naming
 // the day and field that cannot be encoded (a name too long, a negative
 // counter, too many rules).
 func Encode(dst []byte, days []DomainDay) ([]byte, error) {
-	start := len(dst)
-	dst = append(dst, magic...)
-	dst = append(dst, version)
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(days)))
+	body := binary.LittleEndian.AppendUint32(nil, uint32(len(days)))
 	for i := range days {
 		d := &days[i]
 		if err := d.check(); err != nil {
-			return dst[:start], fmt.Errorf("usage: day %d: %w", i, err)
+			return dst, fmt.Errorf("usage: day %d: %w", i, err)
 		}
-		dst = append(dst, byte(len(d.Zone)))
-		dst = append(dst, d.Zone...)
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(d.Date))
-		dst = binary.LittleEndian.AppendUint16(dst, uint16(len(d.Domain)))
-		dst = append(dst, d.Domain...)
-		dst = binary.LittleEndian.AppendUint64(dst, uint64(d.Admitted))
-		dst = binary.LittleEndian.AppendUint64(dst, uint64(d.Denied))
-		dst = append(dst, byte(len(d.Rules)))
-		for _, r := range d.Rules {
-			dst = append(dst, byte(len(r.Rule)))
-			dst = append(dst, r.Rule...)
-			dst = binary.LittleEndian.AppendUint64(dst, uint64(r.Denied))
-			dst = binary.LittleEndian.AppendUint64(dst, uint64(r.WouldDeny))
-		}
-		sk := d.Recipients
-		if sk == nil {
-			sk = new(Sketch)
-		}
-		dst = sk.AppendBinary(dst)
+		body = d.appendBinary(body)
 	}
-	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), nil
+	dst = append(dst, magic...)
+	dst = append(dst, version)
+	return wal.AppendFrame(dst, frameDays, body), nil
+}
+
+// appendBinary appends the saved form of d.
+func (d *DomainDay) appendBinary(dst []byte) []byte {
+	dst = append(dst, byte(len(d.Zone)))
+	dst = append(dst, d.Zone...)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(d.Date))
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(d.Domain)))
+	dst = append(dst, d.Domain...)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(d.Admitted))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(d.Denied))
+	dst = append(dst, byte(len(d.Rules)))
+	for _, r := range d.Rules {
+		dst = append(dst, byte(len(r.Rule)))
+		dst = append(dst, r.Rule...)
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(r.Denied))
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(r.WouldDeny))
+	}
+	sk := d.Recipients
+	if sk == nil {
+		sk = new(Sketch)
+	}
+	return sk.AppendBinary(dst)
 }
 
 // check reports a field Encode cannot write.
@@ -95,56 +105,90 @@ func (d *DomainDay) check() error {
 // trailing bytes return ErrCorrupt (wrapped, naming the offset and what is
 // wrong); nothing partial is returned.
 func Decode(b []byte) ([]DomainDay, error) {
-	const head = len(magic) + 1 + 4
-	if len(b) < head+4 {
+	if len(b) < len(magic)+1 {
 		return nil, fmt.Errorf("%w: %d bytes, shorter than a header", ErrCorrupt, len(b))
 	}
 	if string(b[:len(magic)]) != magic {
 		return nil, fmt.Errorf("%w: magic %q, want %q", ErrCorrupt, b[:len(magic)], magic)
 	}
-	if v := b[len(magic)]; v != version {
-		return nil, fmt.Errorf("%w: version %d, this build reads %d", ErrCorrupt, v, version)
+	start := len(magic) + 1 // the count
+	switch v := b[len(magic)]; v {
+	case 1:
+		if len(b) < start+4+4 {
+			return nil, fmt.Errorf("%w: %d bytes, shorter than a header", ErrCorrupt, len(b))
+		}
+		body := b[:len(b)-4]
+		if got, want := crc32.Checksum(body, wal.Castagnoli), binary.LittleEndian.Uint32(b[len(b)-4:]); got != want {
+			return nil, fmt.Errorf("%w: crc %08x, want %08x", ErrCorrupt, got, want)
+		}
+		return decodeDays(body, start)
+	case version:
+		typ, _, n, err := wal.ReadFrame(b, start, maxFile)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%w: offset %d: %v", ErrCorrupt, start, err)
+		case typ != frameDays:
+			return nil, fmt.Errorf("%w: offset %d: a frame of type %d, want %d", ErrCorrupt, start, typ, frameDays)
+		case start+n != len(b):
+			return nil, fmt.Errorf("%w: %d bytes after the frame", ErrCorrupt, len(b)-start-n)
+		}
+		return decodeDays(b, start+wal.FrameHeaderLen)
+	default:
+		return nil, fmt.Errorf("%w: version %d, this build reads 1 and %d", ErrCorrupt, v, version)
 	}
-	body := b[:len(b)-4]
-	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(b[len(b)-4:]); got != want {
-		return nil, fmt.Errorf("%w: crc %08x, want %08x", ErrCorrupt, got, want)
+}
+
+// decodeDays decodes the count and days that b holds from offset start to
+// its end; offsets in errors are b's.
+func decodeDays(b []byte, start int) ([]DomainDay, error) {
+	if len(b) < start+4 {
+		return nil, fmt.Errorf("%w: %d bytes, shorter than a header", ErrCorrupt, len(b))
 	}
-	cnt := int(binary.LittleEndian.Uint32(b[len(magic)+1:]))
-	if cnt > (len(body)-head)/minDayBytes {
-		return nil, fmt.Errorf("%w: %d days cannot fit in %d bytes", ErrCorrupt, cnt, len(body)-head)
+	cnt := int(binary.LittleEndian.Uint32(b[start:]))
+	if cnt > (len(b)-start-4)/minDayBytes {
+		return nil, fmt.Errorf("%w: %d days cannot fit in %d bytes", ErrCorrupt, cnt, len(b)-start-4)
 	}
-	r := reader{b: body, off: head}
+	r := reader{b: b, off: start + 4}
 	days := make([]DomainDay, 0, cnt)
 	for range cnt {
-		var d DomainDay
-		d.Zone = r.str(1, "zone")
-		d.Date = Date(int32(r.u32("date")))
-		d.Domain = r.str(2, "domain")
-		d.Admitted = r.count("admitted")
-		d.Denied = r.count("denied")
-		nr := int(r.u8("rules"))
-		for range nr {
-			var rc RuleCount
-			rc.Rule = r.str(1, "rule name")
-			rc.Denied = r.count("rule denied")
-			rc.WouldDeny = r.count("rule would deny")
-			d.Rules = append(d.Rules, rc)
-		}
-		if r.err != nil {
-			return nil, r.err
-		}
-		sk, n, err := DecodeSketch(body[r.off:])
+		d, err := r.day()
 		if err != nil {
-			return nil, fmt.Errorf("offset %d: %w", r.off, err)
+			return nil, err
 		}
-		r.off += n
-		d.Recipients = sk
 		days = append(days, d)
 	}
-	if r.off != len(body) {
-		return nil, fmt.Errorf("%w: %d bytes after the last day", ErrCorrupt, len(body)-r.off)
+	if r.off != len(b) {
+		return nil, fmt.Errorf("%w: %d bytes after the last day", ErrCorrupt, len(b)-r.off)
 	}
 	return days, nil
+}
+
+// day reads one day.
+func (r *reader) day() (DomainDay, error) {
+	var d DomainDay
+	d.Zone = r.str(1, "zone")
+	d.Date = Date(int32(r.u32("date")))
+	d.Domain = r.str(2, "domain")
+	d.Admitted = r.count("admitted")
+	d.Denied = r.count("denied")
+	nr := int(r.u8("rules"))
+	for range nr {
+		var rc RuleCount
+		rc.Rule = r.str(1, "rule name")
+		rc.Denied = r.count("rule denied")
+		rc.WouldDeny = r.count("rule would deny")
+		d.Rules = append(d.Rules, rc)
+	}
+	if r.err != nil {
+		return d, r.err
+	}
+	sk, n, err := DecodeSketch(r.b[r.off:])
+	if err != nil {
+		return d, fmt.Errorf("offset %d: %w", r.off, err)
+	}
+	r.off += n
+	d.Recipients = sk
+	return d, nil
 }
 
 // reader reads fields in order; the first failure sticks in err.

@@ -2,8 +2,10 @@ package usage
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/freqring/freqring/wal"
 )
 
 func mustZone(t testing.TB, name string) *time.Location {
@@ -470,4 +473,25 @@ func FuzzDecodeSketch(f *testing.F) {
 			t.Fatalf("re-encoding differs from the %d bytes decoded", n)
 		}
 	})
+}
+
+// TestDecodeVersion1: the saved form of version 1 (no frame, a CRC-32C of
+// all before it at the end), which an earlier build wrote, still decodes,
+// and its damage is still found.
+func TestDecodeVersion1(t *testing.T) {
+	days := randomDays(t, 4, 40)
+	v1 := append([]byte(magic), 1)
+	v1 = binary.LittleEndian.AppendUint32(v1, uint32(len(days)))
+	for i := range days {
+		v1 = days[i].appendBinary(v1)
+	}
+	v1 = binary.LittleEndian.AppendUint32(v1, crc32.Checksum(v1, wal.Castagnoli))
+	got, err := Decode(v1)
+	if err != nil || !reflect.DeepEqual(got, days) {
+		t.Fatalf("version 1: %v, %d days of %d decoded alike", err, len(got), len(days))
+	}
+	v1[len(v1)/2] ^= 1
+	if _, err := Decode(v1); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("version 1, a byte flipped: %v", err)
+	}
 }

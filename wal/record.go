@@ -52,26 +52,15 @@ var (
 	ErrTooLarge = errors.New("wal: payload too large")
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// appendRecord appends one framed record (AppendFrame) to dst and returns
+// the extended slice. The caller checks len(p) <= MaxPayload.
+func appendRecord(dst []byte, typ byte, p []byte) []byte { return AppendFrame(dst, typ, p) }
 
-// appendRecord appends one framed record to dst and returns the extended
-// slice. It does not allocate when dst has room for len(p)+9 more bytes.
-// The caller checks len(p) <= MaxPayload.
-//
-//	| size u32 | crc u32 = CRC-32C(type+payload) | type u8 | payload |  little-endian
-func appendRecord(dst []byte, typ byte, p []byte) []byte {
-	off := len(dst)
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(p)))
-	dst = binary.LittleEndian.AppendUint32(dst, 0) // crc, filled below
-	dst = append(append(dst, typ), p...)
-	binary.LittleEndian.PutUint32(dst[off+4:], crc32.Checksum(dst[off+8:], castagnoli))
-	return dst
-}
-
-// readRecord decodes the record that starts at b[off:]. It returns the record
-// type, the payload (a sub-slice of b, not a copy) and the record's length n
-// including framing. Errors are the bare sentinels, so that scanning does not
-// allocate; describeRecord explains a failure for error messages:
+// readRecord decodes the record that starts at b[off:] (ReadFrame, of at
+// most MaxPayload bytes). It returns the record type, the payload (a
+// sub-slice of b, not a copy) and the record's length n including framing.
+// Errors are the bare sentinels, so that scanning does not allocate;
+// describeRecord explains a failure for error messages:
 //
 //   - ErrTornTail: fewer than 9 bytes left, an all-zero header, or a payload
 //     longer than the bytes left;
@@ -79,33 +68,11 @@ func appendRecord(dst []byte, typ byte, p []byte) []byte {
 //     type (checked after the checksum, so a record with a valid checksum and
 //     an unknown type comes from a newer writer, not from damage).
 func readRecord(b []byte, off int) (typ byte, payload []byte, n int, err error) {
-	if off < 0 || off > len(b) {
-		panic(fmt.Sprintf("BUG: wal: readRecord offset %d outside [0, %d]", off, len(b)))
-	}
-	rest := b[off:]
-	if len(rest) < recordHeaderLen {
-		return 0, nil, 0, ErrTornTail
-	}
-	size := binary.LittleEndian.Uint32(rest)
-	sum := binary.LittleEndian.Uint32(rest[4:])
-	typ = rest[8]
-	if size == 0 && sum == 0 && typ == 0 {
-		return 0, nil, 0, ErrTornTail
-	}
-	if size > MaxPayload {
+	typ, payload, n, err = ReadFrame(b, off, MaxPayload)
+	if err == nil && typ != recHeader && typ != recData {
 		return 0, nil, 0, ErrCorrupt
 	}
-	n = recordHeaderLen + int(size)
-	if n > len(rest) {
-		return 0, nil, 0, ErrTornTail
-	}
-	if crc32.Checksum(rest[8:n], castagnoli) != sum {
-		return 0, nil, 0, ErrCorrupt
-	}
-	if typ != recHeader && typ != recData {
-		return 0, nil, 0, ErrCorrupt
-	}
-	return typ, rest[recordHeaderLen:n], n, nil
+	return typ, payload, n, err
 }
 
 // describeRecord explains why readRecord(b, off) fails, for error and log
@@ -127,7 +94,7 @@ func describeRecord(b []byte, off int) (reason string, intact bool) {
 	case int(size) > len(rest)-recordHeaderLen:
 		return fmt.Sprintf("short payload: %d of %d bytes", len(rest)-recordHeaderLen, size), false
 	}
-	if got := crc32.Checksum(rest[8:recordHeaderLen+int(size)], castagnoli); got != want {
+	if got := crc32.Checksum(rest[8:recordHeaderLen+int(size)], Castagnoli); got != want {
 		return fmt.Sprintf("crc %08x, want %08x", got, want), false
 	}
 	if typ != recHeader && typ != recData {

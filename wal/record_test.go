@@ -220,4 +220,4 @@ func FuzzReadRecord(f *testing.F) {
 	})
 }
 
-func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+func crc32c(b []byte) uint32 { return crc32.Checksum(b, Castagnoli) }
