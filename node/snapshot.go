@@ -203,7 +203,7 @@ type snapshotState struct {
 	file    string
 	from    wal.Position // replay the WAL from here
 	created int64        // unix ms
-	// parts holds, for format 3, the sequence number each partition's
+	// parts holds, for formats 3 and 4, the sequence number each partition's
 	// records include, by partition under the snapshot's partition count.
 	parts []uint64
 	// legacy holds, for formats 1 and 2, per domain the sequence number each

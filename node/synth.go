@@ -136,7 +136,7 @@ func (c *SynthConfig) validate() error {
 }
 
 // Synthesize writes into cfg.DataDir, which must be absent or empty, a
-// snapshot in the node's own format (format 3, one image per partition, made
+// snapshot in the node's own format (format 4, one image per partition, made
 // by package store as a node's are) holding cfg.Recipients recipients at the
 // seed's steady state (window.SteadyStateSends: 30 sends over the last 24
 // hours, 3 contents in the last hour) in every domain of cfg.Rules that has
@@ -157,122 +157,175 @@ func Synthesize(ctx context.Context, cfg SynthConfig) (SynthStats, error) {
 	if err := cfg.validate(); err != nil {
 		return ss, err
 	}
+	domains, names, err := synthDomains(cfg.Rules)
+	if err != nil {
+		return ss, err
+	}
+	ss.Domains = names
+	dir := cfg.DataDir
+	lock, err := lockEmptyDir(dir)
+	if err != nil {
+		return ss, err
+	}
+	defer lock.unlock()
+
+	idx, offs := synthIndex(cfg.Recipients, cfg.Partitions, cfg.Workers)
+	ss.Index = time.Since(start)
+	from := wal.Position{} // replay the whole WAL, which is empty
+	st, err := newSynthPipeline(cfg, domains, idx, offs).write(ctx, dir, from)
+	if err != nil {
+		os.Remove(filepath.Join(dir, LockFile)) // leave the directory as found: empty
+		return ss, fmt.Errorf("node: synth: %w", err)
+	}
+	ss.File = filepath.Join(dir, snapName(from.Seq))
+	ss.Recipients, ss.Records, ss.Bytes = int64(cfg.Recipients), st.Records, st.Bytes
+	ss.Took = time.Since(start)
+	return ss, nil
+}
+
+// synthDomains returns the domains of rs that have a recipient rule, and
+// their names; an error if none has.
+func synthDomains(rs *rules.Set) ([]*window.Domain, []string, error) {
 	var domains []*window.Domain
-	for _, name := range cfg.Rules.Names() {
-		d := cfg.Rules.Domain(name)
+	var names []string
+	for _, name := range rs.Names() {
+		d := rs.Domain(name)
 		for _, r := range d.Rules() {
 			if r.Scope == window.ScopeRecipient {
 				domains = append(domains, d)
-				ss.Domains = append(ss.Domains, name)
+				names = append(names, name)
 				break
 			}
 		}
 	}
 	if len(domains) == 0 {
-		return ss, fmt.Errorf("node: synth: rules %s have no domain with a recipient rule", cfg.Rules.Source())
+		return nil, nil, fmt.Errorf("node: synth: rules %s have no domain with a recipient rule", rs.Source())
 	}
-	dir := cfg.DataDir
+	return domains, names, nil
+}
+
+// lockEmptyDir creates dir if absent and locks it as a node does, refusing
+// (ErrDataDirNotEmpty) a directory that holds anything, before or after the
+// lock is taken.
+func lockEmptyDir(dir string) (*dirLock, error) {
 	if err := checkEmptyDir(dir, false); err != nil {
-		return ss, err
+		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return ss, err
+		return nil, err
 	}
 	lock, err := lockDir(dir)
 	if err != nil {
-		return ss, err
+		return nil, err
 	}
-	defer lock.unlock()
 	if err := checkEmptyDir(dir, true); err != nil { // another synth got here first
-		return ss, err
+		lock.unlock()
+		return nil, err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			os.Remove(filepath.Join(dir, LockFile)) // leave the directory as found: empty
-		}
-	}()
+	return lock, nil
+}
 
-	idx, offs := synthIndex(cfg.Recipients, cfg.Partitions, cfg.Workers)
-	ss.Index = time.Since(start)
+// synthPipeline builds partition images on cfg.Workers goroutines and hands
+// them to the snapshot writer in partition order. At most 2×Workers images
+// are built and not yet written at a time.
+type synthPipeline struct {
+	cfg     SynthConfig
+	domains []*window.Domain
+	idx     []uint32 // recipients grouped by partition (synthIndex)
+	offs    []int
 
-	type built struct {
-		img *[]byte
-		n   int64
-		err error
+	next   atomic.Int64      // the next partition a worker takes
+	stop   chan struct{}     // closed when the writer is done, or failed
+	tokens chan struct{}     // one per image built and not yet written
+	ready  []chan synthImage // by partition: its image, once built
+	bufs   sync.Pool         // *[]byte: images go from a worker to the writer, and back
+	wg     sync.WaitGroup
+}
+
+// synthImage is one partition's image, its record count, or why it failed.
+type synthImage struct {
+	img *[]byte
+	n   int64
+	err error
+}
+
+func newSynthPipeline(cfg SynthConfig, domains []*window.Domain, idx []uint32, offs []int) *synthPipeline {
+	sp := &synthPipeline{
+		cfg: cfg, domains: domains, idx: idx, offs: offs,
+		stop:   make(chan struct{}),
+		tokens: make(chan struct{}, 2*cfg.Workers),
+		ready:  make([]chan synthImage, cfg.Partitions),
 	}
-	var (
-		next   atomic.Int64
-		stop   = make(chan struct{})
-		tokens = make(chan struct{}, 2*cfg.Workers) // images built and not yet written
-		ready  = make([]chan built, cfg.Partitions)
-		bufs   sync.Pool // *[]byte: images go from a worker to the writer, and back
-		wg     sync.WaitGroup
-	)
-	for p := range ready {
-		ready[p] = make(chan built, 1)
+	for p := range sp.ready {
+		sp.ready[p] = make(chan synthImage, 1)
+	}
+	return sp
+}
+
+// write starts the workers and writes the snapshot into dir as their images
+// arrive; the workers have stopped when it returns.
+func (sp *synthPipeline) write(ctx context.Context, dir string, from wal.Position) (snapshotStats, error) {
+	for range sp.cfg.Workers {
+		sp.wg.Go(func() { sp.work(ctx) })
 	}
 	defer func() {
-		close(stop)
-		wg.Wait()
+		close(sp.stop)
+		sp.wg.Wait()
 	}()
-	for range cfg.Workers {
-		wg.Go(func() {
-			b := newSynthBuilder(cfg, domains)
-			for {
-				// A token before a partition number: the partition the
-				// writer waits for always has one.
-				select {
-				case tokens <- struct{}{}:
-				case <-stop:
-					return
-				}
-				select {
-				case <-stop: // the write failed: take no more partitions
-					return
-				default:
-				}
-				p := int(next.Add(1) - 1)
-				if p >= cfg.Partitions {
-					return
-				}
-				var r built
-				if r.err = ctx.Err(); r.err == nil {
-					buf, _ := bufs.Get().(*[]byte)
-					if buf == nil {
-						buf = new([]byte)
-					}
-					*buf, r.n, r.err = b.partition((*buf)[:0], p, idx[offs[p]:offs[p+1]])
-					r.img = buf
-				}
-				ready[p] <- r
-			}
-		})
-	}
-	from := wal.Position{} // replay the whole WAL, which is empty
-	st, err := writeSnapshotFile(dir, from, cfg.Now, cfg.Partitions, 0, func(dst []byte, p int) ([]byte, int64, error) {
-		var r built
-		select {
-		case r = <-ready[p]:
-		case <-ctx.Done():
-			return dst, 0, ctx.Err()
-		}
-		<-tokens
-		if r.err != nil {
-			return dst, 0, r.err
-		}
-		dst = append(dst, *r.img...)
-		bufs.Put(r.img)
-		return dst, r.n, nil
+	return writeSnapshotFile(dir, from, sp.cfg.Now, sp.cfg.Partitions, 0, func(dst []byte, p int) ([]byte, int64, error) {
+		return sp.take(ctx, dst, p)
 	})
-	if err != nil {
-		return ss, fmt.Errorf("node: synth: %w", err)
+}
+
+// work builds partitions, in the order it takes their numbers, until none
+// is left or the writer stops.
+func (sp *synthPipeline) work(ctx context.Context) {
+	b := newSynthBuilder(sp.cfg, sp.domains)
+	for {
+		// A token before a partition number: the partition the writer waits
+		// for always has one.
+		select {
+		case sp.tokens <- struct{}{}:
+		case <-sp.stop:
+			return
+		}
+		select {
+		case <-sp.stop: // the write failed: take no more partitions
+			return
+		default:
+		}
+		p := int(sp.next.Add(1) - 1)
+		if p >= sp.cfg.Partitions {
+			return
+		}
+		var r synthImage
+		if r.err = ctx.Err(); r.err == nil {
+			buf, _ := sp.bufs.Get().(*[]byte)
+			if buf == nil {
+				buf = new([]byte)
+			}
+			*buf, r.n, r.err = b.partition((*buf)[:0], p, sp.idx[sp.offs[p]:sp.offs[p+1]])
+			r.img = buf
+		}
+		sp.ready[p] <- r
 	}
-	ok = true
-	ss.File = filepath.Join(dir, snapName(from.Seq))
-	ss.Recipients, ss.Records, ss.Bytes = int64(cfg.Recipients), st.Records, st.Bytes
-	ss.Took = time.Since(start)
-	return ss, nil
+}
+
+// take waits for partition p's image and appends it to dst.
+func (sp *synthPipeline) take(ctx context.Context, dst []byte, p int) ([]byte, int64, error) {
+	var r synthImage
+	select {
+	case r = <-sp.ready[p]:
+	case <-ctx.Done():
+		return dst, 0, ctx.Err()
+	}
+	<-sp.tokens
+	if r.err != nil {
+		return dst, 0, r.err
+	}
+	dst = append(dst, *r.img...)
+	sp.bufs.Put(r.img)
+	return dst, r.n, nil
 }
 
 // checkEmptyDir returns an error wrapping ErrDataDirNotEmpty, naming dir and
