@@ -134,7 +134,7 @@ func (s decodingStream) RecvMsg(m any) error {
 // string kept after the call keeps that buffer (at most len(b) bytes).
 func decodeCheckRequest(b []byte, req *pb.CheckRequest) error {
 	req.Reset()
-	var rcps []byte // the recipients' bytes; never grown, so never moved
+	d := checkDecoder{req: req}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -152,63 +152,77 @@ func decodeCheckRequest(b []byte, req *pb.CheckRequest) error {
 			b = b[n:]
 			continue
 		}
-		var err error
-		switch num {
-		case 1, 2, 3:
-			v, m := protowire.ConsumeBytes(b)
-			if m < 0 {
-				return decodeErr(fieldNames[num], m)
-			}
-			switch num {
-			case 1:
-				if len(v) == 0 {
-					req.Recipients = append(req.Recipients, "")
-					break
-				}
-				if rcps == nil {
-					rcps = make([]byte, 0, len(b)) // every recipient left is in b
-				}
-				start := len(rcps)
-				rcps = append(rcps, v...)
-				req.Recipients = append(req.Recipients, unsafe.String(&rcps[start], len(v)))
-			case 2:
-				req.Domains = append(req.Domains, string(v))
-			case 3:
-				req.Contents = append(req.Contents, append([]byte{}, v...))
-			}
-			n = m
-		case 4, 7:
-			col := &req.ContentHashes
-			if num == 7 {
-				col = &req.RequestIds
-			}
-			n, err = consumeFixed64s(b, typ, col, fieldNames[num])
-		case 5, 6:
-			n, err = consumeVarints(b, typ, fieldNames[num], func(v uint64) {
-				if num == 5 {
-					req.Costs = append(req.Costs, uint32(v))
-				} else {
-					req.Modes = append(req.Modes, pb.Mode(int32(v)))
-				}
-			})
-		case 8, 9:
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return decodeErr(fieldNames[num], m)
-			}
-			if num == 8 {
-				req.RingEpoch = v
-			} else {
-				req.StreamId = v
-			}
-			n = m
-		}
+		n, err := d.field(num, typ, b)
 		if err != nil {
 			return err
 		}
 		b = b[n:]
 	}
 	return nil
+}
+
+// checkDecoder is the state of one decodeCheckRequest.
+type checkDecoder struct {
+	req  *pb.CheckRequest
+	rcps []byte // the recipients' bytes; never grown, so never moved
+}
+
+// field decodes the value at the start of b of known field num, of a wire
+// type knownType accepts, into the request, and returns its length.
+func (d *checkDecoder) field(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+	req := d.req
+	switch num {
+	case 1, 2, 3:
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return 0, decodeErr(fieldNames[num], n)
+		}
+		switch num {
+		case 1:
+			d.recipient(v, len(b))
+		case 2:
+			req.Domains = append(req.Domains, string(v))
+		case 3:
+			req.Contents = append(req.Contents, append([]byte{}, v...))
+		}
+		return n, nil
+	case 4:
+		return consumeFixed64s(b, typ, &req.ContentHashes, fieldNames[num])
+	case 7:
+		return consumeFixed64s(b, typ, &req.RequestIds, fieldNames[num])
+	case 5:
+		return consumeVarints(b, typ, fieldNames[num], func(v uint64) { req.Costs = append(req.Costs, uint32(v)) })
+	case 6:
+		return consumeVarints(b, typ, fieldNames[num], func(v uint64) { req.Modes = append(req.Modes, pb.Mode(int32(v))) })
+	default: // 8, 9
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return 0, decodeErr(fieldNames[num], n)
+		}
+		if num == 8 {
+			req.RingEpoch = v
+		} else {
+			req.StreamId = v
+		}
+		return n, nil
+	}
+}
+
+// recipient appends recipient v, copied into the one buffer all of the
+// request's recipients share; left is how many bytes of the message are
+// left from v's field on (the buffer's capacity when it is made: every
+// recipient still to come is in them).
+func (d *checkDecoder) recipient(v []byte, left int) {
+	if len(v) == 0 {
+		d.req.Recipients = append(d.req.Recipients, "")
+		return
+	}
+	if d.rcps == nil {
+		d.rcps = make([]byte, 0, left)
+	}
+	start := len(d.rcps)
+	d.rcps = append(d.rcps, v...)
+	d.req.Recipients = append(d.req.Recipients, unsafe.String(&d.rcps[start], len(v)))
 }
 
 var fieldNames = [...]string{1: "recipients", 2: "domains", 3: "contents", 4: "content_hashes", 5: "costs", 6: "modes", 7: "request_ids", 8: "ring_epoch", 9: "stream_id"}
