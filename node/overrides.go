@@ -364,13 +364,45 @@ func (n *Node) syncLoop(ctx context.Context, kick <-chan struct{}) {
 // thus gets the overrides set while it was away, and a delete it missed
 // does not come back from it: the tombstone is newer.
 func (n *Node) SyncOverrides(ctx context.Context) {
-	r := n.clus.Load().ring()
-	type entry struct {
-		o       *pb.Override
-		deleted bool
+	newest := n.peersOverrides(ctx)
+	if len(newest) == 0 {
+		return
 	}
-	newest := map[string]entry{}
-	for _, m := range r.Members() {
+	n.admin.mu.Lock()
+	defer n.admin.mu.Unlock()
+	rs := n.view.Load().rules
+	next, tombs := maps.Clone(n.admin.list), maps.Clone(n.admin.tombs)
+	if next == nil {
+		next = map[string]rules.Override{}
+	}
+	changed := 0
+	for _, name := range slices.Sorted(maps.Keys(newest)) {
+		if n.adoptOverride(name, newest[name], next, &tombs, rs) {
+			changed++
+		}
+	}
+	if changed == 0 {
+		return
+	}
+	if err := n.commitOverrides(next, tombs, rs); err != nil {
+		return // logged
+	}
+	n.log.Info("override sync: adopted peers' newer admin overrides", "changed", changed)
+}
+
+// peerOverride is the newest version of one override the other members
+// hold: the override, or its deletion.
+type peerOverride struct {
+	o       *pb.Override
+	deleted bool
+}
+
+// peersOverrides asks every other member of the ring for its admin
+// overrides and returns, by name, the newest version of each, a deletion
+// winning a tie. Members it cannot reach are logged and passed over.
+func (n *Node) peersOverrides(ctx context.Context) map[string]peerOverride {
+	newest := map[string]peerOverride{}
+	for _, m := range n.clus.Load().ring().Members() {
 		if m.Name == n.cfg.Name {
 			continue
 		}
@@ -388,64 +420,52 @@ func (n *Node) SyncOverrides(ctx context.Context) {
 		}
 		for _, o := range resp.Overrides {
 			if o.Source == "admin" && (newest[o.Name].o == nil || o.Version > newest[o.Name].o.Version) {
-				newest[o.Name] = entry{o: o}
+				newest[o.Name] = peerOverride{o: o}
 			}
 		}
 		for _, o := range resp.Deleted {
 			if e := newest[o.Name]; e.o == nil || o.Version >= e.o.Version {
-				newest[o.Name] = entry{o: o, deleted: true}
+				newest[o.Name] = peerOverride{o: o, deleted: true}
 			}
 		}
 	}
-	if len(newest) == 0 {
-		return
+	return newest
+}
+
+// adoptOverride applies the peers' version e of override name to next and
+// *tombs (this node's overrides and deletions, being rebuilt) if it is
+// newer than this node's, not versioned ahead of its clock, and, for an
+// override, fits rules rs. It reports whether it changed anything. Held:
+// n.admin.mu.
+func (n *Node) adoptOverride(name string, e peerOverride, next map[string]rules.Override, tombs *map[string]int64, rs *rules.Set) bool {
+	local := int64(-1)
+	if o, ok := next[name]; ok {
+		local = o.Version
 	}
-	n.admin.mu.Lock()
-	defer n.admin.mu.Unlock()
-	rs := n.view.Load().rules
-	next, tombs := maps.Clone(n.admin.list), maps.Clone(n.admin.tombs)
-	if next == nil {
-		next = map[string]rules.Override{}
+	if v, ok := (*tombs)[name]; ok {
+		local = max(local, v)
 	}
-	changed := 0
-	for _, name := range slices.Sorted(maps.Keys(newest)) {
-		e := newest[name]
-		local := int64(-1)
-		if o, ok := next[name]; ok {
-			local = o.Version
-		}
-		if v, ok := tombs[name]; ok {
-			local = max(local, v)
-		}
-		if e.o.Version <= local {
-			continue
-		}
-		if err := n.checkVersion("override "+strconvQuote(name), e.o.Version); err != nil {
-			n.log.Warn("override sync: a peer's override is versioned ahead of this node's clock: not adopted", "override", name, "err", err)
-			continue
-		}
-		if e.deleted {
-			if _, ok := next[name]; ok || tombs[name] < e.o.Version {
-				delete(next, name)
-				tombs = withTomb(tombs, name, e.o.Version)
-				changed++
-			}
-			continue
-		}
-		o := overrideOf(e.o)
-		if err := o.Validate(rs); err != nil {
-			n.log.Warn("override sync: a peer's override does not fit the rules here: not adopted", "override", name, "err", err)
-			continue
-		}
-		next[name] = o
-		delete(tombs, name)
-		changed++
+	if e.o.Version <= local {
+		return false
 	}
-	if changed == 0 {
-		return
+	if err := n.checkVersion("override "+strconvQuote(name), e.o.Version); err != nil {
+		n.log.Warn("override sync: a peer's override is versioned ahead of this node's clock: not adopted", "override", name, "err", err)
+		return false
 	}
-	if err := n.commitOverrides(next, tombs, rs); err != nil {
-		return // logged
+	if e.deleted {
+		if _, ok := next[name]; ok || (*tombs)[name] < e.o.Version {
+			delete(next, name)
+			*tombs = withTomb(*tombs, name, e.o.Version)
+			return true
+		}
+		return false
 	}
-	n.log.Info("override sync: adopted peers' newer admin overrides", "changed", changed)
+	o := overrideOf(e.o)
+	if err := o.Validate(rs); err != nil {
+		n.log.Warn("override sync: a peer's override does not fit the rules here: not adopted", "override", name, "err", err)
+		return false
+	}
+	next[name] = o
+	delete(*tombs, name)
+	return true
 }
