@@ -48,16 +48,7 @@ func (n *Node) startCluster(ctx context.Context) error {
 		n.clus.Store(c)
 		return nil
 	}
-	gc := *n.cfg.Cluster
-	gc.NodeName, gc.GRPCAddr, gc.Placement = n.cfg.Name, n.cfg.AdvertiseAddr, n.cfg.Placement
-	// Open holds reloadMu: a reload waits until the membership is stored,
-	// and then announces its rules to it.
-	gc.Agreement = n.agreement(n.view.Load().rules)
-	// Joining keeps this node out of every ring until it can decide.
-	gc.State = gossip.StateJoining
-	if gc.Logger == nil {
-		gc.Logger = n.log.With("component", "gossip")
-	}
+	gc := n.gossipConfig()
 	if err := n.loadMembers(); err != nil {
 		return err
 	}
@@ -71,7 +62,7 @@ func (n *Node) startCluster(ctx context.Context) error {
 	}
 	c.ms = ms
 	// Every partition is closed until this node acquires it under a ring
-	// that makes it the owner (handoff.go).
+	// that makes it the owner (partition.go).
 	for p := range n.store.Partitions() {
 		n.closePartition(p)
 	}
@@ -82,28 +73,52 @@ func (n *Node) startCluster(ctx context.Context) error {
 	n.loops.Go(func() { n.syncLoop(n.moverCtx, syncKick) })
 	n.loops.Go(func() {
 		defer cancel()
-		defer close(rings)
-		for r := range ch {
-			n.peers.Prune(r)
-			select {
-			case syncKick <- struct{}{}:
-			default: // a sync is pending: it will read the newest ring
-			}
-			n.log.Info("ring changed", "epoch", r.Epoch(), "members", len(r.Members()))
-			select { // the mover wants the latest ring only
-			case rings <- r:
-			default:
-				select {
-				case <-rings:
-				default:
-				}
-				rings <- r
-			}
-		}
+		n.ringLoop(ch, rings, syncKick)
 	})
 	n.loops.Go(func() { n.moverLoop(n.moverCtx, rings) })
 	n.loops.Go(func() { n.handbackLoop(n.moverCtx) })
 	return nil
+}
+
+// gossipConfig is Config.Cluster with this node's name, address, placement
+// and rules' agreement filled in, joining.
+func (n *Node) gossipConfig() gossip.Config {
+	gc := *n.cfg.Cluster
+	gc.NodeName, gc.GRPCAddr, gc.Placement = n.cfg.Name, n.cfg.AdvertiseAddr, n.cfg.Placement
+	// Open holds reloadMu: a reload waits until the membership is stored,
+	// and then announces its rules to it.
+	gc.Agreement = n.agreement(n.view.Load().rules)
+	// Joining keeps this node out of every ring until it can decide.
+	gc.State = gossip.StateJoining
+	if gc.Logger == nil {
+		gc.Logger = n.log.With("component", "gossip")
+	}
+	return gc
+}
+
+// ringLoop passes each ring the membership announces on ch on: it prunes
+// the peer connections, kicks the override sync and hands the mover the
+// newest ring (rings holds one; an older one not yet taken is replaced).
+// It closes rings when ch closes.
+func (n *Node) ringLoop(ch <-chan *ring.Ring, rings chan *ring.Ring, syncKick chan<- struct{}) {
+	defer close(rings)
+	for r := range ch {
+		n.peers.Prune(r)
+		select {
+		case syncKick <- struct{}{}:
+		default: // a sync is pending: it will read the newest ring
+		}
+		n.log.Info("ring changed", "epoch", r.Epoch(), "members", len(r.Members()))
+		select {
+		case rings <- r:
+		default:
+			select {
+			case <-rings:
+			default:
+			}
+			rings <- r
+		}
+	}
 }
 
 // nameProbeTimeout bounds the call that finds out whether a member seen

@@ -83,13 +83,14 @@
 //	majority.go   rule 5: hasMajority, the electorate
 //	replica.go    a backup per partition: sync replication of a batch, recording as a backup
 //	replstream.go ReplicateStream: an owner's Replicate calls to one backup on one stream
-//	durable.go    recovery, WAL appends and their failure, snapshots' schedule and fallback, retention
+//	recover.go    recovery at Open: the data directory, the newest intact snapshot, the WAL replayed
+//	durable.go    WAL appends and their failure, snapshots' schedule and fallback, retention
 //	snapshot.go   the snapshot file: format, writing
 //	snapread.go   reading snapshots back: a reader per format, verification
 //	synth.go      synthetic state: a data directory of N recipients at steady state (freqring synth)
 //	lock.go       one process per data directory (flock of DATA_DIR/LOCK)
 //	removed.go    history of domains the rules lack: refuse, or drop when told
-//	overrides.go  admin overrides: the Admin service, overrides.json, the pull from peers (SyncOverrides)
+//	overrides.go  admin overrides: the Admin service, overrides.json, the pull from peers (syncOverrides)
 //	memlimit.go   the memory limit: the store's budget, refusals at it, the item gate
 //	observe.go    the Observer hooks (timings for metrics), decision counters by domain, rule and code, Serving
 //	walrec.go     the WAL payload of one Check

@@ -5,6 +5,7 @@ import (
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/usage"
 )
 
 // Test hooks of package node for its tests, and for its external tests
@@ -31,3 +32,11 @@ func (n *Node) judgeAndDecide(ctx context.Context, b *batch, r *ring.Ring) (*pb.
 	n.judge(b, r, true)
 	return n.decide(ctx, b, nil, r, nil)
 }
+
+// SyncOverrides is syncOverrides for the external tests: one pull of the
+// peers' admin overrides, without waiting for a ring change.
+func (n *Node) SyncOverrides(ctx context.Context) { n.syncOverrides(ctx) }
+
+// UsageDays returns n's usage statistics, every day of every zone: what it
+// saves.
+func (n *Node) UsageDays() []usage.DomainDay { return n.usage.All() }

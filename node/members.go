@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// This file is rule 5's memory across restarts (handoff.go): the members a
+// This file is rule 5's memory across restarts (partition.go): the members a
 // node counts are kept in its data directory, so that a node that restarts
 // and then sees nobody (its peers unreachable, or marked failed by its own
 // gossip before its first reconcile, as on a starved machine) does not hold

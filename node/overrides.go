@@ -39,7 +39,7 @@ type adminOverrides struct {
 	list map[string]rules.Override
 	// tombs holds the version (unix ms) of each lifted admin override, at
 	// most MaxOverrides (the oldest go first), so that a member that missed
-	// the delete does not bring it back through SyncOverrides.
+	// the delete does not bring it back through syncOverrides.
 	tombs map[string]int64
 }
 
@@ -340,7 +340,7 @@ func (n *Node) ListOverrides(context.Context, *pb.OverrideListRequest) (*pb.Over
 	return resp, nil
 }
 
-// syncTimeout bounds one member's ListOverrides call in SyncOverrides.
+// syncTimeout bounds one member's ListOverrides call in syncOverrides.
 const syncTimeout = 5 * time.Second
 
 // syncLoop pulls the admin overrides of the ring's other members each time
@@ -352,18 +352,18 @@ func (n *Node) syncLoop(ctx context.Context, kick <-chan struct{}) {
 			return
 		case <-kick:
 		}
-		n.SyncOverrides(ctx)
+		n.syncOverrides(ctx)
 	}
 }
 
-// SyncOverrides asks every other member of the ring for its admin
+// syncOverrides asks every other member of the ring for its admin
 // overrides and adopts, per name, the newest version of the override or of
 // its deletion, if newer than this node's. An override that does not fit
 // this node's rules is logged and not adopted. Members it cannot reach are
 // logged; the next ring change tries again. A member that joins or restarts
 // thus gets the overrides set while it was away, and a delete it missed
 // does not come back from it: the tombstone is newer.
-func (n *Node) SyncOverrides(ctx context.Context) {
+func (n *Node) syncOverrides(ctx context.Context) {
 	newest := n.peersOverrides(ctx)
 	if len(newest) == 0 {
 		return

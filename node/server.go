@@ -137,17 +137,9 @@ func setHealth(hs *health.Server, s healthpb.HealthCheckResponse_ServingStatus) 
 // Config.ShutdownGrace), closes the node (a final snapshot with a DataDir)
 // and returns nil.
 func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
-	if n.cfg.AdvertiseAddr == "" {
-		addr, err := advertiseFor(lis.Addr().String())
-		if err != nil {
-			lis.Close()
-			return err
-		}
-		if addr != lis.Addr().String() {
-			n.log.Info("advertising this host's routable address: the listener is on every interface; --advertise chooses another",
-				"listen", lis.Addr().String(), "advertise", addr)
-		}
-		n.cfg.AdvertiseAddr = addr
+	if err := n.advertiseListener(lis); err != nil {
+		lis.Close()
+		return err
 	}
 	srv, hs := n.NewGRPCServer(n.serverOptions()...)
 	errc := make(chan error, 1)
@@ -174,6 +166,32 @@ func (n *Node) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	stopHealth()
 	health.Wait()
+	return n.shutdown(srv, hs, errc)
+}
+
+// advertiseListener sets Config.AdvertiseAddr, when empty, to lis's address,
+// or this host's routable one for a listener on every interface.
+func (n *Node) advertiseListener(lis net.Listener) error {
+	if n.cfg.AdvertiseAddr != "" {
+		return nil
+	}
+	addr, err := advertiseFor(lis.Addr().String())
+	if err != nil {
+		return err
+	}
+	if addr != lis.Addr().String() {
+		n.log.Info("advertising this host's routable address: the listener is on every interface; --advertise chooses another",
+			"listen", lis.Addr().String(), "advertise", addr)
+	}
+	n.cfg.AdvertiseAddr = addr
+	return nil
+}
+
+// shutdown stops a serving node: readiness false, partitions handed over
+// (at most half of Config.ShutdownGrace), health NOT_SERVING, watchers
+// ended, in-flight calls finished (at most Config.ShutdownGrace, then cut
+// off), the node closed. errc delivers srv.Serve's result.
+func (n *Node) shutdown(srv *grpc.Server, hs *health.Server, errc <-chan error) error {
 	n.shuttingDown.Store(true) // readiness goes false before the hand-over
 	grace := n.cfg.ShutdownGrace
 	n.log.Info("shutting down", "grace", grace)

@@ -89,10 +89,6 @@ func (n *Node) Usage(_ context.Context, req *pb.UsageRequest) (*pb.UsageResponse
 	return resp, nil
 }
 
-// UsageDays returns this node's statistics, every day of every zone: what
-// it saves.
-func (n *Node) UsageDays() []usage.DomainDay { return n.usage.All() }
-
 // loadUsage restores the statistics file of dir, if there is one. A file
 // that does not decode does not stop the node: it is logged at error level,
 // moved aside to usage.corrupt-TIME (never deleted), and counting starts

@@ -8,7 +8,7 @@
 // driven from the host saw meanwhile (decisions/s, call and item errors).
 //
 // It proves the cluster exact through all of it, now that history moves
-// with ownership (node/handoff.go) and every admitted send is on its
+// with ownership (node/partition.go) and every admitted send is on its
 // partition's backup before the reply (node/replica.go):
 //
 //   - over-admitted nothing: every admitted send of the run is audited with

@@ -181,61 +181,11 @@ func (c *Cluster) Add(ctx context.Context) (*Member, error) {
 
 // start starts m as node number i.
 func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
-	gc := *c.cfg.Gossip
-	gc.Join = nil
-	for _, o := range c.Up() {
-		if o != m {
-			gc.Join = append(gc.Join, o.GossipAddr)
-		}
+	lis, err := c.listen(m, i)
+	if err != nil {
+		return err
 	}
-	// The gRPC listener first: while it is open, the free port chosen for
-	// gossip below cannot be its port.
-	var lis net.Listener
-	if !c.cfg.InMemory {
-		addr := m.Addr
-		if addr == "" {
-			addr = "127.0.0.1:0"
-			if c.cfg.BasePort != 0 {
-				addr = fmt.Sprintf("127.0.0.1:%d", c.cfg.BasePort+i)
-			}
-		}
-		var err error
-		if lis, err = net.Listen("tcp", addr); err != nil {
-			return fmt.Errorf("nodetest: %s: %w", m.Name, err)
-		}
-		m.Addr = lis.Addr().String()
-	} else {
-		m.Addr = m.Name + ".in-memory:1" // host:port, as gossip metadata wants
-	}
-	switch {
-	case m.GossipAddr != "": // a restart keeps its ports
-		_, port, _ := net.SplitHostPort(m.GossipAddr)
-		fmt.Sscan(port, &gc.BindPort)
-	case c.cfg.BasePort != 0:
-		gc.BindPort = c.cfg.BasePort + 100 + i
-	default:
-		p, err := freePort()
-		if err != nil {
-			if lis != nil {
-				lis.Close()
-			}
-			return err
-		}
-		gc.BindPort = p
-	}
-	m.GossipAddr = fmt.Sprintf("127.0.0.1:%d", gc.BindPort)
-	ncfg := node.Config{Rules: c.cfg.Rules, Clock: c.cfg.Clock, Name: m.Name, AdvertiseAddr: m.Addr,
-		Cluster: &gc, Logger: c.cfg.Logger, PeerKeys: c.cfg.PeerKeys}
-	if c.cfg.DataDir != "" {
-		ncfg.DataDir = filepath.Join(c.cfg.DataDir, m.Name)
-	}
-	if c.cfg.InMemory {
-		ncfg.Peers = c.net.Peers()
-	}
-	if c.cfg.Node != nil {
-		c.cfg.Node(&ncfg)
-	}
-	n, err := node.New(ncfg)
+	n, err := c.newNode(m, i)
 	if err != nil {
 		if lis != nil {
 			lis.Close()
@@ -251,22 +201,97 @@ func (c *Cluster) start(ctx context.Context, m *Member, i int) error {
 	sctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
 	defer cancel()
 	if c.cfg.InMemory {
-		c.net.Register(m.Addr, n) // before Open: peers may forward as soon as it announces serving
-		if err := n.Open(sctx); err != nil {
-			c.net.Unregister(m.Addr)
-			m.down.Store(true)
-			return fmt.Errorf("nodetest: %s: %w", m.Name, err)
-		}
-		m.cancel = func() {}
-		m.down.Store(false)
-		return nil
+		return c.openInMemory(sctx, m)
 	}
+	return c.serve(sctx, m, lis)
+}
+
+// listen opens m's gRPC listener (m.Addr, or a port chosen as Config says)
+// and sets m.Addr; an in-memory member gets an address and no listener.
+// The gRPC listener comes before the gossip port: while it is open, the
+// free port chosen for gossip cannot be its port.
+func (c *Cluster) listen(m *Member, i int) (net.Listener, error) {
+	if c.cfg.InMemory {
+		m.Addr = m.Name + ".in-memory:1" // host:port, as gossip metadata wants
+		return nil, nil
+	}
+	addr := m.Addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+		if c.cfg.BasePort != 0 {
+			addr = fmt.Sprintf("127.0.0.1:%d", c.cfg.BasePort+i)
+		}
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("nodetest: %s: %w", m.Name, err)
+	}
+	m.Addr = lis.Addr().String()
+	return lis, nil
+}
+
+// newNode picks m's gossip port (kept across restarts) and makes its node,
+// joining the members up.
+func (c *Cluster) newNode(m *Member, i int) (*node.Node, error) {
+	gc := *c.cfg.Gossip
+	gc.Join = nil
+	for _, o := range c.Up() {
+		if o != m {
+			gc.Join = append(gc.Join, o.GossipAddr)
+		}
+	}
+	switch {
+	case m.GossipAddr != "": // a restart keeps its ports
+		_, port, _ := net.SplitHostPort(m.GossipAddr)
+		fmt.Sscan(port, &gc.BindPort)
+	case c.cfg.BasePort != 0:
+		gc.BindPort = c.cfg.BasePort + 100 + i
+	default:
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		gc.BindPort = p
+	}
+	m.GossipAddr = fmt.Sprintf("127.0.0.1:%d", gc.BindPort)
+	ncfg := node.Config{Rules: c.cfg.Rules, Clock: c.cfg.Clock, Name: m.Name, AdvertiseAddr: m.Addr,
+		Cluster: &gc, Logger: c.cfg.Logger, PeerKeys: c.cfg.PeerKeys}
+	if c.cfg.DataDir != "" {
+		ncfg.DataDir = filepath.Join(c.cfg.DataDir, m.Name)
+	}
+	if c.cfg.InMemory {
+		ncfg.Peers = c.net.Peers()
+	}
+	if c.cfg.Node != nil {
+		c.cfg.Node(&ncfg)
+	}
+	return node.New(ncfg)
+}
+
+// openInMemory opens in-memory member m, registered on the cluster's
+// network before Open: peers may forward to it as soon as it announces
+// serving.
+func (c *Cluster) openInMemory(ctx context.Context, m *Member) error {
+	c.net.Register(m.Addr, m.Node)
+	if err := m.Node.Open(ctx); err != nil {
+		c.net.Unregister(m.Addr)
+		m.down.Store(true)
+		return fmt.Errorf("nodetest: %s: %w", m.Name, err)
+	}
+	m.cancel = func() {}
+	m.down.Store(false)
+	return nil
+}
+
+// serve serves member m's node on lis until Kill or Stop, and waits until
+// it reports serving (ctx bounds the wait).
+func (c *Cluster) serve(ctx context.Context, m *Member, lis net.Listener) error {
 	runCtx, stop := context.WithCancel(context.Background())
 	m.lis = &killListener{Listener: lis}
 	m.cancel = stop
 	m.served = make(chan error, 1)
-	go func() { m.served <- n.Serve(runCtx, m.lis) }()
-	if err := waitServing(sctx, m.Addr, m.served, c.cfg.DialOptions...); err != nil {
+	go func() { m.served <- m.Node.Serve(runCtx, m.lis) }()
+	if err := waitServing(ctx, m.Addr, m.served, c.cfg.DialOptions...); err != nil {
 		stop()
 		m.down.Store(true)
 		return fmt.Errorf("nodetest: %s: %w", m.Name, err)
