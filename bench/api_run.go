@@ -70,121 +70,158 @@ type apiSent struct {
 
 // RunAPI drives target with the seed 004 workload and returns the report.
 func RunAPI(ctx context.Context, target APITarget, cfg APIConfig) (*APIReport, error) {
-	cfg.Workload.fill()
-	if err := cfg.Workload.validate(); err != nil {
-		return nil, err
-	}
-	if cfg.Rules == (APIRules{}) {
-		cfg.Rules = DefaultAPIRules(window.FixedWindow)
-	}
-	if err := cfg.Rules.Validate(); err != nil {
-		return nil, err
-	}
-	rc := cfg.Run
-	rc.Rate = 0
-	rc.fill()
-	if err := rc.validate(); err != nil {
+	rc, err := cfg.prepare()
+	if err != nil {
 		return nil, err
 	}
 	r := &APIReport{Report: &Report{Target: target.Name(), Batch: rc.Batch, Recipients: cfg.Workload.Users,
 		Mode: fmt.Sprintf("closed loop, %d callers", rc.Concurrency)}, Algorithm: cfg.Rules.IP.Algorithm.String()}
 
-	var (
-		tl           = newTally()
-		byIP, byUser atomic.Int64
-		ipSends      = make([][]apiSent, rc.Concurrency)
-		userSends    = make([][]apiSent, rc.Concurrency)
-	)
+	ar := &apiRun{cfg: cfg, rc: rc, target: target, tl: newTally(),
+		ipSends: make([][]apiSent, rc.Concurrency), userSends: make([][]apiSent, rc.Concurrency)}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for w := range rc.Concurrency {
-		wg.Go(func() {
-			gen := cfg.Workload.generator(w)
-			calls := make([]Call, rc.Batch)
-			out := make([]CallResult, rc.Batch)
-			for runCtx.Err() == nil {
-				for i := range calls {
-					calls[i] = gen.next()
-				}
-				began := time.Now()
-				cctx, cancel := context.WithTimeout(runCtx, rc.CallTimeout)
-				err := target.CheckCalls(cctx, calls, out)
-				cancel()
-				lat := time.Since(began)
-				measured := tl.measuring.Load() && runCtx.Err() == nil
-				var a, d, e, g, bi, bu int64
-				for i, c := range calls {
-					o := &out[i]
-					if err != nil {
-						e++
-						continue
-					}
-					// What a key recorded counts for the oracle, whatever
-					// the call's outcome (the other key may have failed).
-					if rc.Audit && o.IPRecorded {
-						ipSends[w] = append(ipSends[w], apiSent{c.ipKey(), o.IPAt})
-					}
-					if rc.Audit && o.UserRecorded {
-						userSends[w] = append(userSends[w], apiSent{c.userKey(), o.UserAt})
-					}
-					if o.Err != nil {
-						e++
-						continue
-					}
-					switch {
-					case o.Degraded:
-						g++
-					case o.Allowed:
-						a++
-					default:
-						d++
-						switch o.DeniedBy {
-						case "ip":
-							bi++
-						case "user":
-							bu++
-						case "ip+user":
-							bi++
-							bu++
-						}
-					}
-				}
-				if !measured {
-					if runCtx.Err() != nil {
-						return
-					}
-					continue
-				}
-				if a+d > 0 {
-					tl.mu.Lock()
-					tl.latencyLocked(lat.Microseconds())
-					tl.mu.Unlock()
-				}
-				byIP.Add(bi)
-				byUser.Add(bu)
-				if n := tl.count(a, d, e, g); rc.MaxOps > 0 && n >= rc.MaxOps {
-					stop()
-				}
-			}
-		})
+		wg.Go(func() { ar.work(runCtx, stop, w) })
 	}
 
-	tl.clock(runCtx, r.Report, start.Add(max(rc.Warmup, 0)), rc.Duration, stop, rc.Progress, "calls")
+	ar.tl.clock(runCtx, r.Report, start.Add(max(rc.Warmup, 0)), rc.Duration, stop, rc.Progress, "calls")
 	wg.Wait()
+	return ar.report(ctx, r)
+}
 
-	tl.fill(r.Report)
-	r.DeniedByIP, r.DeniedByUser = byIP.Load(), byUser.Load()
-	if b, n, err := target.Memory(context.WithoutCancel(ctx)); err == nil && n > 0 {
-		r.MemoryBytes, r.MemoryRecipients, r.BytesPerRecipient = b, n, float64(b)/float64(n)
+// prepare fills cfg's workload and rules with their defaults, checks them,
+// and returns the run settings (cfg.Run filled, a closed loop) once checked.
+func (cfg *APIConfig) prepare() (Config, error) {
+	cfg.Workload.fill()
+	if err := cfg.Workload.validate(); err != nil {
+		return Config{}, err
 	}
-	if rc.Audit {
+	if cfg.Rules == (APIRules{}) {
+		cfg.Rules = DefaultAPIRules(window.FixedWindow)
+	}
+	if err := cfg.Rules.Validate(); err != nil {
+		return Config{}, err
+	}
+	rc := cfg.Run
+	rc.Rate = 0
+	rc.fill()
+	if err := rc.validate(); err != nil {
+		return Config{}, err
+	}
+	return rc, nil
+}
+
+// apiRun is the state one RunAPI shares between its workers, its clock and
+// its report. Its workers run concurrently: tl, byIP and byUser are safe for
+// concurrent use, and each worker owns its own ipSends[w] and userSends[w].
+type apiRun struct {
+	cfg                APIConfig
+	rc                 Config // cfg.Run, filled
+	target             APITarget
+	tl                 *tally
+	byIP, byUser       atomic.Int64 // measured calls denied by each key
+	ipSends, userSends [][]apiSent  // sends each key recorded, per worker, with Audit
+}
+
+// callCounts counts the outcomes of the calls of one request.
+type callCounts struct {
+	admitted, denied, failed, degraded int64
+	deniedByIP, deniedByUser           int64 // denied calls by the key that denied them (both for "ip+user")
+}
+
+// work is worker w's loop: one request of Batch calls after another, each
+// counted once the warm-up is over, until ctx ends. It calls stop once
+// MaxOps calls are decided.
+func (ar *apiRun) work(ctx context.Context, stop func(), w int) {
+	gen := ar.cfg.Workload.generator(w)
+	calls := make([]Call, ar.rc.Batch)
+	out := make([]CallResult, ar.rc.Batch)
+	for ctx.Err() == nil {
+		for i := range calls {
+			calls[i] = gen.next()
+		}
+		began := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, ar.rc.CallTimeout)
+		err := ar.target.CheckCalls(cctx, calls, out)
+		cancel()
+		lat := time.Since(began)
+		measured := ar.tl.measuring.Load() && ctx.Err() == nil
+		c := ar.classify(w, calls, out, err)
+		if !measured {
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		if c.admitted+c.denied > 0 {
+			ar.tl.mu.Lock()
+			ar.tl.latencyLocked(lat.Microseconds())
+			ar.tl.mu.Unlock()
+		}
+		ar.byIP.Add(c.deniedByIP)
+		ar.byUser.Add(c.deniedByUser)
+		if n := ar.tl.count(c.admitted, c.denied, c.failed, c.degraded); ar.rc.MaxOps > 0 && n >= ar.rc.MaxOps {
+			stop()
+		}
+	}
+}
+
+// classify counts the outcomes of worker w's request of calls, which failed
+// with err or answered out. With Audit it keeps what each key recorded,
+// whatever the call's outcome (the other key may have failed).
+func (ar *apiRun) classify(w int, calls []Call, out []CallResult, err error) callCounts {
+	var c callCounts
+	for i, call := range calls {
+		o := &out[i]
+		if err != nil {
+			c.failed++
+			continue
+		}
+		if ar.rc.Audit && o.IPRecorded {
+			ar.ipSends[w] = append(ar.ipSends[w], apiSent{call.ipKey(), o.IPAt})
+		}
+		if ar.rc.Audit && o.UserRecorded {
+			ar.userSends[w] = append(ar.userSends[w], apiSent{call.userKey(), o.UserAt})
+		}
+		switch {
+		case o.Err != nil:
+			c.failed++
+		case o.Degraded:
+			c.degraded++
+		case o.Allowed:
+			c.admitted++
+		default:
+			c.denied++
+			switch o.DeniedBy {
+			case "ip":
+				c.deniedByIP++
+			case "user":
+				c.deniedByUser++
+			case "ip+user":
+				c.deniedByIP++
+				c.deniedByUser++
+			}
+		}
+	}
+	return c
+}
+
+// report completes r once the workers have stopped: the totals, the denials
+// by key, the target's memory (asked even when ctx has ended) and, with
+// Audit, each key's audit. It fails when every call failed.
+func (ar *apiRun) report(ctx context.Context, r *APIReport) (*APIReport, error) {
+	ar.tl.fill(r.Report)
+	r.DeniedByIP, r.DeniedByUser = ar.byIP.Load(), ar.byUser.Load()
+	r.setMemory(ar.target.Memory(context.WithoutCancel(ctx)))
+	if ar.rc.Audit {
 		var err error
-		if r.IPAudit, err = auditSent(cfg.Rules.IP, ipSends); err != nil {
+		if r.IPAudit, err = auditSent(ar.cfg.Rules.IP, ar.ipSends); err != nil {
 			return nil, err
 		}
-		if r.UserAudit, err = auditSent(cfg.Rules.User, userSends); err != nil {
+		if r.UserAudit, err = auditSent(ar.cfg.Rules.User, ar.userSends); err != nil {
 			return nil, err
 		}
 		r.Audited = r.IPAudit.Sends + r.UserAudit.Sends

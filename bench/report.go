@@ -69,88 +69,47 @@ func WriteJSON(path string, reports []*Report) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
+// The chart's geometry, in SVG pixels: the page's width, and each panel's
+// height and the gap below it.
+const chartWidth, panelHeight, panelGap = 900, 260, 70
+
+// chartColors are the lines' colours, one per target in report order,
+// repeating after the last.
+var chartColors = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"}
+
 // WriteSVG draws the reports on one page: decisions/s over time, p99 call
 // latency over time, and the latency distribution of each target.
 func WriteSVG(path string, reports []*Report) error {
-	const width, panelH, gap = 900, 260, 70
-	colors := []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"}
 	var b strings.Builder
-	h := 3*(panelH+gap) + 40
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, h)
+	h := 3*(panelHeight+panelGap) + 40
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", chartWidth, h)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	panel := func(top int, title, xlabel, ylabel string, ss []series, logY bool, xticks []float64, xtickLabel func(float64) string) {
-		left, right := 80.0, float64(width-160)
-		y0, y1 := float64(top+panelH), float64(top+20)
-		var xmin, xmax, ymin, ymax = math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
-		for _, s := range ss {
-			for i := range s.xs {
-				xmin, xmax = math.Min(xmin, s.xs[i]), math.Max(xmax, s.xs[i])
-				ymin, ymax = math.Min(ymin, s.ys[i]), math.Max(ymax, s.ys[i])
-			}
-		}
-		if math.IsInf(xmin, 0) {
-			return
-		}
-		if xmax == xmin {
-			xmax = xmin + 1
-		}
-		ymin = 0
-		if logY {
-			ymin = math.Max(1e-3, math.Pow(10, math.Floor(math.Log10(math.Max(1e-3, minPositive(ss))))))
-			ymax = math.Pow(10, math.Ceil(math.Log10(math.Max(ymax, ymin*10))))
-		} else {
-			ymax = niceCeil(ymax)
-		}
-		fy := func(y float64) float64 {
-			if logY {
-				y = math.Max(y, ymin)
-				return y0 - (math.Log10(y)-math.Log10(ymin))/(math.Log10(ymax)-math.Log10(ymin))*(y0-y1)
-			}
-			return y0 - (y-ymin)/(ymax-ymin)*(y0-y1)
-		}
-		fx := func(x float64) float64 { return left + (x-xmin)/(xmax-xmin)*(right-left) }
-		fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="14" font-weight="bold">%s</text>`+"\n", int(left), top+10, title)
-		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#999"/>`+"\n", left, y1, right-left, y0-y1)
-		// y ticks
-		var yt []float64
-		if logY {
-			for v := ymin; v <= ymax*1.0001; v *= 10 {
-				yt = append(yt, v)
-			}
-		} else {
-			for i := range 5 {
-				yt = append(yt, ymin+(ymax-ymin)*float64(i)/4)
-			}
-		}
-		for _, v := range yt {
-			fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#eee"/><text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n",
-				left, right, fy(v), fy(v), left-6, fy(v)+4, humanNumber(v))
-		}
-		for _, x := range xticks {
-			if x < xmin || x > xmax {
-				continue
-			}
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", fx(x), y0+16, xtickLabel(x))
-		}
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">%s</text>`+"\n", (left+right)/2, y0+34, xlabel)
-		fmt.Fprintf(&b, `<text x="16" y="%.0f" transform="rotate(-90 16 %.0f)" text-anchor="middle">%s</text>`+"\n", (y0+y1)/2, (y0+y1)/2, ylabel)
-		for i, s := range ss {
-			c := colors[i%len(colors)]
-			var pts []string
-			for k := range s.xs {
-				pts = append(pts, fmt.Sprintf("%.1f,%.1f", fx(s.xs[k]), fy(s.ys[k])))
-			}
-			dash := "" // later series dashed, so that equal lines stay visible
-			if i > 0 {
-				dash = fmt.Sprintf(` stroke-dasharray="%d,4"`, 4+4*i)
-			}
-			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" stroke-opacity="0.85"%s points="%s"/>`+"\n", c, dash, strings.Join(pts, " "))
-			fmt.Fprintf(&b, `<rect x="%.0f" y="%d" width="12" height="12" fill="%s"/><text x="%.0f" y="%d">%s</text>`+"\n",
-				right+12, top+24+i*18, c, right+30, top+34+i*18, s.name)
-		}
+	thr, p99, dist, maxT := chartSeries(reports)
+	var tt []float64
+	for t := 0.0; t <= maxT; t += math.Max(1, math.Ceil(maxT/10)) {
+		tt = append(tt, t)
 	}
-	var thr, p99, dist []series
-	var maxT float64
+	secLabel := func(x float64) string { return fmt.Sprintf("%.0f", x) }
+	panels := []chartPanel{
+		{top: 20, title: "Throughput", xlabel: "seconds", ylabel: "decisions/s", ss: thr, xticks: tt, xtickLabel: secLabel},
+		{top: 20 + panelHeight + panelGap, title: "p99 call latency per second", xlabel: "seconds", ylabel: "ms (log)", ss: p99, logY: true, xticks: tt, xtickLabel: secLabel},
+		{top: 20 + 2*(panelHeight+panelGap), title: "Latency distribution", xlabel: "percentile", ylabel: "ms (log)", ss: dist, logY: true,
+			xticks: []float64{0, nines(50), nines(90), nines(99), nines(99.9), nines(99.99)},
+			xtickLabel: func(x float64) string {
+				return fmt.Sprintf("%g%%", math.Round((1-math.Pow(10, -x))*1e6)/1e4)
+			}},
+	}
+	for i := range panels {
+		panels[i].write(&b)
+	}
+	b.WriteString("</svg>\n")
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// chartSeries returns the lines of WriteSVG's three panels, one per report:
+// decisions and p99 latency (ms) per second, the latency (ms) at each
+// percentile below 100 (in nines), and the last second of any report.
+func chartSeries(reports []*Report) (thr, p99, dist []series, maxT float64) {
 	for _, r := range reports {
 		var s1, s2 series
 		s1.name, s2.name = r.Target, r.Target
@@ -170,19 +129,127 @@ func WriteSVG(path string, reports []*Report) error {
 		}
 		dist = append(dist, s3)
 	}
-	var tt []float64
-	for t := 0.0; t <= maxT; t += math.Max(1, math.Ceil(maxT/10)) {
-		tt = append(tt, t)
+	return thr, p99, dist, maxT
+}
+
+// chartPanel is one panel of WriteSVG's page: a titled plot of lines, top
+// pixels from the top of the page.
+type chartPanel struct {
+	top                   int
+	title, xlabel, ylabel string
+	ss                    []series
+	logY                  bool // a logarithmic y axis
+	xticks                []float64
+	xtickLabel            func(float64) string
+}
+
+// panelScale maps a panel's data to pixels: x linearly onto [left, right],
+// y linearly or, with logY, logarithmically onto [y0, y1] (y0 the bottom).
+type panelScale struct {
+	left, right, y0, y1    float64
+	xmin, xmax, ymin, ymax float64
+	logY                   bool
+}
+
+// x returns the pixel column of the data value x.
+func (s *panelScale) x(x float64) float64 {
+	return s.left + (x-s.xmin)/(s.xmax-s.xmin)*(s.right-s.left)
+}
+
+// y returns the pixel row of the data value y; with logY, a value below
+// ymin is drawn at ymin.
+func (s *panelScale) y(y float64) float64 {
+	if s.logY {
+		y = math.Max(y, s.ymin)
+		return s.y0 - (math.Log10(y)-math.Log10(s.ymin))/(math.Log10(s.ymax)-math.Log10(s.ymin))*(s.y0-s.y1)
 	}
-	secLabel := func(x float64) string { return fmt.Sprintf("%.0f", x) }
-	panel(20, "Throughput", "seconds", "decisions/s", thr, false, tt, secLabel)
-	panel(20+panelH+gap, "p99 call latency per second", "seconds", "ms (log)", p99, true, tt, secLabel)
-	pt := []float64{0, nines(50), nines(90), nines(99), nines(99.9), nines(99.99)}
-	panel(20+2*(panelH+gap), "Latency distribution", "percentile", "ms (log)", dist, true, pt, func(x float64) string {
-		return fmt.Sprintf("%g%%", math.Round((1-math.Pow(10, -x))*1e6)/1e4)
-	})
-	b.WriteString("</svg>\n")
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return s.y0 - (y-s.ymin)/(s.ymax-s.ymin)*(s.y0-s.y1)
+}
+
+// scale returns the panel's scale: x spans the data, y goes from 0 (a
+// power of ten below the smallest positive value with logY) to a round
+// value above the largest. It reports false when the panel has no point.
+func (p *chartPanel) scale() (panelScale, bool) {
+	s := panelScale{left: 80, right: float64(chartWidth - 160), y0: float64(p.top + panelHeight), y1: float64(p.top + 20), logY: p.logY}
+	s.xmin, s.xmax, s.ymin, s.ymax = math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
+	for _, ser := range p.ss {
+		for i := range ser.xs {
+			s.xmin, s.xmax = math.Min(s.xmin, ser.xs[i]), math.Max(s.xmax, ser.xs[i])
+			s.ymin, s.ymax = math.Min(s.ymin, ser.ys[i]), math.Max(s.ymax, ser.ys[i])
+		}
+	}
+	if math.IsInf(s.xmin, 0) {
+		return s, false
+	}
+	if s.xmax == s.xmin {
+		s.xmax = s.xmin + 1
+	}
+	s.ymin = 0
+	if p.logY {
+		s.ymin = math.Max(1e-3, math.Pow(10, math.Floor(math.Log10(math.Max(1e-3, minPositive(p.ss))))))
+		s.ymax = math.Pow(10, math.Ceil(math.Log10(math.Max(s.ymax, s.ymin*10))))
+	} else {
+		s.ymax = niceCeil(s.ymax)
+	}
+	return s, true
+}
+
+// write draws the panel into b: nothing when it has no point.
+func (p *chartPanel) write(b *strings.Builder) {
+	s, ok := p.scale()
+	if !ok {
+		return
+	}
+	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="14" font-weight="bold">%s</text>`+"\n", int(s.left), p.top+10, p.title)
+	fmt.Fprintf(b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#999"/>`+"\n", s.left, s.y1, s.right-s.left, s.y0-s.y1)
+	p.writeAxes(b, &s)
+	p.writeLines(b, &s)
+}
+
+// writeAxes draws the panel's y ticks (with grid lines), x ticks and the
+// two axis labels.
+func (p *chartPanel) writeAxes(b *strings.Builder, s *panelScale) {
+	var yt []float64
+	if p.logY {
+		for v := s.ymin; v <= s.ymax*1.0001; v *= 10 {
+			yt = append(yt, v)
+		}
+	} else {
+		for i := range 5 {
+			yt = append(yt, s.ymin+(s.ymax-s.ymin)*float64(i)/4)
+		}
+	}
+	for _, v := range yt {
+		fmt.Fprintf(b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#eee"/><text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n",
+			s.left, s.right, s.y(v), s.y(v), s.left-6, s.y(v)+4, humanNumber(v))
+	}
+	for _, x := range p.xticks {
+		if x < s.xmin || x > s.xmax {
+			continue
+		}
+		fmt.Fprintf(b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", s.x(x), s.y0+16, p.xtickLabel(x))
+	}
+	fmt.Fprintf(b, `<text x="%.0f" y="%.0f" text-anchor="middle">%s</text>`+"\n", (s.left+s.right)/2, s.y0+34, p.xlabel)
+	fmt.Fprintf(b, `<text x="16" y="%.0f" transform="rotate(-90 16 %.0f)" text-anchor="middle">%s</text>`+"\n", (s.y0+s.y1)/2, (s.y0+s.y1)/2, p.ylabel)
+}
+
+// writeLines draws the panel's series, each a polyline (dashed after the
+// first, so that equal lines stay visible), and their legend at the right.
+func (p *chartPanel) writeLines(b *strings.Builder, s *panelScale) {
+	for i, ser := range p.ss {
+		c := chartColors[i%len(chartColors)]
+		var pts []string
+		for k := range ser.xs {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", s.x(ser.xs[k]), s.y(ser.ys[k])))
+		}
+		dash := ""
+		if i > 0 {
+			dash = fmt.Sprintf(` stroke-dasharray="%d,4"`, 4+4*i)
+		}
+		fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="2" stroke-opacity="0.85"%s points="%s"/>`+"\n", c, dash, strings.Join(pts, " "))
+		fmt.Fprintf(b, `<rect x="%.0f" y="%d" width="12" height="12" fill="%s"/><text x="%.0f" y="%d">%s</text>`+"\n",
+			s.right+12, p.top+24+i*18, c, s.right+30, p.top+34+i*18, ser.name)
+	}
 }
 
 // nines maps a percentile to the number of nines (50% -> 0.3, 99% -> 2).

@@ -137,109 +137,149 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 		r.Mode = fmt.Sprintf("closed loop, %d callers", cfg.Concurrency)
 	}
 
-	// late and service split an open loop's latency: how late each call
-	// started, and how long it took from its actual start (µs, under tl.mu).
-	tl, late, service := newTally(), newHistogram(), newHistogram()
-	record := func(intended, started, done time.Time) {
-		tl.mu.Lock()
-		tl.latencyLocked(done.Sub(intended).Microseconds())
-		if cfg.Rate > 0 {
-			late.RecordValue(max(started.Sub(intended).Microseconds(), 1))
-			service.RecordValue(max(done.Sub(started).Microseconds(), 1))
-		}
-		tl.mu.Unlock()
-	}
-
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	start := time.Now()
-	measureAt := start.Add(max(cfg.Warmup, 0))
-	var interval time.Duration
-	if cfg.Rate > 0 {
-		interval = time.Duration(float64(time.Second) * float64(cfg.Batch) / cfg.Rate)
-	}
-	// Timers are precise enough when calls are frequent (the process is
-	// busy); with sparse calls, yield through the last millisecond before
-	// each (a quarter of a core at most, at one call per 5 ms).
-	precise := interval >= 5*time.Millisecond
-	var nextCall atomic.Int64
+	lr := newLoadRun(target, cfg)
 	var wg sync.WaitGroup
-	sends := make([][]sent, cfg.Concurrency)
 	for w := range cfg.Concurrency {
-		wg.Go(func() {
-			gen := cfg.Workload.generator(w)
-			items := make([]Item, cfg.Batch)
-			out := make([]Result, cfg.Batch)
-			for runCtx.Err() == nil {
-				intended := time.Now()
-				if interval > 0 { // open loop: take the next slot of the schedule
-					intended = start.Add(time.Duration(nextCall.Add(1)-1) * interval)
-					if !sleepUntil(runCtx, intended, precise) {
-						return
-					}
-				}
-				for i := range items {
-					items[i] = gen.next()
-				}
-				started := time.Now()
-				cctx, cancel := context.WithTimeout(runCtx, cfg.CallTimeout)
-				err := target.Check(cctx, items, out)
-				cancel()
-				done := time.Now()
-				// A call the end of the run cut off is not counted; what it
-				// got admitted is still kept for the oracle.
-				measured := tl.measuring.Load() && runCtx.Err() == nil
-				var a, d, e, g int64
-				for i := range items {
-					switch {
-					case err != nil || out[i].Err != nil:
-						e++
-					case out[i].Degraded:
-						g++ // the client's failure policy answered, not the limiter: no decision
-					case out[i].Admitted:
-						a++
-						if cfg.Audit {
-							sends[w] = append(sends[w], sent{at: out[i].At, recipient: items[i].Recipient, template: items[i].Template})
-						}
-					default:
-						d++
-					}
-				}
-				if !measured {
-					if runCtx.Err() != nil {
-						return
-					}
-					continue
-				}
-				if a+d > 0 { // a call answered by the failure policy alone measures no limiter
-					record(intended, started, done)
-				}
-				if n := tl.count(a, d, e, g); cfg.MaxOps > 0 && n >= cfg.MaxOps {
-					stop()
-				}
-			}
-		})
+		wg.Go(func() { lr.work(runCtx, stop, w) })
 	}
 
 	// The clock: switch to measuring after the warm-up, tick each second,
 	// stop after the duration.
-	tl.clock(runCtx, r, measureAt, cfg.Duration, stop, cfg.Progress, "decisions")
+	lr.tl.clock(runCtx, r, lr.start.Add(max(cfg.Warmup, 0)), cfg.Duration, stop, cfg.Progress, "decisions")
 	wg.Wait()
+	return lr.report(ctx, r)
+}
 
-	tl.fill(r)
+// loadRun is the state one Run shares between its workers, its clock and
+// its report. Its workers run concurrently: tally and nextCall are safe for
+// concurrent use, late and service are guarded by tl.mu, and each worker
+// owns its own sends[w].
+type loadRun struct {
+	cfg    Config
+	target Target
+	tl     *tally
+	// late and service split an open loop's latency: how late each call
+	// started, and how long it took from its actual start (µs, under tl.mu).
+	late, service *hdrhistogram.Histogram
+	start         time.Time
+	interval      time.Duration // between the scheduled calls of an open loop; 0 in a closed loop
+	precise       bool          // sleepUntil yields through the last millisecond before each call
+	nextCall      atomic.Int64  // the next slot of an open loop's schedule
+	sends         [][]sent      // admitted sends per worker, with Audit
+}
+
+// newLoadRun starts the clock of a run of cfg (filled and valid) against
+// target.
+func newLoadRun(target Target, cfg Config) *loadRun {
+	lr := &loadRun{cfg: cfg, target: target, tl: newTally(), late: newHistogram(), service: newHistogram()}
+	lr.start = time.Now()
 	if cfg.Rate > 0 {
-		r.StartLateness, r.Service = latencyOf(late), latencyOf(service)
+		lr.interval = time.Duration(float64(time.Second) * float64(cfg.Batch) / cfg.Rate)
 	}
-	if b, n, err := target.Memory(context.WithoutCancel(ctx)); err == nil && n > 0 {
-		r.MemoryBytes, r.MemoryRecipients, r.BytesPerRecipient = b, n, float64(b)/float64(n)
+	// Timers are precise enough when calls are frequent (the process is
+	// busy); with sparse calls, yield through the last millisecond before
+	// each (a quarter of a core at most, at one call per 5 ms).
+	lr.precise = lr.interval >= 5*time.Millisecond
+	lr.sends = make([][]sent, cfg.Concurrency)
+	return lr
+}
+
+// work is worker w's loop: one call of Batch items after another (on the
+// schedule in an open loop), each counted once the warm-up is over, until
+// ctx ends. It calls stop once MaxOps decisions are counted.
+func (lr *loadRun) work(ctx context.Context, stop func(), w int) {
+	cfg := &lr.cfg
+	gen := cfg.Workload.generator(w)
+	items := make([]Item, cfg.Batch)
+	out := make([]Result, cfg.Batch)
+	for ctx.Err() == nil {
+		intended := time.Now()
+		if lr.interval > 0 { // open loop: take the next slot of the schedule
+			intended = lr.start.Add(time.Duration(lr.nextCall.Add(1)-1) * lr.interval)
+			if !sleepUntil(ctx, intended, lr.precise) {
+				return
+			}
+		}
+		for i := range items {
+			items[i] = gen.next()
+		}
+		started := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, cfg.CallTimeout)
+		err := lr.target.Check(cctx, items, out)
+		cancel()
+		done := time.Now()
+		// A call the end of the run cut off is not counted; what it
+		// got admitted is still kept for the oracle.
+		measured := lr.tl.measuring.Load() && ctx.Err() == nil
+		a, d, e, g := lr.classify(w, items, out, err)
+		if !measured {
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		if a+d > 0 { // a call answered by the failure policy alone measures no limiter
+			lr.record(intended, started, done)
+		}
+		if n := lr.tl.count(a, d, e, g); cfg.MaxOps > 0 && n >= cfg.MaxOps {
+			stop()
+		}
 	}
-	if cfg.Audit {
+}
+
+// classify counts the outcomes of worker w's call of items, which failed
+// with err or answered out: a admitted, d denied, e failed and g answered
+// by the client's failure policy. With Audit it keeps the admitted sends.
+func (lr *loadRun) classify(w int, items []Item, out []Result, err error) (a, d, e, g int64) {
+	for i := range items {
+		switch {
+		case err != nil || out[i].Err != nil:
+			e++
+		case out[i].Degraded:
+			g++ // the client's failure policy answered, not the limiter: no decision
+		case out[i].Admitted:
+			a++
+			if lr.cfg.Audit {
+				lr.sends[w] = append(lr.sends[w], sent{at: out[i].At, recipient: items[i].Recipient, template: items[i].Template})
+			}
+		default:
+			d++
+		}
+	}
+	return a, d, e, g
+}
+
+// record adds the latency of one measured call, intended to start at
+// intended, started at started and done at done: from its intended start
+// and, in an open loop, split into lateness and service.
+func (lr *loadRun) record(intended, started, done time.Time) {
+	lr.tl.mu.Lock()
+	lr.tl.latencyLocked(done.Sub(intended).Microseconds())
+	if lr.cfg.Rate > 0 {
+		lr.late.RecordValue(max(started.Sub(intended).Microseconds(), 1))
+		lr.service.RecordValue(max(done.Sub(started).Microseconds(), 1))
+	}
+	lr.tl.mu.Unlock()
+}
+
+// report completes r once the workers have stopped: the totals, the
+// target's memory (asked even when ctx has ended) and, with Audit, the
+// oracle's count of over-admissions. It fails when every call failed.
+func (lr *loadRun) report(ctx context.Context, r *Report) (*Report, error) {
+	lr.tl.fill(r)
+	if lr.cfg.Rate > 0 {
+		r.StartLateness, r.Service = latencyOf(lr.late), latencyOf(lr.service)
+	}
+	r.setMemory(lr.target.Memory(context.WithoutCancel(ctx)))
+	if lr.cfg.Audit {
 		var all []sent
-		for _, s := range sends {
+		for _, s := range lr.sends {
 			all = append(all, s...)
 		}
 		r.Audited = int64(len(all))
-		r.OverAdmissions = overAdmissions(cfg.Rules, all)
+		r.OverAdmissions = overAdmissions(lr.cfg.Rules, all)
 	} else {
 		r.AuditSkipped = "not asked for"
 	}
@@ -247,6 +287,14 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 		return r, errors.New("bench: every call failed")
 	}
 	return r, nil
+}
+
+// setMemory sets r's memory figures from a target's Memory answer: b bytes
+// held for n recipients (or keys), unless err is set or n is 0.
+func (r *Report) setMemory(b, n int64, err error) {
+	if err == nil && n > 0 {
+		r.MemoryBytes, r.MemoryRecipients, r.BytesPerRecipient = b, n, float64(b)/float64(n)
+	}
 }
 
 func ms(us int64) float64 { return float64(us) / 1000 }

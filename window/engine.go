@@ -115,6 +115,9 @@ type Scratch struct {
 // A send at t is admitted iff, for every rule (L, W) that applies, the
 // sends already recorded in (t-W, t] plus the item's cost are at most L.
 // This takes O(rules * log(entries)) after decoding the record.
+//
+// Apply works in three stages: load decodes rec, judge decides against
+// every rule, and record adds the admitted sends and encodes the record.
 func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, dec *Decision) ([]byte, error) {
 	cost, err := s.load(rec, tag, now, it)
 	if err == nil {
@@ -125,22 +128,54 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	}
 	st := &s.st
 	t := max(now, st.newest)
-
-	hasContent := it.Content != 0 && d.contentCap > 0
-	var fp uint32
-	ci := -1
-	var clog []int64
-	if hasContent {
-		fp = contentFP(it.Content)
-		for j, c := range st.clogs {
-			if c.fp == fp {
-				ci = j
-				clog = st.ctimes[c.off : c.off+c.n]
-				break
-			}
-		}
+	var c itemContent
+	if it.Content != 0 && d.contentCap > 0 {
+		c = st.itemContent(it.Content)
 	}
+	if err := d.judge(st, t, cost, it.Mode, &c, dec); err != nil {
+		return nil, err
+	}
+	if !dec.Admitted || it.Mode == Peek || d.recipCap == 0 && !c.ok && len(d.counters) == 0 {
+		d.fillRemaining(dec)
+		return nil, nil
+	}
+	out, err := d.record(s, t, cost, &c, dec)
+	if err != nil {
+		return nil, err
+	}
+	d.fillRemaining(dec)
+	return out, nil
+}
 
+// itemContent is the content side of one Apply: where the item's content
+// log sits in the decoded record.
+type itemContent struct {
+	ok  bool    // the item has content and the domain has content rules
+	fp  uint32  // the content's fingerprint (see contentFP)
+	i   int     // index of its log in state.clogs; -1 when it has none yet
+	log []int64 // that log's entries, ascending; nil when it has none yet
+}
+
+// itemContent finds the log of content (a hash, not 0) in s.
+func (s *state) itemContent(content uint64) itemContent {
+	c := itemContent{ok: true, fp: contentFP(content)}
+	if c.i = s.findLog(c.fp); c.i >= 0 {
+		l := s.clogs[c.i]
+		c.log = s.ctimes[l.off : l.off+l.n]
+	}
+	return c
+}
+
+// judge decides an item of cost at t (unix ms) against every rule of d,
+// before anything is recorded, and fills dec: Admitted, DeniedBy,
+// RetryAfter, ShadowDeniedBy, At, NumRules, and each rule's Used and
+// RetryAfter (Remaining is filled later, by fillRemaining). A RecordOnly
+// item is admitted by every rule. It fails with ErrInvalid when the cost
+// exceeds what a rule that is not a shadow can ever admit.
+//
+// The sliding-log rules are judged inline: this loop runs for every rule of
+// every decision.
+func (d *Domain) judge(st *state, t int64, cost int, mode Mode, c *itemContent, dec *Decision) error {
 	// Set every field Apply reports rather than zero the whole Decision:
 	// Rules beyond NumRules are not read.
 	dec.Admitted, dec.Recorded, dec.DeniedBy, dec.RetryAfter, dec.At, dec.NumRules = false, false, -1, 0, t, len(d.rules)
@@ -148,88 +183,113 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	var shadowRetry int64 // RetryAfter of rule ShadowDeniedBy
 	for i := range d.rules {
 		r := &d.rules[i]
-		dec.Rules[i] = RuleResult{}
+		res := &dec.Rules[i]
+		*res = RuleResult{}
 		if r.Algorithm != SlidingLog {
-			c := &d.counters[d.cidx[i]]
-			res := &dec.Rules[i]
-			if c.decide(st.counterVals(c), t, int64(cost), res) || it.Mode == RecordOnly {
-				res.RetryAfter = 0
-				continue
+			denies, err := d.judgeCounter(st, i, t, cost, mode, res)
+			if err != nil {
+				return err
 			}
-			retry := res.RetryAfter
-			switch {
-			case retry < 0 && !r.Shadow:
-				return nil, fmt.Errorf("%w: cost %d exceeds %s %d of rule %q", ErrInvalid, cost, c.most(), c.mostValue(), r.Name)
-			case r.Shadow:
-				if dec.ShadowDeniedBy < 0 || shadowRetry >= 0 && (retry < 0 || retry > shadowRetry) {
-					shadowRetry, dec.ShadowDeniedBy = retry, i
-				}
-			case retry > dec.RetryAfter:
-				dec.RetryAfter, dec.DeniedBy = retry, i
+			if denies {
+				dec.deny(i, r.Shadow, res.RetryAfter, &shadowRetry)
 			}
 			continue
 		}
-		log := st.recip
-		scopeCap := d.recipCap
+		log, scopeCap := st.recip, d.recipCap
 		if r.Scope == ScopeContent {
-			if !hasContent {
-				dec.Rules[i] = RuleResult{Remaining: r.Limit}
+			if !c.ok {
+				res.Remaining = r.Limit
 				continue
 			}
-			log, scopeCap = clog, d.contentCap
+			log, scopeCap = c.log, d.contentCap
 		}
-		w := d.win[i]
-		used := countAfter(log, t-w)
-		if it.Mode != RecordOnly && used+cost > r.Limit {
-			var retry int64 = -1 // never: a shadow rule below the cost
-			if cost <= r.Limit {
-				// The (Limit-cost+1)-th newest send leaves the window at e+w.
-				e := log[len(log)-(r.Limit-cost+1)]
-				retry = e + w - t
-			} else if !r.Shadow {
-				return nil, fmt.Errorf("%w: cost %d exceeds limit %d of rule %q", ErrInvalid, cost, r.Limit, r.Name)
+		used := countAfter(log, t-d.win[i])
+		if mode != RecordOnly && used+cost > r.Limit {
+			retry, err := d.logRetry(i, log, t, cost)
+			if err != nil {
+				return err
 			}
-			switch {
-			case r.Shadow:
-				if dec.ShadowDeniedBy < 0 || shadowRetry >= 0 && (retry < 0 || retry > shadowRetry) {
-					shadowRetry, dec.ShadowDeniedBy = retry, i
-				}
-			case retry > dec.RetryAfter:
-				dec.RetryAfter, dec.DeniedBy = retry, i
-			}
-			dec.Rules[i].RetryAfter = retry
+			dec.deny(i, r.Shadow, retry, &shadowRetry)
+			res.RetryAfter = retry
 		}
-		dec.Rules[i].Used = min(used, scopeCap)
+		res.Used = min(used, scopeCap)
 	}
 	dec.Admitted = dec.DeniedBy < 0
-	if !dec.Admitted || it.Mode == Peek {
-		d.fillRemaining(dec)
-		return nil, nil
-	}
+	return nil
+}
 
-	// Record: cost entries at t in every log the item belongs to.
-	recordRecip := d.recipCap > 0
-	if !recordRecip && !hasContent && len(d.counters) == 0 {
-		d.fillRemaining(dec)
-		return nil, nil
+// deny notes that rule i (a shadow rule when shadow) denies the item for
+// retry ms (-1: never). Of the rules that are not shadows, dec keeps the one
+// with the longest RetryAfter; of the shadow rules, the one with the longest
+// retry, never being the longest and the first winning ties, whose retry
+// deny keeps in *shadowRetry.
+func (dec *Decision) deny(i int, shadow bool, retry int64, shadowRetry *int64) {
+	switch {
+	case shadow:
+		if dec.ShadowDeniedBy < 0 || *shadowRetry >= 0 && (retry < 0 || retry > *shadowRetry) {
+			*shadowRetry, dec.ShadowDeniedBy = retry, i
+		}
+	case retry > dec.RetryAfter:
+		dec.RetryAfter, dec.DeniedBy = retry, i
 	}
-	if hasContent && ci < 0 && len(st.clogs) >= MaxContents {
+}
+
+// judgeCounter fills res with the view of rule i, a counting rule, of an
+// item of cost at t, and reports whether the rule denies it (never for
+// RecordOnly); res.RetryAfter is -1 for a shadow rule that never admits it.
+func (d *Domain) judgeCounter(st *state, i int, t int64, cost int, mode Mode, res *RuleResult) (bool, error) {
+	c := &d.counters[d.cidx[i]]
+	if c.decide(st.counterVals(c), t, int64(cost), res) || mode == RecordOnly {
+		res.RetryAfter = 0
+		return false, nil
+	}
+	if r := &d.rules[i]; res.RetryAfter < 0 && !r.Shadow {
+		return false, fmt.Errorf("%w: cost %d exceeds %s %d of rule %q", ErrInvalid, cost, c.most(), c.mostValue(), r.Name)
+	}
+	return true, nil
+}
+
+// logRetry returns when rule i, a sliding-log rule over log, would admit an
+// item of cost at t that it denies: in ms from t, or -1 (never) for a
+// shadow rule whose limit is below the cost. Such a rule that is not a
+// shadow fails with ErrInvalid.
+func (d *Domain) logRetry(i int, log []int64, t int64, cost int) (int64, error) {
+	r := &d.rules[i]
+	if cost > r.Limit {
+		if !r.Shadow {
+			return 0, fmt.Errorf("%w: cost %d exceeds limit %d of rule %q", ErrInvalid, cost, r.Limit, r.Name)
+		}
+		return -1, nil
+	}
+	// The (Limit-cost+1)-th newest send leaves the window at e+w.
+	e := log[len(log)-(r.Limit-cost+1)]
+	return e + d.win[i] - t, nil
+}
+
+// record adds the admitted item's cost sends at t (unix ms) to every log
+// it belongs to and to every counter, encodes the record into s and
+// updates dec: Recorded, the counting rules' results, and the Used of each
+// sliding-log rule the item counts in. It fails with ErrFull when the
+// record would hold more than MaxContents content logs or MaxRecordBytes.
+func (d *Domain) record(s *Scratch, t int64, cost int, c *itemContent, dec *Decision) ([]byte, error) {
+	st := &s.st
+	if c.ok && c.i < 0 && len(st.clogs) >= MaxContents {
 		if d.dropDeadContents(st, t); len(st.clogs) >= MaxContents {
 			return nil, fmt.Errorf("%w: recipient already has %d distinct contents inside the content window", ErrFull, MaxContents)
 		}
 	}
-	if recordRecip {
+	if d.recipCap > 0 {
 		for range cost {
 			st.recip = append(st.recip, t)
 		}
 	}
-	if hasContent {
-		st.addContent(ci, fp, t, cost)
+	if c.ok {
+		st.addContent(c.i, c.fp, t, cost)
 	}
 	s.addCounters(d, t, int64(cost))
 	for i := range d.counters {
-		c := &d.counters[i]
-		c.report(st.counterVals(c), t, &dec.Rules[c.rule])
+		cr := &d.counters[i]
+		cr.report(st.counterVals(cr), t, &dec.Rules[cr.rule])
 	}
 	st.newest = t
 	out, err := d.finish(s, st)
@@ -239,7 +299,7 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 	dec.Recorded = true
 	for i := range d.rules {
 		r := &d.rules[i]
-		if r.Scope == ScopeContent && !hasContent || r.Algorithm != SlidingLog {
+		if r.Scope == ScopeContent && !c.ok || r.Algorithm != SlidingLog {
 			continue
 		}
 		scopeCap := d.recipCap
@@ -248,7 +308,6 @@ func (d *Domain) Apply(s *Scratch, rec []byte, tag uint16, now int64, it Item, d
 		}
 		dec.Rules[i].Used = min(dec.Rules[i].Used+cost, scopeCap)
 	}
-	d.fillRemaining(dec)
 	return out, nil
 }
 

@@ -12,29 +12,22 @@ import (
 
 	"github.com/freqring/freqring/bench"
 	"github.com/freqring/freqring/client"
-	"github.com/freqring/freqring/node"
-	"github.com/freqring/freqring/node/nodetest"
-	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/window"
 )
 
 // apiBenchOptions are the bench flags of --workload api.
 type apiBenchOptions struct {
-	targets, addr, redisAddr string
-	startRedis               bool
-	startCluster             int
-	replication, rulesPath   string
-	algorithm                string
-	refund                   bool
-	policy                   client.FailurePolicy
-	tls                      *tlsFlags
-	workload                 bench.APIWorkload
-	run                      bench.Config
-	rate                     float64
-	maxDelay                 time.Duration
-	unary, quiet             bool
-	jsonPath, svgPath        string
+	benchTargetFlags
+	algorithm         string
+	refund            bool
+	policy            client.FailurePolicy
+	workload          bench.APIWorkload
+	run               bench.Config
+	rate              float64
+	maxDelay          time.Duration
+	unary, quiet      bool
+	jsonPath, svgPath string
 }
 
 // apiRules returns the two rules of the api workload: the first rule of
@@ -68,6 +61,8 @@ func (o *apiBenchOptions) apiRules() (bench.APIRules, *rules.Set, error) {
 	return r, rs, r.Validate()
 }
 
+// benchAPI runs bench --workload api: the api workload against each target
+// in turn, then prints and writes the reports.
 func benchAPI(ctx context.Context, o apiBenchOptions, stdout, stderr io.Writer) error {
 	if o.rate != 0 {
 		return usagef("--workload api runs a closed loop: --rate is not supported")
@@ -85,90 +80,9 @@ func benchAPI(ctx context.Context, o apiBenchOptions, stdout, stderr io.Writer) 
 	if !o.quiet {
 		cfg.Run.Progress = stdout
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var reports []*bench.APIReport
-	for _, name := range strings.Split(o.targets, ",") {
-		var (
-			t   bench.APITarget
-			end func()
-		)
-		switch name {
-		case "freqring":
-			seeds := strings.Split(o.addr, ",")
-			dial, err := o.tls.dialOptions(logger)
-			if err != nil {
-				return err
-			}
-			if o.startCluster > 0 && o.tls.enabled() {
-				return usagef("the --tls-* flags are for the nodes at --addr; --start-cluster starts plaintext nodes")
-			}
-			if o.startCluster > 0 {
-				if o.startCluster > 50 {
-					return usagef("--start-cluster %d out of range [1, 50]", o.startCluster)
-				}
-				repl, err := node.ParseReplication(o.replication)
-				if err != nil {
-					return usagef("--replication %q is not one of sync, async, off", o.replication)
-				}
-				lc, err := nodetest.Start(ctx, nodetest.Config{Size: o.startCluster, Rules: rs, NamePrefix: "bench-",
-					Node:   func(cfg *node.Config) { cfg.Replication = repl },
-					Gossip: &gossip.Config{BindAddr: "127.0.0.1"}, Logger: logger})
-				if err != nil {
-					return err
-				}
-				end = func() { lc.Close() }
-				seeds = lc.Addrs()
-				fmt.Fprintf(stdout, "started a local cluster of %d nodes: %s\n", o.startCluster, strings.Join(seeds, ", "))
-			}
-			ft, err := bench.NewAPIFreqringTarget(ctx, seeds, client.Config{FailurePolicy: o.policy, MaxDelay: o.maxDelay, UnaryChecks: o.unary, DialOptions: dial})
-			if err != nil {
-				if end != nil {
-					end()
-				}
-				return err
-			}
-			ft.Refund = o.refund
-			t = ft
-		case "redis":
-			if a := apiRules.IP.Algorithm; a != window.FixedWindow && a != window.SlidingCounter {
-				return usagef("--target redis runs fixed-window (a counter per key and hour) or sliding-counter (a hash of sub-window counters); %v has no Redis design to compare", a)
-			}
-			if apiRules.IP.Borrow > 0 || apiRules.User.Borrow > 0 {
-				return usagef("--target redis: the rules borrow (borrow %d, %d); the seeds' Redis designs do not", apiRules.IP.Borrow, apiRules.User.Borrow)
-			}
-			raddr := o.redisAddr
-			if o.startRedis {
-				lr, err := bench.StartRedis(ctx)
-				if err != nil {
-					return err
-				}
-				end = lr.Stop
-				raddr = lr.Addr
-				fmt.Fprintf(stdout, "started redis-server on %s\n", raddr)
-			}
-			rt, err := bench.NewAPIRedisTarget(ctx, raddr, apiRules)
-			if err != nil {
-				if end != nil {
-					end()
-				}
-				return err
-			}
-			t = rt
-		default:
-			return usagef("--target %q is not one of freqring, redis (with --workload api)", name)
-		}
-		r, err := bench.RunAPI(ctx, t, cfg)
-		t.Close()
-		if end != nil {
-			end()
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		reports = append(reports, r)
-		if ctx.Err() != nil {
-			break
-		}
+	reports, err := o.runTargets(ctx, cfg, rs, stdout, stderr)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(stdout, "\napi workload: %d apps, %d ips, %d users, %d interfaces, zipf %g; rules (%s) %d/%v per (app, ip), %d/%v per (app, user, interface); a decision is a call of two checks\n",
 		cfg.Workload.Apps, cfg.Workload.IPs, cfg.Workload.Users, cfg.Workload.Interfaces, cfg.Workload.Zipf,
@@ -182,20 +96,73 @@ func benchAPI(ctx context.Context, o apiBenchOptions, stdout, stderr io.Writer) 
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", o.jsonPath)
 	}
-	if o.svgPath != "" {
-		rs := make([]*bench.Report, len(reports))
-		for i, r := range reports {
-			rs[i] = r.Report
-		}
-		if err := bench.WriteSVG(o.svgPath, rs); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "wrote %s\n", o.svgPath)
+	rep := make([]*bench.Report, len(reports))
+	for i, r := range reports {
+		rep[i] = r.Report
 	}
-	for _, r := range reports {
-		if r.OverAdmissions > 0 {
-			return fmt.Errorf("%s over-admitted %d sends", r.Target, r.OverAdmissions)
+	return finishBench(stdout, o.svgPath, rep)
+}
+
+// runTargets runs cfg against each target in turn (rs is the rule set of
+// cfg.Rules, for a local cluster), until the last or until ctx ends, and
+// returns their reports. It stops at the first target that fails.
+func (o *apiBenchOptions) runTargets(ctx context.Context, cfg bench.APIConfig, rs *rules.Set, stdout, stderr io.Writer) ([]*bench.APIReport, error) {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var reports []*bench.APIReport
+	for _, name := range strings.Split(o.targets, ",") {
+		t, end, err := o.target(ctx, name, cfg.Rules, rs, logger, stdout)
+		if err != nil {
+			return nil, err
+		}
+		r, err := bench.RunAPI(ctx, t, cfg)
+		t.Close()
+		if end != nil {
+			end()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		reports = append(reports, r)
+		if ctx.Err() != nil {
+			break
 		}
 	}
-	return nil
+	return reports, nil
+}
+
+// target connects to the target called name for the api workload with
+// apiRules (rs, their rule set, for a local cluster), starting its cluster
+// or Redis if the flags ask; end (nil when nothing was started) stops what
+// it started, after the target is closed.
+func (o *apiBenchOptions) target(ctx context.Context, name string, apiRules bench.APIRules, rs *rules.Set, logger *slog.Logger, stdout io.Writer) (t bench.APITarget, end func(), err error) {
+	switch name {
+	case "freqring":
+		seeds, dial, end, err := o.freqringSeeds(ctx, rs, logger, stdout)
+		if err != nil {
+			return nil, nil, err
+		}
+		ft, err := bench.NewAPIFreqringTarget(ctx, seeds, client.Config{FailurePolicy: o.policy, MaxDelay: o.maxDelay, UnaryChecks: o.unary, DialOptions: dial})
+		if err != nil {
+			return nil, nil, endThen(end, err)
+		}
+		ft.Refund = o.refund
+		return ft, end, nil
+	case "redis":
+		if a := apiRules.IP.Algorithm; a != window.FixedWindow && a != window.SlidingCounter {
+			return nil, nil, usagef("--target redis runs fixed-window (a counter per key and hour) or sliding-counter (a hash of sub-window counters); %v has no Redis design to compare", a)
+		}
+		if apiRules.IP.Borrow > 0 || apiRules.User.Borrow > 0 {
+			return nil, nil, usagef("--target redis: the rules borrow (borrow %d, %d); the seeds' Redis designs do not", apiRules.IP.Borrow, apiRules.User.Borrow)
+		}
+		raddr, end, err := o.redisAddress(ctx, stdout)
+		if err != nil {
+			return nil, nil, err
+		}
+		rt, err := bench.NewAPIRedisTarget(ctx, raddr, apiRules)
+		if err != nil {
+			return nil, nil, endThen(end, err)
+		}
+		return rt, end, nil
+	}
+	return nil, nil, usagef("--target %q is not one of freqring, redis (with --workload api)", name)
 }

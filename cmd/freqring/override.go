@@ -29,25 +29,72 @@ func overrideCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if isHelp(args[0]) || args[0] == "help" {
 		args = []string{"set", "-h"} // set's usage is every subcommand's
 	}
-	sub, args := args[0], args[1:]
+	f, rest, err := parseOverrideFlags(args[0], args[1:], stderr)
+	if err != nil {
+		return err
+	}
+	dial, err := f.tls.dialOptions(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		return err
+	}
+	tok, err := tokenDialOption(f.tokenPath)
+	if err != nil {
+		return err
+	}
+	dial = append(dial, tok...)
+	members, err := ringMembers(ctx, f.addr, dial, f.timeout)
+	if err != nil {
+		return err
+	}
+	r := &memberReport{w: stdout}
+	switch f.sub {
+	case "set":
+		f.set(ctx, members, dial, rest[0], r)
+	case "delete":
+		f.delete(ctx, members, dial, rest[0], r)
+	case "list":
+		f.list(ctx, members, dial, r)
+	}
+	if r.failed > 0 {
+		return fmt.Errorf("override %s: %d of %d members failed", f.sub, r.failed, len(members))
+	}
+	return nil
+}
+
+// overrideFlags holds the flags of one override subcommand, sub, as parsed.
+type overrideFlags struct {
+	sub       string // set, delete or list
+	addr      string
+	timeout   time.Duration
+	tls       *tlsFlags
+	tokenPath string
+
+	// set only
+	domain, recipients, prefixes string
+	exempt                       bool
+	limits                       limitFlags
+}
+
+// parseOverrideFlags defines the flags of override sub and parses args
+// into them (usage to stderr on -h). It returns the positional arguments:
+// the override's NAME for set and delete, none for list.
+func parseOverrideFlags(sub string, args []string, stderr io.Writer) (*overrideFlags, []string, error) {
 	fs := flag.NewFlagSet("override "+sub, flag.ContinueOnError)
-	addr := fs.String("addr", "127.0.0.1:7070", "gRPC address of any node: the command applies to every member of its ring")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
-	tf := addTLSFlags(fs, false)
-	tokenPath := fs.String("token-file", "", "file of admin tokens (the nodes' --admin-token-file): its first token is sent with each call as the operator's credentials")
-	var domain, recipients, prefixes *string
-	var exempt *bool
-	limits := limitFlags{}
+	f := &overrideFlags{sub: sub, limits: limitFlags{}}
+	fs.StringVar(&f.addr, "addr", "127.0.0.1:7070", "gRPC address of any node: the command applies to every member of its ring")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "deadline of each call")
+	f.tls = addTLSFlags(fs, false)
+	fs.StringVar(&f.tokenPath, "token-file", "", "file of admin tokens (the nodes' --admin-token-file): its first token is sent with each call as the operator's credentials")
 	switch sub {
 	case "set":
-		domain = fs.String("domain", "default", "the domain whose keys it overrides")
-		recipients = fs.String("recipients", "", "comma-separated exact keys")
-		prefixes = fs.String("prefixes", "", "comma-separated key prefixes (an exact key beats a prefix, the longest prefix wins)")
-		exempt = fs.Bool("exempt", false, "admit the keys without a check (still recorded); not with --limit")
-		fs.Var(limits, "limit", "RULE=LIMIT, the rule's limit for these keys; repeat for several rules")
+		fs.StringVar(&f.domain, "domain", "default", "the domain whose keys it overrides")
+		fs.StringVar(&f.recipients, "recipients", "", "comma-separated exact keys")
+		fs.StringVar(&f.prefixes, "prefixes", "", "comma-separated key prefixes (an exact key beats a prefix, the longest prefix wins)")
+		fs.BoolVar(&f.exempt, "exempt", false, "admit the keys without a check (still recorded); not with --limit")
+		fs.Var(f.limits, "limit", "RULE=LIMIT, the rule's limit for these keys; repeat for several rules")
 	case "delete", "list":
 	default:
-		return usagef("override %q is not one of set, delete, list", sub)
+		return nil, nil, usagef("override %q is not one of set, delete, list", sub)
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: freqring override set [flags] NAME | delete [flags] NAME | list [flags]\n\n"+
@@ -56,83 +103,91 @@ func overrideCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	rest, err := parseInterspersed(fs, args, stderr)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	wantArgs := 1
 	if sub == "list" {
 		wantArgs = 0
 	}
 	if len(rest) != wantArgs {
-		return usagef("override %s wants %d argument(s) (NAME), got %q", sub, wantArgs, rest)
+		return nil, nil, usagef("override %s wants %d argument(s) (NAME), got %q", sub, wantArgs, rest)
 	}
-	dial, err := tf.dialOptions(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		return err
-	}
-	tok, err := tokenDialOption(*tokenPath)
-	if err != nil {
-		return err
-	}
-	dial = append(dial, tok...)
-	rr, err := withLimiter(ctx, *addr, dial, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.RingResponse, error) {
+	return f, rest, nil
+}
+
+// ringMembers returns the members of the ring of the node at addr, or that
+// node alone when it is not a cluster member.
+func ringMembers(ctx context.Context, addr string, dial []grpc.DialOption, timeout time.Duration) ([]*pb.Member, error) {
+	rr, err := withLimiter(ctx, addr, dial, timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.RingResponse, error) {
 		return c.Ring(ctx, &pb.RingRequest{})
 	})
 	if err != nil {
-		return fmt.Errorf("%s: %w", *addr, err)
+		return nil, fmt.Errorf("%s: %w", addr, err)
 	}
-	members := rr.Members
-	if len(members) == 0 {
-		members = []*pb.Member{{Name: rr.Node, Addr: *addr}}
+	if len(rr.Members) == 0 {
+		return []*pb.Member{{Name: rr.Node, Addr: addr}}, nil
 	}
-	var failed int
-	report := func(m *pb.Member, err error, format string, a ...any) {
+	return rr.Members, nil
+}
+
+// memberReport prints the outcome of a command on each member, one line
+// each, and counts the members that failed. Not safe for concurrent use.
+type memberReport struct {
+	w      io.Writer
+	failed int
+}
+
+// line prints m's outcome: err, or the message of format and a.
+func (r *memberReport) line(m *pb.Member, err error, format string, a ...any) {
+	if err != nil {
+		r.failed++
+		fmt.Fprintf(r.w, "%s (%s): FAILED: %v\n", m.Name, m.Addr, err)
+		return
+	}
+	fmt.Fprintf(r.w, "%s (%s): %s\n", m.Name, m.Addr, fmt.Sprintf(format, a...))
+}
+
+// set sets override name, of one version, on every member.
+func (f *overrideFlags) set(ctx context.Context, members []*pb.Member, dial []grpc.DialOption, name string, r *memberReport) {
+	o := &pb.Override{Name: name, Domain: f.domain, Recipients: splitList(f.recipients), Prefixes: splitList(f.prefixes),
+		Limits: f.limits, Exempt: f.exempt, Version: time.Now().UnixMilli()} // one version on every member
+	for _, m := range members {
+		resp, err := withAdmin(ctx, m.Addr, dial, f.timeout, func(ctx context.Context, c pb.AdminClient) (*pb.OverrideSetResponse, error) {
+			return c.SetOverride(ctx, &pb.OverrideSetRequest{Override: o})
+		})
+		r.line(m, err, "set %q, version %d", resp.GetOverride().GetName(), resp.GetOverride().GetVersion())
+	}
+}
+
+// delete lifts override name on every member, with one version.
+func (f *overrideFlags) delete(ctx context.Context, members []*pb.Member, dial []grpc.DialOption, name string, r *memberReport) {
+	version := time.Now().UnixMilli() // one version on every member
+	for _, m := range members {
+		resp, err := withAdmin(ctx, m.Addr, dial, f.timeout, func(ctx context.Context, c pb.AdminClient) (*pb.OverrideDeleteResponse, error) {
+			return c.DeleteOverride(ctx, &pb.OverrideDeleteRequest{Name: name, Version: version})
+		})
+		if err == nil && !resp.Deleted {
+			r.line(m, nil, "no admin override %q", name)
+			continue
+		}
+		r.line(m, err, "lifted %q", name)
+	}
+}
+
+// list prints the overrides of every member (see printOverrides).
+func (f *overrideFlags) list(ctx context.Context, members []*pb.Member, dial []grpc.DialOption, r *memberReport) {
+	lists := make(map[string][]*pb.Override, len(members))
+	for _, m := range members {
+		resp, err := withAdmin(ctx, m.Addr, dial, f.timeout, func(ctx context.Context, c pb.AdminClient) (*pb.OverrideListResponse, error) {
+			return c.ListOverrides(ctx, &pb.OverrideListRequest{})
+		})
 		if err != nil {
-			failed++
-			fmt.Fprintf(stdout, "%s (%s): FAILED: %v\n", m.Name, m.Addr, err)
-			return
+			r.line(m, err, "")
+			continue
 		}
-		fmt.Fprintf(stdout, "%s (%s): %s\n", m.Name, m.Addr, fmt.Sprintf(format, a...))
+		lists[m.Name] = resp.Overrides
 	}
-	switch sub {
-	case "set":
-		o := &pb.Override{Name: rest[0], Domain: *domain, Recipients: splitList(*recipients), Prefixes: splitList(*prefixes),
-			Limits: limits, Exempt: *exempt, Version: time.Now().UnixMilli()} // one version on every member
-		for _, m := range members {
-			resp, err := withAdmin(ctx, m.Addr, dial, *timeout, func(ctx context.Context, c pb.AdminClient) (*pb.OverrideSetResponse, error) {
-				return c.SetOverride(ctx, &pb.OverrideSetRequest{Override: o})
-			})
-			report(m, err, "set %q, version %d", resp.GetOverride().GetName(), resp.GetOverride().GetVersion())
-		}
-	case "delete":
-		version := time.Now().UnixMilli() // one version on every member
-		for _, m := range members {
-			resp, err := withAdmin(ctx, m.Addr, dial, *timeout, func(ctx context.Context, c pb.AdminClient) (*pb.OverrideDeleteResponse, error) {
-				return c.DeleteOverride(ctx, &pb.OverrideDeleteRequest{Name: rest[0], Version: version})
-			})
-			if err == nil && !resp.Deleted {
-				report(m, nil, "no admin override %q", rest[0])
-				continue
-			}
-			report(m, err, "lifted %q", rest[0])
-		}
-	case "list":
-		lists := make(map[string][]*pb.Override, len(members))
-		for _, m := range members {
-			resp, err := withAdmin(ctx, m.Addr, dial, *timeout, func(ctx context.Context, c pb.AdminClient) (*pb.OverrideListResponse, error) {
-				return c.ListOverrides(ctx, &pb.OverrideListRequest{})
-			})
-			if err != nil {
-				report(m, err, "")
-				continue
-			}
-			lists[m.Name] = resp.Overrides
-		}
-		printOverrides(stdout, members, lists)
-	}
-	if failed > 0 {
-		return fmt.Errorf("override %s: %d of %d members failed", sub, failed, len(members))
-	}
-	return nil
+	printOverrides(r.w, members, lists)
 }
 
 // printOverrides prints every override any member has, once, with the
