@@ -51,64 +51,22 @@ type ruleResult struct {
 	Shadow       bool   `json:"shadow,omitempty"`
 }
 
+// check runs freqring check: it decides one item per recipient and prints
+// each rule's state.
 func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("check", flag.ContinueOnError)
-	addr := fs.String("addr", "127.0.0.1:7070", "comma-separated gRPC addresses of nodes; the client learns the ring from them and asks each recipient's owner")
-	domain := fs.String("domain", "default", "domain (rule set)")
-	content := fs.String("content", "", "message content (content rules apply only with content)")
-	cost := fs.Int("cost", 1, "sends each message counts as, 1 to 1000; 0 means 1, as in the client and the API")
-	mode := fs.String("mode", "check", "check (check and record), peek (change nothing), record (record without checking), or refund (take back the send --request-id recorded: it was not delivered)")
-	requestID := fs.Uint64("request-id", 0, "request id of each item (0: a random one per call); a retry with the same id is not recorded twice, and a refund names its send by it")
-	asJSON := fs.Bool("json", false, "print one JSON object per recipient")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call; past it the failure policy answers")
-	fail := fs.String("fail", "open", "failure policy when no node answers in time: open (admit) or closed (deny); either way marked degraded")
-	tf := addTLSFlags(fs, false)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: freqring check [flags] RECIPIENT... [flags]\n\nAsks the cluster whether a message may go to each recipient now, and prints each rule's state.\nFlags may come before or after the recipients; after \"--\" every argument is a recipient.\n\n"+
-			"Exit status: 0 when a node decided every item (admitted or denied); 1 when an item failed or\nno node answered at --addr; 2 for a usage error; 3 when an item is DEGRADED: no node decided\nit within --timeout, and the failure policy (--fail) answered instead.\n\n")
-		fs.PrintDefaults()
-	}
-	recipients, err := parseInterspersed(fs, args, stderr)
+	f, recipients, err := parseCheckFlags(args, stderr)
 	if err != nil {
 		return err
-	}
-	if len(recipients) == 0 {
-		return usagef("want at least one RECIPIENT")
-	}
-	modes := map[string]client.Mode{"check": client.CheckAndRecord, "peek": client.Peek, "record": client.RecordOnly, "refund": client.Refund}
-	m, ok := modes[*mode]
-	if !ok {
-		return usagef("mode %q is not one of check, peek, record, refund", *mode)
-	}
-	if m == client.Refund && *requestID == 0 {
-		return usagef("--mode refund needs --request-id: the id the send was recorded with")
-	}
-	policy := client.FailOpen
-	switch *fail {
-	case "open":
-	case "closed":
-		policy = client.FailClosed
-	default:
-		return usagef("--fail %q is not one of open, closed", *fail)
 	}
 	items := make([]client.Item, len(recipients))
 	for i, r := range recipients {
-		items[i] = client.Item{Domain: *domain, Recipient: r, Content: []byte(*content), Cost: *cost, Mode: m, RequestID: *requestID}
+		items[i] = client.Item{Domain: f.domain, Recipient: r, Content: []byte(f.content), Cost: f.cost, Mode: f.m, RequestID: f.requestID}
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	dial, err := tf.dialOptions(logger)
+	c, err := f.dialClient(ctx, stderr)
 	if err != nil {
 		return err
-	}
-	seeds := strings.Split(*addr, ",")
-	if err := reachSeeds(ctx, seeds, dial, !tf.enabled()); err != nil {
-		return err // at once: New would retry the seeds until --timeout
-	}
-	c, err := client.New(ctx, client.Config{Seeds: seeds, Timeout: *timeout, FailurePolicy: policy, Logger: logger, DialOptions: dial})
-	if err != nil {
-		return fmt.Errorf("%s: %w", *addr, err)
 	}
 	defer c.Close()
 	decs, err := c.CheckBatch(ctx, items)
@@ -119,23 +77,124 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	results := make([]checkResult, len(items))
 	for i, d := range decs {
 		results[i] = resultOf(items[i].Recipient, d)
-		results[i].Refund = m == client.Refund
+		results[i].Refund = f.m == client.Refund
 	}
 	for _, e := range bad {
 		results[e.Index].Error = fmt.Sprintf("%s: %s", e.Code, e.Message)
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		for _, r := range results {
-			if err := enc.Encode(r); err != nil {
-				return err
-			}
-		}
-	} else {
-		printResults(stdout, results)
+	if err := f.write(stdout, results); err != nil {
+		return err
 	}
-	if len(bad) > 0 {
-		return fmt.Errorf("%d of %d items failed", len(bad), len(items))
+	return f.verdict(results, len(bad))
+}
+
+// checkFlags holds the flags of freqring check, as parsed and checked.
+type checkFlags struct {
+	addr, domain, content, mode, fail string
+	cost                              int
+	requestID                         uint64
+	asJSON                            bool
+	timeout                           time.Duration
+	tls                               *tlsFlags
+
+	m      client.Mode          // from mode
+	policy client.FailurePolicy // from fail
+}
+
+// parseCheckFlags defines check's flags, parses args into them (usage to
+// stderr on -h) and checks them. It returns the recipients: the positional
+// arguments, at least one.
+func parseCheckFlags(args []string, stderr io.Writer) (*checkFlags, []string, error) {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	f := &checkFlags{}
+	fs.StringVar(&f.addr, "addr", "127.0.0.1:7070", "comma-separated gRPC addresses of nodes; the client learns the ring from them and asks each recipient's owner")
+	fs.StringVar(&f.domain, "domain", "default", "domain (rule set)")
+	fs.StringVar(&f.content, "content", "", "message content (content rules apply only with content)")
+	fs.IntVar(&f.cost, "cost", 1, "sends each message counts as, 1 to 1000; 0 means 1, as in the client and the API")
+	fs.StringVar(&f.mode, "mode", "check", "check (check and record), peek (change nothing), record (record without checking), or refund (take back the send --request-id recorded: it was not delivered)")
+	fs.Uint64Var(&f.requestID, "request-id", 0, "request id of each item (0: a random one per call); a retry with the same id is not recorded twice, and a refund names its send by it")
+	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object per recipient")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "deadline of the call; past it the failure policy answers")
+	fs.StringVar(&f.fail, "fail", "open", "failure policy when no node answers in time: open (admit) or closed (deny); either way marked degraded")
+	f.tls = addTLSFlags(fs, false)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: freqring check [flags] RECIPIENT... [flags]\n\nAsks the cluster whether a message may go to each recipient now, and prints each rule's state.\nFlags may come before or after the recipients; after \"--\" every argument is a recipient.\n\n"+
+			"Exit status: 0 when a node decided every item (admitted or denied); 1 when an item failed or\nno node answered at --addr; 2 for a usage error; 3 when an item is DEGRADED: no node decided\nit within --timeout, and the failure policy (--fail) answered instead.\n\n")
+		fs.PrintDefaults()
+	}
+	recipients, err := parseInterspersed(fs, args, stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(recipients) == 0 {
+		return nil, nil, usagef("want at least one RECIPIENT")
+	}
+	return f, recipients, f.validate()
+}
+
+// validate checks --mode, --request-id and --fail, and sets m and policy.
+func (f *checkFlags) validate() error {
+	modes := map[string]client.Mode{"check": client.CheckAndRecord, "peek": client.Peek, "record": client.RecordOnly, "refund": client.Refund}
+	m, ok := modes[f.mode]
+	if !ok {
+		return usagef("mode %q is not one of check, peek, record, refund", f.mode)
+	}
+	if m == client.Refund && f.requestID == 0 {
+		return usagef("--mode refund needs --request-id: the id the send was recorded with")
+	}
+	f.m = m
+	f.policy = client.FailOpen
+	switch f.fail {
+	case "open":
+	case "closed":
+		f.policy = client.FailClosed
+	default:
+		return usagef("--fail %q is not one of open, closed", f.fail)
+	}
+	return nil
+}
+
+// dialClient returns a client of the nodes at --addr, once one of them has
+// answered (reachSeeds), logging warnings to stderr.
+func (f *checkFlags) dialClient(ctx context.Context, stderr io.Writer) (*client.Client, error) {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dial, err := f.tls.dialOptions(logger)
+	if err != nil {
+		return nil, err
+	}
+	seeds := strings.Split(f.addr, ",")
+	if err := reachSeeds(ctx, seeds, dial, !f.tls.enabled()); err != nil {
+		return nil, err // at once: New would retry the seeds until --timeout
+	}
+	c, err := client.New(ctx, client.Config{Seeds: seeds, Timeout: f.timeout, FailurePolicy: f.policy, Logger: logger, DialOptions: dial})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.addr, err)
+	}
+	return c, nil
+}
+
+// write prints the results to w: one JSON object each with --json, else
+// the table of printResults.
+func (f *checkFlags) write(w io.Writer, results []checkResult) error {
+	if !f.asJSON {
+		printResults(w, results)
+		return nil
+	}
+	enc := json.NewEncoder(w)
+	for _, r := range results {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verdict returns check's error, if any, from its results, of which failed
+// items failed: an error when an item failed, else exitDegraded when the
+// failure policy answered for one.
+func (f *checkFlags) verdict(results []checkResult, failed int) error {
+	if failed > 0 {
+		return fmt.Errorf("%d of %d items failed", failed, len(results))
 	}
 	degraded := 0
 	for _, r := range results {
@@ -144,7 +203,7 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if degraded > 0 {
-		return exitError{exitDegraded, fmt.Sprintf("%d of %d items DEGRADED: no node decided in time, and the failure policy (--fail %s) answered", degraded, len(items), *fail)}
+		return exitError{exitDegraded, fmt.Sprintf("%d of %d items DEGRADED: no node decided in time, and the failure policy (--fail %s) answered", degraded, len(results), f.fail)}
 	}
 	return nil
 }
