@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/internal/freeport"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/node/nodetest"
 	"github.com/freqring/freqring/ring"
@@ -163,24 +163,15 @@ func waitClientEpoch(tb testing.TB, cl *Client, epoch uint64) {
 	}
 }
 
-// freePort returns a port that is free on 127.0.0.1 for TCP and UDP.
+// freePort returns a port that is free on 127.0.0.1 for TCP and UDP, below
+// the ephemeral range (package freeport).
 func freePort(tb testing.TB) int {
 	tb.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
+	port, err := freeport.TCPAndUDP()
+	if err != nil {
+		tb.Fatal(err)
 	}
-	tb.Fatal("no free port")
-	return 0
+	return port
 }
 
 func dial(tb testing.TB, addr string) *grpc.ClientConn {

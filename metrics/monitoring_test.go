@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/freqring/freqring/internal/freeport"
 	"github.com/freqring/freqring/metrics"
 )
 
@@ -147,15 +147,15 @@ func TestPromtoolChecksRules(t *testing.T) {
 	}
 }
 
-// freeAddr returns a loopback address with a port free a moment ago.
+// freeAddr returns a loopback address with a port free a moment ago, below
+// the ephemeral range (package freeport).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.TCP()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return fmt.Sprintf("127.0.0.1:%d", port)
 }
 
 // TestPrometheusScrapesNode starts a real Prometheus that scrapes a node

@@ -20,6 +20,7 @@ import (
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/bench"
+	"github.com/freqring/freqring/internal/freeport"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/window"
@@ -83,12 +84,11 @@ func TestKillNineLosesNothing(t *testing.T) {
 		t.Skip("starts child processes")
 	}
 	dir := t.TempDir()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.TCP() // the child listens on it, restart after restart
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := lis.Addr().String()
-	lis.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.5, MaxDelay: 200 * time.Millisecond}}))
 	if err != nil {

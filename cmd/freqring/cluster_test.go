@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/internal/freeport"
 )
 
 // buildBinary builds cmd/freqring into a temporary directory.
@@ -32,17 +33,14 @@ func buildBinary(t *testing.T) string {
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
 	var ports []int
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for len(ports) < n {
+		port, err := freeport.TCPAndUDP()
 		if err != nil {
 			t.Fatal(err)
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
+		if !slices.Contains(ports, port) {
+			ports = append(ports, port)
+		}
 	}
 	return ports
 }

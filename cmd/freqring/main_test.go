@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/internal/freeport"
 	"github.com/freqring/freqring/rules"
 )
 
@@ -70,12 +70,12 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	t.Helper()
+	port, err := freeport.TCP()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return fmt.Sprintf("127.0.0.1:%d", port)
 }
 
 // TestServeAndCheck runs the real commands: serve from a config file, then

@@ -30,6 +30,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/internal/freeport"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/ring/gossip"
 	"github.com/freqring/freqring/rules"
@@ -502,23 +503,8 @@ func (c *Cluster) settled() error {
 }
 
 // freePort returns a port that is free on 127.0.0.1 for TCP and UDP (gossip
-// uses both).
-func freePort() (int, error) {
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port, nil
-		}
-	}
-	return 0, errors.New("nodetest: no port free for both TCP and UDP")
-}
+// uses both), below the ephemeral range (package freeport).
+func freePort() (int, error) { return freeport.TCPAndUDP() }
 
 // WaitServing waits until the node at addr reports SERVING through gRPC
 // health, or ctx ends. A test that starts Serve itself calls it before the
