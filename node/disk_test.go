@@ -4,7 +4,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,54 +12,8 @@ import (
 	"testing"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/internal/testdisk"
 )
-
-// smallDisk mounts a tmpfs of size bytes at a new directory and returns it;
-// it is unmounted at the end of the test. It skips the test where mounting
-// is not allowed (not root), unless CI_REQUIRE_TMPFS is set.
-func smallDisk(t *testing.T, size int) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		if os.Getenv("CI_REQUIRE_TMPFS") != "" {
-			t.Fatalf("mounting a tmpfs (CI_REQUIRE_TMPFS is set): %v", err)
-		}
-		t.Skipf("mounting a tmpfs needs root: %v", err)
-	}
-	t.Cleanup(func() {
-		// Detached, not unmounted: the kernel releases the files an
-		// io_uring (the WAL's fsyncs) referenced only after the ring's
-		// teardown, which runs after Close, so a plain unmount can find
-		// the file system still busy a moment later.
-		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
-
-// fillDisk writes a file at path until the file system is full and returns
-// its size.
-func fillDisk(t *testing.T, path string) int64 {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	chunk := make([]byte, 4096)
-	var n int64
-	for {
-		k, err := f.Write(chunk)
-		n += int64(k)
-		if errors.Is(err, syscall.ENOSPC) {
-			return n
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 // TestSnapshotNeedsRoom: without room on the data directory's file system
 // for a snapshot, none is tried (no temporary file, no WAL segment cut), it
@@ -69,7 +22,7 @@ func fillDisk(t *testing.T, path string) int64 {
 // the active segment (after a failure) takes it as its start instead of
 // cutting another, unless the last snapshot starts there.
 func TestSnapshotNeedsRoom(t *testing.T) {
-	disk := smallDisk(t, 16<<20)
+	disk := testdisk.Small(t, 16<<20)
 	clk := &testClock{}
 	clk.set(1_800_000_000_000)
 	cfg := durableConfig(t, filepath.Join(disk, "data"), clk)
@@ -155,7 +108,7 @@ func fallocate(path string) error {
 // interrupted write left (a snapshot's, the members file's), and refuses a
 // data directory that cannot take a new file, saying what to do.
 func TestStartChecksTheDataDirectory(t *testing.T) {
-	disk := smallDisk(t, 4<<20)
+	disk := testdisk.Small(t, 4<<20)
 	dir := filepath.Join(disk, "data")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -174,7 +127,7 @@ func TestStartChecksTheDataDirectory(t *testing.T) {
 	if err := n.Close(); err != nil {
 		t.Fatal(err)
 	}
-	fillDisk(t, filepath.Join(disk, "filler"))
+	testdisk.Fill(t, filepath.Join(disk, "filler"))
 	n2, err := New(durableConfig(t, dir, clk))
 	if err != nil {
 		t.Fatal(err)

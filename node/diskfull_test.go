@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/internal/testdisk"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/node/nodetest"
 )
@@ -75,7 +76,7 @@ func waitHealth(t *testing.T, addr, service string, want healthpb.HealthCheckRes
 // freed it recovers without a restart, reports ready again and records the
 // retries. After a restart it counts exactly the sends it acknowledged.
 func TestDiskFullAcknowledgesNothingItLoses(t *testing.T) {
-	disk := node.SmallDisk(t, 8<<20)
+	disk := testdisk.Small(t, 8<<20)
 	data := filepath.Join(disk, "data")
 	n, addr, stop, served := serveDir(t, data)
 	defer stop()
@@ -83,7 +84,7 @@ func TestDiskFullAcknowledgesNothingItLoses(t *testing.T) {
 	ctx := context.Background()
 
 	filler := filepath.Join(disk, "filler")
-	node.FillDisk(t, filler)
+	testdisk.Fill(t, filler)
 	acked := map[string]bool{} // recipient -> its send acknowledged
 	var failed []string        // recipients whose call failed for the WAL
 	id := func(rcp string) uint64 {

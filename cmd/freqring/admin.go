@@ -67,7 +67,7 @@ func (f *adminFlags) addr(i int) (string, error) {
 }
 
 // adminHandler serves g at /metrics, 200 at /livez while the process
-// runs, 200 at /readyz while ready() (else 503) and, with withPprof,
+// runs, 200 at /readyz while ready() (else 503, naming the causes) and, with withPprof,
 // /debug/pprof/.
 func adminHandler(g prometheus.Gatherer, ready func() bool, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
@@ -77,7 +77,7 @@ func adminHandler(g prometheus.Gatherer, ready func() bool, withPprof bool) http
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready() {
-			http.Error(w, "not serving: recovering, joining or shutting down", http.StatusServiceUnavailable)
+			http.Error(w, "not serving: recovering, joining, shutting down, or its write-ahead log failed (see the log and freqring_wal_failed)", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
