@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/freqring/freqring/internal/suggest"
 	"gopkg.in/yaml.v3"
 )
 
@@ -134,50 +135,8 @@ func unknownKeyMsg(key string, t reflect.Type) string {
 	for _, f := range yamlFields(t) {
 		keys = append(keys, f.key)
 	}
-	if s := closest(key, keys); s != "" {
+	if s := suggest.Closest(key, keys); s != "" {
 		return fmt.Sprintf("unknown key %q in %s (did you mean %q?)", key, where, s)
 	}
 	return fmt.Sprintf("unknown key %q in %s; the keys are %s", key, where, strings.Join(keys, ", "))
-}
-
-// closest is the candidate nearest to word in edit distance, if it is
-// close: at most 1 edit for words of up to 4 bytes, 2 for longer ones, or
-// the same word in another case; "" if none is.
-func closest(word string, candidates []string) string {
-	best, bestD := "", -1
-	for _, c := range candidates {
-		d := editDistance(strings.ToLower(word), strings.ToLower(c))
-		if bestD < 0 || d < bestD {
-			best, bestD = c, d
-		}
-	}
-	limit := 2
-	if len(word) <= 4 {
-		limit = 1
-	}
-	if bestD < 0 || bestD > limit {
-		return ""
-	}
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b, in bytes.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }

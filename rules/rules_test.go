@@ -401,12 +401,3 @@ domains:
 		t.Errorf("Load: %v", err)
 	}
 }
-
-func TestClosest(t *testing.T) {
-	keys := []string{"name", "scope", "limit", "window", "shadow"}
-	for in, want := range map[string]string{"limt": "limit", "limits": "limit", "widnow": "window", "NAME": "name", "shdw": "", "per": "", "": "", "scopes": "scope", "x": ""} {
-		if got := closest(in, keys); got != want {
-			t.Errorf("closest(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"strings"
 	"time"
+
+	"github.com/freqring/freqring/internal/suggest"
 )
 
 // expectedForm describes the values flag f takes, for an error about a
@@ -49,50 +51,8 @@ func unknownConfigKey(path, key string, fs *flag.FlagSet) error {
 			keys = append(keys, strings.ReplaceAll(f.Name, "-", "_"))
 		}
 	})
-	if s := closest(key, keys); s != "" {
+	if s := suggest.Closest(key, keys); s != "" {
 		return usagef("%s: unknown key %q (did you mean %q?)", path, key, s)
 	}
 	return usagef("%s: unknown key %q; the keys are the flags' names with _ for -: %s", path, key, configKeys(fs))
-}
-
-// closest is the candidate nearest to word in edit distance, if it is
-// close: at most 1 edit for words of up to 4 bytes, 2 for longer ones, with
-// case, _ and - not counted; "" if none is.
-func closest(word string, candidates []string) string {
-	norm := func(s string) string { return strings.ReplaceAll(strings.ToLower(s), "_", "-") }
-	best, bestD := "", -1
-	for _, c := range candidates {
-		if d := editDistance(norm(word), norm(c)); bestD < 0 || d < bestD {
-			best, bestD = c, d
-		}
-	}
-	limit := 2
-	if len(word) <= 4 {
-		limit = 1
-	}
-	if bestD < 0 || bestD > limit {
-		return ""
-	}
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b, in bytes.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }

@@ -23,6 +23,8 @@ import (
 	"os"
 	"strings"
 	_ "time/tzdata" // --stats-timezone loads zones in an image without /usr/share/zoneinfo (FROM scratch)
+
+	"github.com/freqring/freqring/internal/suggest"
 )
 
 const usage = `freqring: exact sliding-window frequency limits for message recipients.
@@ -148,7 +150,7 @@ func parseFlags(fs *flag.FlagSet, args []string, w io.Writer) error {
 	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
 		var names []string
 		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
-		if s := closest(name, names); s != "" {
+		if s := suggest.Closest(name, names); s != "" {
 			msg += " (did you mean --" + s + "?)"
 		}
 	}
