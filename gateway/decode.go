@@ -405,19 +405,8 @@ func (d *decoder) object(member func(key []byte) error) error {
 		if err := member(key); err != nil {
 			return err
 		}
-		d.skipSpace()
-		if d.i >= len(d.b) {
-			return d.syntaxErr("")
-		}
-		switch d.b[d.i] {
-		case ',':
-			d.i++
-			d.skipSpace()
-		case '}':
-			d.i++
-			return nil
-		default:
-			return d.syntaxErr("after object key:value pair")
+		if done, err := d.next('}', "after object key:value pair"); done || err != nil {
+			return err
 		}
 	}
 }
@@ -438,20 +427,30 @@ func (d *decoder) array(elem func() error) error {
 		if err := elem(); err != nil {
 			return err
 		}
+		if done, err := d.next(']', "after array element"); done || err != nil {
+			return err
+		}
+	}
+}
+
+// next consumes what follows a member or element: a ',' and the space after
+// it, or end, the object's or array's closing byte (done). Anything else is
+// a syntax error after what.
+func (d *decoder) next(end byte, what string) (done bool, err error) {
+	d.skipSpace()
+	if d.i >= len(d.b) {
+		return false, d.syntaxErr("")
+	}
+	switch d.b[d.i] {
+	case ',':
+		d.i++
 		d.skipSpace()
-		if d.i >= len(d.b) {
-			return d.syntaxErr("")
-		}
-		switch d.b[d.i] {
-		case ',':
-			d.i++
-			d.skipSpace()
-		case ']':
-			d.i++
-			return nil
-		default:
-			return d.syntaxErr("after array element")
-		}
+		return false, nil
+	case end:
+		d.i++
+		return true, nil
+	default:
+		return false, d.syntaxErr(what)
 	}
 }
 
