@@ -5,7 +5,6 @@ package node_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,31 +18,19 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/internal/testdisk"
 	"github.com/freqring/freqring/node"
-	"github.com/freqring/freqring/node/nodetest"
 )
 
 // serveDir serves a single node on dir (WAL segments of 256 KiB, no
-// snapshot but on shutdown) and returns it, its address and a channel that
-// Serve's result arrives on; cancel stops it.
-func serveDir(t *testing.T, dir string) (*node.Node, string, context.CancelFunc, <-chan error) {
+// snapshot but on shutdown) and returns it, its address and stop, which
+// ends Serve and returns its result (startNode).
+func serveDir(t *testing.T, dir string) (*node.Node, string, func() error) {
 	t.Helper()
 	n, err := node.New(node.Config{DataDir: dir, SegmentBytes: 256 << 10, SnapshotInterval: -1, SnapshotWALBytes: -1, SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- n.Serve(ctx, lis) }()
-	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer wcancel()
-	if err := nodetest.WaitServing(wctx, lis.Addr().String()); err != nil {
-		t.Fatal(err)
-	}
-	return n, lis.Addr().String(), cancel, served
+	addr, stop := startNode(t, n)
+	return n, addr, stop
 }
 
 // waitHealth waits, at most 30 s, until the node at addr's gRPC health for
@@ -78,8 +65,7 @@ func waitHealth(t *testing.T, addr, service string, want healthpb.HealthCheckRes
 func TestDiskFullAcknowledgesNothingItLoses(t *testing.T) {
 	disk := testdisk.Small(t, 8<<20)
 	data := filepath.Join(disk, "data")
-	n, addr, stop, served := serveDir(t, data)
-	defer stop()
+	n, addr, stop := serveDir(t, data)
 	lim := pb.NewLimiterClient(dialPlain(t, addr))
 	ctx := context.Background()
 
@@ -166,14 +152,11 @@ func TestDiskFullAcknowledgesNothingItLoses(t *testing.T) {
 			t.Fatalf("retries after recovery answered as duplicates %v: their first attempts were taken back", resp.Duplicates)
 		}
 	}
-	stop()
-	if err := <-served; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Serve: %v", err)
 	}
 
-	n2, addr2, stop2, served2 := serveDir(t, data)
-	defer func() { stop2(); <-served2 }()
-	_ = n2
+	_, addr2, _ := serveDir(t, data)
 	lim2 := pb.NewLimiterClient(dialPlain(t, addr2))
 	all := make([]string, 0, len(acked))
 	for r := range acked {

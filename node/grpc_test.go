@@ -48,8 +48,23 @@ func startServer(t *testing.T, n *node.Node) pb.LimiterClient {
 
 // serveNode serves n on 127.0.0.1 until the test ends, waits until its
 // health reports SERVING (asked over opts; plaintext without them) and
-// returns its address.
+// returns its address. Serve's error fails the test.
 func serveNode(t *testing.T, n *node.Node, opts ...grpc.DialOption) string {
+	t.Helper()
+	addr, stop := startNode(t, n, opts...)
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return addr
+}
+
+// startNode serves n on 127.0.0.1, waits until its health reports SERVING
+// (asked over opts; plaintext without them) and returns its address and
+// stop, which ends Serve and returns its result; stop may be called more
+// than once, and is called when the test ends.
+func startNode(t *testing.T, n *node.Node, opts ...grpc.DialOption) (addr string, stop func() error) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -58,18 +73,17 @@ func serveNode(t *testing.T, n *node.Node, opts ...grpc.DialOption) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- n.Serve(ctx, lis) }()
-	t.Cleanup(func() {
+	stop = sync.OnceValue(func() error {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
+		return <-done
 	})
+	t.Cleanup(func() { stop() })
 	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer wcancel()
 	if err := nodetest.WaitServingWith(wctx, lis.Addr().String(), opts...); err != nil {
 		t.Fatalf("health: %v", err)
 	}
-	return lis.Addr().String()
+	return lis.Addr().String(), stop
 }
 
 // dialNode returns a connection to addr, closed when the test ends; without
