@@ -42,15 +42,6 @@ func (n *Node) route(ctx context.Context, b *batch, r *ring.Ring, t *walTicket) 
 		local.resp, local.err = n.decide(ctx, b, local.idx, r, t)
 	}
 	wg.Wait()
-	for _, g := range groups {
-		if g.bad == nil && g.resp == nil && g.err != nil {
-			code := status.Code(g.err)
-			if code == codes.Unknown {
-				code = codes.Unavailable // as parts answers
-			}
-			n.decisions.fail(code, int64(len(g.idx)))
-		}
-	}
 	return wire.Merge(len(b.req.Recipients), n.parts(groups), r.Epoch()), nil
 }
 
@@ -112,7 +103,8 @@ func (n *Node) forward(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, 
 // parts returns the answers of the groups, for wire.Merge: a group's
 // response, or its items' errors: those decoding found, or, for a group
 // whose owner did not answer (or answered a malformed response), its
-// failure, UNAVAILABLE (retryable) unless it has a code of its own.
+// failure, UNAVAILABLE (retryable) unless it has a code of its own, counted
+// in the node's decisions as failed.
 func (n *Node) parts(groups []*group) []wire.Part {
 	parts := make([]wire.Part, len(groups))
 	for k, g := range groups {
@@ -139,6 +131,7 @@ func (n *Node) parts(groups []*group) []wire.Part {
 		if code == codes.Unknown {
 			code = codes.Unavailable
 		}
+		n.decisions.fail(code, int64(len(g.idx)))
 		e := &pb.ItemError{Code: uint32(code), Message: msg}
 		for range g.idx {
 			parts[k].Errors = append(parts[k].Errors, e)
