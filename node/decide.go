@@ -40,7 +40,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, t 
 	p := n.newPass(b, idx, r, t)
 	for lo := 0; lo < p.cnt; lo += decideChunk {
 		hi := min(p.cnt, lo+decideChunk)
-		b.applyChunk(n, idx, lo, hi, p.now)
+		p.applyChunk(lo, hi)
 		for j := lo; j < hi; j++ {
 			p.take(j)
 		}
@@ -168,17 +168,14 @@ func (p *pass) flush() {
 	p.tally.flush(&n.decisions)
 }
 
-// applyChunk decides, in the store, answers lo to hi-1 of decide (items
-// idx[lo:hi] of b, or b.items[lo:hi] when idx is nil) that carry no error,
-// at now. decide reads their results through b.slot.
-func (b *batch) applyChunk(n *Node, idx []int, lo, hi int, now int64) {
+// applyChunk decides, in the store, answers lo to hi-1 of the pass whose
+// items carry no error, at the pass's clock reading. take reads their
+// results through b.slot.
+func (p *pass) applyChunk(lo, hi int) {
+	b := p.b
 	b.decided, b.slot = b.decided[:0], b.slot[:0] // each entry is overwritten whole
 	for j := lo; j < hi; j++ {
-		i := j
-		if idx != nil {
-			i = idx[j]
-		}
-		x := &b.items[i]
+		x := &b.items[p.item(j)]
 		if x.err != nil {
 			b.slot = append(b.slot, -1)
 			continue
@@ -186,7 +183,7 @@ func (b *batch) applyChunk(n *Node, idx []int, lo, hi int, now int64) {
 		b.slot = append(b.slot, int32(len(b.decided)))
 		b.decided = append(b.decided, store.BatchItem{Part: x.part, Ref: x.dv.ref, Key: x.key, Tag: x.tag, Item: x.it, ID: x.id, Refund: x.refund})
 	}
-	n.store.ApplyBatch(now, b.decided)
+	p.n.store.ApplyBatch(p.now, b.decided)
 }
 
 // waitMoving waits, at most MoveWait and until ctx is done, for the
