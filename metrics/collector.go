@@ -115,6 +115,8 @@ var (
 		"Replicate calls made as unary calls instead of on a ReplicateStream: the backup has none (an older version), or the peer is in-process.")
 	descReplicationFailures = desc("freqring_replication_failures_total",
 		"Sends their partition's backup did not confirm.")
+	descWithdrawnSends = desc("freqring_withdrawn_sends_total",
+		"Sends recorded and taken back because their backup did not confirm them (the item failed, so nothing counts them).")
 	descReplicationLag = desc("freqring_replication_lag_sends",
 		"Sends admitted and not yet on their backup (asynchronous replication).")
 	descReloads = desc("freqring_reloads_total",
@@ -135,7 +137,7 @@ var allDescs = []*prometheus.Desc{
 	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused, descStoreRefusedGrowth, descStoreOvershoots, descGateWaits,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descSnapshotFailures, descWALFailed, descWALFailures, descWALRecoveries, descRefusedCalls,
-	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
+	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descReplicationLag, descReloads, descRefunds, descGossipBad,
 	descGossipWarnings, descGossipWarningsNotLogged,
 }
 
@@ -224,6 +226,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descReplicateCalls, s.ReplicateCalls)
 	counter(descReplicateUnaryCalls, s.ReplicateUnaryCalls)
 	counter(descReplicationFailures, s.ReplicationFailures)
+	counter(descWithdrawnSends, s.WithdrawnSends)
 	gauge(descReplicationLag, float64(s.ReplicationLag))
 	counter(descReloads, s.Reloads, "ok")
 	counter(descReloads, s.ReloadFailures, "failed")

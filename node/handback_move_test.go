@@ -383,10 +383,12 @@ func TestBackupRefusesWhatItDecidedElsewhere(t *testing.T) {
 }
 
 // TestRetryOfUnconfirmedSendIsDecidedAgain: a send whose backup refused it
-// fails (the owner answers UNAVAILABLE, and its record keeps counting it);
-// its retry with the same request id must be decided and recorded again,
-// not answered as admitted with the first decision, which the owner made
-// from a record that may lack what the backup admitted under another ring.
+// fails (the owner answers UNAVAILABLE) and is taken back, for nobody was
+// told it was admitted: counting it would deny a legitimate message early
+// (a phantom send). Its retry with the same request id must be decided and
+// recorded again, not answered as admitted with the first decision, which
+// the owner made from a record that may lack what the backup admitted
+// under another ring.
 func TestRetryOfUnconfirmedSendIsDecidedAgain(t *testing.T) {
 	ln := NewLocalNetwork()
 	a, b := twoLocal(t, ln, "")
@@ -413,10 +415,10 @@ func TestRetryOfUnconfirmedSendIsDecidedAgain(t *testing.T) {
 }
 
 // wantDecidedAgain checks that resp, n's answer to the retry of a send
-// whose backup refused it, admitted and recorded it, and that n counts
-// both: the retry was decided again, besides the failed attempt, which n's
-// record keeps (denying early, never admitting beyond a limit). Had it
-// been answered as a duplicate, n would count 1.
+// whose backup refused it, admitted and recorded it, and that n counts it
+// once: the failed attempt was taken back (had n kept it, it would count
+// 2), and the retry was decided again (answered as a duplicate of the
+// failed attempt, it would count 0).
 func wantDecidedAgain(t *testing.T, n *Node, rcp string, resp *pb.CheckResponse) {
 	t.Helper()
 	if len(resp.Errors) != 0 || !resp.Admitted[0] || !resp.Recorded[0] {
@@ -426,8 +428,8 @@ func wantDecidedAgain(t *testing.T, n *Node, rcp string, resp *pb.CheckResponse)
 	if err != nil || len(peek.Errors) > 0 {
 		t.Fatal(err, peek.GetErrors())
 	}
-	if peek.Used[0] != 2 {
-		t.Fatalf("%s counts %d sends, want 2: the retry was answered as a duplicate of the unconfirmed send", n.cfg.Name, peek.Used[0])
+	if peek.Used[0] != 1 {
+		t.Fatalf("%s counts %d sends, want 1: 2 counts the failed attempt, a phantom send; 0 answered the retry as its duplicate", n.cfg.Name, peek.Used[0])
 	}
 }
 
@@ -700,11 +702,11 @@ func TestDepartedMembersCount(t *testing.T) {
 	}
 }
 
-// TestUnconfirmedSendIsDecidedAgainAfterRestart: the owner's mark that a
-// send was not confirmed (TestRetryOfUnconfirmedSendIsDecidedAgain) is in
-// its WAL, so that a node restarted from the WAL alone (a crash: no final
-// snapshot) also decides the retry afresh rather than answer it as a
-// duplicate of the unconfirmed send.
+// TestUnconfirmedSendIsDecidedAgainAfterRestart: the owner takes back a
+// send its backup did not confirm (TestRetryOfUnconfirmedSendIsDecidedAgain)
+// in its WAL too, so that a node restarted from the WAL alone (a crash: no
+// final snapshot) neither counts the failed attempt nor answers the retry
+// as its duplicate.
 func TestUnconfirmedSendIsDecidedAgainAfterRestart(t *testing.T) {
 	ln := NewLocalNetwork()
 	dir := t.TempDir()
@@ -719,7 +721,7 @@ func TestUnconfirmedSendIsDecidedAgainAfterRestart(t *testing.T) {
 		t.Fatalf("with its backup refusing: %v %v, want UNAVAILABLE", resp, err)
 	}
 	// A crash now: a copy of the data directory as it stands, the WAL
-	// holding the send and its mark (both appended before the answer).
+	// holding the send and its inverse (both appended before the answer).
 	crashed := t.TempDir()
 	copyLiveDir(t, crashed, dir)
 	os.Remove(filepath.Join(crashed, LockFile))

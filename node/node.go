@@ -368,6 +368,7 @@ type Node struct {
 	stopMover context.CancelFunc
 
 	replicated, replicationFailures atomic.Int64
+	withdrawn                       atomic.Int64 // sends taken back because their backup did not confirm them
 	replCalls, replUnaryCalls       atomic.Int64
 	unacked                         []atomic.Int64         // per partition: sends admitted, not yet on the backup (async)
 	replMu                          sync.Mutex             // guards replicators
@@ -602,6 +603,9 @@ type Stats struct {
 	// their partition's backup and sends the backup did not confirm;
 	// ReplicationLag is the sends admitted and not yet on a backup (async).
 	ReplicatedSends, ReplicationFailures, ReplicationLag int64
+	// WithdrawnSends counts the sends this node recorded and took back
+	// because their backup did not confirm them (the item failed).
+	WithdrawnSends int64
 	// RefusedPeerCalls and RefusedAdminCalls count the calls to the Peer and
 	// Admin services refused because their caller was not authenticated as
 	// a member or an operator (security.go).
@@ -655,7 +659,7 @@ func (n *Node) Stats() Stats {
 		FailedByCode: n.decisions.failedByCode(), Duplicates: n.decisions.duplicates.Load(),
 		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
 		Memory: n.store.Memory(), Serving: n.Serving(), GateWaits: n.gate.waited(),
-		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load(),
+		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load(), WithdrawnSends: n.withdrawn.Load(),
 		ReplicateCalls: n.replCalls.Load(), ReplicateUnaryCalls: n.replUnaryCalls.Load(),
 		RefusedPeerCalls: n.guard.refusedPeer.Load(), RefusedAdminCalls: n.guard.refusedAdmin.Load()}
 	for p := range n.unacked {

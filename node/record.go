@@ -53,8 +53,9 @@ func (p *pass) record(j int, x *item, sb *store.BatchItem) {
 // persist makes the call's recorded sends durable and replicated before it
 // answers: the backups get theirs (a call per backup, gathered with other
 // calls', replicate) while the WAL gets its payload, in one append;
-// answers whose backup did not confirm fail (failUnreplicated). If the WAL
-// append fails, the sends are taken back and the call fails whole. A
+// answers whose backup did not confirm fail, and their sends are taken
+// back (failUnreplicated). If the WAL append fails, the sends are taken
+// back and the call fails whole. A
 // duplicate is answered only once the calls that might have recorded it
 // have ended (confirmDuplicates).
 func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
@@ -81,10 +82,12 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 	}
 	if replicated != nil {
 		<-replicated
-		n.failUnreplicated(ctx, p.resp, rs)
 	}
 	if walErr != nil {
 		return nil, p.takeBack(ctx, enc, walErr)
+	}
+	if replicated != nil {
+		p.failUnreplicated(ctx, rs)
 	}
 	if p.t != nil {
 		n.flight.leave(p.flight)

@@ -313,24 +313,11 @@ func (rp *replicator) call(c *replCall) error {
 }
 
 // failUnreplicated turns the answers of items whose backup did not confirm
-// into UNAVAILABLE errors: they are recorded here, not on their backup, and
-// were not admitted as far as the caller knows.
-//
-// With a WAL it writes the unconfirmed marks there before it returns, so
-// that a restart does not answer a retry with the first decision either.
-func (n *Node) failUnreplicated(ctx context.Context, resp *pb.CheckResponse, rs *replicaSet) {
-	var marks *walEncoder
-	defer func() {
-		if marks == nil {
-			return
-		}
-		// The caller may have left: the marks go to the WAL all the same.
-		if _, err := n.dur.log.Append(context.WithoutCancel(ctx), marks.bytes()); err != nil {
-			if ok, held := n.walLogs.allow(time.Now().UnixNano(), walLogEvery); ok {
-				n.log.Error("WAL append of unconfirmed sends failed: after a restart, a retry of one is answered with its first decision", "sends", marks.n, "failed_calls_not_logged", held, "err", err)
-			}
-		}
-	}()
+// into UNAVAILABLE errors, and takes their sends back (withdraw): the
+// caller was not told they were admitted, so nothing may count them.
+func (p *pass) failUnreplicated(ctx context.Context, rs *replicaSet) {
+	n, resp := p.n, p.resp
+	var failed map[int]bool // answers whose backup did not confirm
 	for _, rb := range rs.backups {
 		if rb.err == nil {
 			continue
@@ -339,26 +326,71 @@ func (n *Node) failUnreplicated(ctx context.Context, resp *pb.CheckResponse, rs 
 			n.log.Warn("backup did not confirm: items fail", "backup", rb.member.Name, "items", len(rb.items), "err", rb.err)
 		}
 		n.replicationFailures.Add(int64(len(rb.items)))
-		// A retry of a failed item is decided again, not answered with
-		// this decision, which this node may have made from a record that
-		// lacks what the backup admitted while it saw another ring.
-		v := n.view.Load()
-		for k, s := range rb.sends {
-			if dv := v.domains[s.domain]; dv != nil && s.id != 0 && !s.refund && n.store.Unconfirmed(rb.parts[k], dv.ref, s.key, s.id) && n.dur != nil {
-				if marks == nil {
-					marks = new(walEncoder)
-				}
-				s.unconfirmed = true
-				marks.add(s)
-			}
+		if failed == nil {
+			failed = map[int]bool{}
 		}
 		for _, j := range rb.items {
+			failed[j] = true
 			resp.Admitted[j], resp.Recorded[j] = false, false
 			resp.Errors = append(resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(codes.Unavailable),
 				Message: fmt.Sprintf("backup %s (%s) did not confirm the send: %v; retry", rb.member.Name, rb.member.Addr, rb.err)})
 		}
 	}
+	if failed == nil {
+		return
+	}
+	p.withdraw(ctx, failed)
 	wire.SortErrors(resp.Errors)
+}
+
+// withdraw takes back the sends this call recorded for the answers in
+// failed, whose backup did not confirm them: from the store (as a refund,
+// so that a retry with the same request id is decided afresh, not answered
+// as a duplicate) and, with a WAL, by appending their inverses, so that a
+// restart agrees. The backup is not told: one that refused recorded
+// nothing, and one whose answer was lost may hold the send, which can only
+// deny early. A duplicate's first send, sent to the backup again, is not
+// taken back: its first answer was confirmed, or it would have been taken
+// back then.
+func (p *pass) withdraw(ctx context.Context, failed map[int]bool) {
+	n := p.n
+	v := n.view.Load()
+	var inverse *walEncoder
+	undone := 0
+	for k := range p.b.sends {
+		s := &p.b.sends[k]
+		if !s.wal || s.refund || !failed[s.answer] {
+			continue
+		}
+		dv := v.domains[s.domain]
+		if dv == nil {
+			continue
+		}
+		seq, _, err := n.store.Unrecord(s.part, dv.ref, s.key, s.tag, s.at, windowItem(s.walSend), s.id, 0, p.now)
+		if err != nil {
+			n.log.Error("taking back a send its backup did not confirm failed: this node counts it until it expires", "partition", s.part, "at", s.at, "err", err)
+			continue
+		}
+		undone++
+		if n.dur != nil {
+			if inverse == nil {
+				inverse = new(walEncoder)
+			}
+			ws := s.walSend
+			ws.refund, ws.seq = true, seq
+			inverse.add(ws)
+		}
+	}
+	n.withdrawn.Add(int64(undone))
+	if inverse == nil {
+		return
+	}
+	// The caller may have left: the inverses go to the WAL all the same.
+	if _, err := n.dur.log.Append(context.WithoutCancel(ctx), inverse.bytes()); err != nil {
+		if ok, held := n.walLogs.allow(time.Now().UnixNano(), walLogEvery); ok {
+			n.log.Error("WAL append of sends taken back failed: after a restart this node counts them until they expire", "sends", inverse.n, "failed_calls_not_logged", held, "err", err)
+		}
+	}
 }
 
 // Replicate answers Peer.Replicate: it records, as this partition's backup,
