@@ -195,3 +195,53 @@ func TestBatchStreamNodeRestart(t *testing.T) {
 		t.Fatalf("stats %+v after %+v: want one request on a stream, no retry", s, before)
 	}
 }
+
+// TestRetriesUntilAnswered: an item whose node fails it again and again is
+// sent again, with the same request id, until a node answers it within the
+// call's deadline, not answered by the failure policy after one retry: the
+// first attempt may have been recorded with its answer lost, and only an
+// answer (here, the duplicate's) tells the caller so.
+func TestRetriesUntilAnswered(t *testing.T) {
+	const failures = 4
+	var mu sync.Mutex
+	ids := map[string][]uint64{}
+	f := &fakeLimiter{}
+	f.stream = f.answerEach(func(req *pb.CheckRequest) *pb.CheckResponse {
+		r := req.Recipients[0]
+		mu.Lock()
+		ids[r] = append(ids[r], req.RequestIds[0])
+		tries := len(ids[r])
+		mu.Unlock()
+		if tries <= failures {
+			return &pb.CheckResponse{Failed: &pb.RequestError{Code: uint32(codes.Unavailable), Message: "the backup did not confirm"}}
+		}
+		resp := recipientTime(req)
+		resp.Duplicates = []uint32{0}
+		return resp
+	})
+	startFake(t, f)
+	cl := newClient(t, Config{Timeout: 30 * time.Second}, f.addr)
+	d, err := cl.Check(context.Background(), Item{Recipient: "r1"})
+	if err != nil || d.Degraded || !d.Admitted || !d.Duplicate {
+		t.Fatalf("Check: %+v %v; want the duplicate's answer after %d failures", d, err, failures)
+	}
+	decs, err := cl.CheckBatch(context.Background(), batchOf(2, 1))
+	if err != nil || decs[0].Degraded || !decs[0].Duplicate {
+		t.Fatalf("CheckBatch: %+v %v; want the duplicate's answer after %d failures", decs, err, failures)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, r := range []string{"r1", "r2"} {
+		if len(ids[r]) != failures+1 {
+			t.Fatalf("%s sent %d times, want %d", r, len(ids[r]), failures+1)
+		}
+		for _, id := range ids[r] {
+			if id != ids[r][0] || id == 0 {
+				t.Fatalf("%s sent with request ids %v: want one nonzero id", r, ids[r])
+			}
+		}
+	}
+	if s := cl.Stats(); s.Retries != 2*failures || s.Degraded != 0 {
+		t.Fatalf("stats %+v: want %d retries, none degraded", s, 2*failures)
+	}
+}

@@ -17,9 +17,11 @@ import (
 // The call ends by ctx's deadline or Timeout after it starts, whichever is
 // earlier, or when ctx is canceled. If the owner does not answer (connection
 // failure, UNAVAILABLE, the attempt's deadline, any failure that is not the
-// item's fault), the client refreshes its ring and sends the item once more,
-// with the same request id, to the owner under the new ring. If that fails
-// too, or the call ends first, Check answers by the failure policy
+// item's fault), the client refreshes its ring and sends the item again,
+// with the same request id, to the owner under the new ring, until a node
+// answers or the call ends: an item whose first attempt was recorded but
+// whose answer was lost gets that answer (Decision.Duplicate), not a
+// degraded one. If the call ends first, Check answers by the failure policy
 // (Decision.Degraded) with a nil error.
 //
 // The error is an *ItemError for a bad item (not subject to the policy), or
@@ -44,9 +46,9 @@ func (c *Client) Check(ctx context.Context, it Item) (Decision, error) {
 	var cause error
 	var avoid string
 	var began time.Time
-	for attempt := range 2 {
+	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
-			if ctx.Err() != nil || !time.Now().Before(dl) {
+			if !pauseBeforeRetry(ctx, attempt, dl) {
 				break
 			}
 			c.st.retries.Add(1)
@@ -54,7 +56,7 @@ func (c *Client) Check(ctx context.Context, it Item) (Decision, error) {
 		}
 		began = time.Now()
 		var o outcome
-		o, avoid = c.checkOnce(ctx, &pi, attemptDeadline(attempt, began, dl))
+		o, avoid = c.checkOnce(ctx, &pi, attemptDeadline(began, dl))
 		switch {
 		case o.ierr != nil:
 			c.st.itemFailed(o.ierr)
@@ -111,8 +113,8 @@ func (c *Client) checkOnce(ctx context.Context, pi *prepared, adl time.Time) (ou
 // CheckStreams to its owner (see Config.UnaryChecks), and returns their decisions
 // in order. Deadline, retry and failure policy are those of Check, per item:
 // items whose owner answered keep their decisions, the others are retried
-// once after a ring refresh, and those still undecided at the deadline are
-// answered by the policy.
+// after a ring refresh until the deadline, and those still undecided then
+// are answered by the policy.
 //
 // A bad item does not stop the others: the error is then ItemErrors, which
 // lists the failed items by index; their decisions are the zero Decision.
@@ -155,16 +157,16 @@ func (c *Client) CheckBatch(ctx context.Context, items []Item) ([]Decision, erro
 	var cause error
 	var avoid string
 	var began time.Time
-	for attempt := 0; attempt < 2 && len(todo) > 0; attempt++ {
+	for attempt := 0; len(todo) > 0; attempt++ {
 		if attempt > 0 {
-			if ctx.Err() != nil {
+			if !pauseBeforeRetry(ctx, attempt, dl) {
 				break
 			}
 			c.st.retries.Add(int64(len(todo)))
 			c.refreshForRetry(ctx, dl, avoid, began)
 		}
 		began = time.Now()
-		actx, acancel := context.WithDeadline(ctx, attemptDeadline(attempt, began, dl))
+		actx, acancel := context.WithDeadline(ctx, attemptDeadline(began, dl))
 		todo, cause, avoid = c.sendBatch(actx, ps, todo, decs, &errs)
 		acancel()
 		if len(todo) > 0 && c.closed.Load() {

@@ -278,7 +278,7 @@ type Stats struct {
 	Calls         int64 // Check and CheckBatch calls
 	Items         int64 // items in those calls
 	RPCs          int64 // Check RPCs and CheckStream requests sent
-	Retries       int64 // items sent a second time, after a ring refresh
+	Retries       int64 // items sent again, after a ring refresh (once per retry)
 	Degraded      int64 // items answered by FailurePolicy
 	RingRefreshes int64 // Ring RPC rounds after New (for a retry, or on a response with another epoch)
 	RingChanges   int64 // rings installed, the first one included

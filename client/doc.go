@@ -86,13 +86,16 @@
 // item with UNAVAILABLE (it was routed by a stale ring, or its owner did not
 // answer the node's forward), or with any other code that is not the item's
 // fault (INTERNAL, say).
-// The first attempt gets three quarters of the time left, so that a node
-// that accepts a call and never answers still leaves time for the retry.
-// A failed item is retried once: the client refreshes the ring with a Ring
-// RPC to a reachable member (asking others than the failed one first;
-// concurrent refreshes share one fetch, and a ring fetched after the attempt
-// began is not fetched again) and sends the item to its owner under that
-// ring, within the time left.
+//
+// A failed item is retried until a node answers it or the deadline ends:
+// before each retry the client pauses (5 ms, doubling to at most 100 ms),
+// refreshes the ring with a Ring RPC to a reachable member (asking others
+// than the failed one first; concurrent refreshes share one fetch, and a
+// ring fetched after the attempt began is not fetched again) and sends the
+// item to its owner under that ring. Each attempt gets three quarters of
+// the time left (all of it below 20 ms). Retrying with the same request id
+// until an answer comes is what keeps an attempt whose answer was lost from
+// being counted as a send the caller never learned of.
 //
 // An item still undecided at the deadline is answered by the policy:
 // FailOpen (the default) admits it, FailClosed denies it, and both mark the

@@ -41,15 +41,45 @@ func (c *Client) deadline(ctx context.Context, now time.Time) time.Time {
 	return d
 }
 
-// attemptDeadline returns the deadline of attempt 0 or 1 of a call with
-// deadline dl. The first attempt gets three quarters of the time left, so
-// that a node that takes the call and never answers leaves time for the
-// retry; the retry gets the rest.
-func attemptDeadline(attempt int, began, dl time.Time) time.Time {
-	if attempt > 0 {
+// attemptDeadline returns the deadline of an attempt that begins at began,
+// of a call with deadline dl. An attempt gets three quarters of the time
+// left, so that a node that takes the call and never answers leaves time
+// for a retry; once less than lastAttempt is left, it gets all of it.
+func attemptDeadline(began, dl time.Time) time.Time {
+	left := dl.Sub(began)
+	if left < lastAttempt {
 		return dl
 	}
-	return began.Add(dl.Sub(began) * 3 / 4)
+	return began.Add(left * 3 / 4)
+}
+
+// lastAttempt is the time left below which an attempt takes all of it.
+const lastAttempt = 20 * time.Millisecond
+
+// retryPauseMin and retryPauseMax bound the pause before a retry, which
+// doubles from the first to the last: a node that fails an item at once
+// (it lacks a majority, the partition is moving) is asked again a few times
+// a second, not in a tight loop.
+const retryPauseMin, retryPauseMax = 5 * time.Millisecond, 100 * time.Millisecond
+
+// retryPause returns the pause before retry number k (1, 2, ...).
+func retryPause(k int) time.Duration {
+	return min(retryPauseMin<<min(k-1, 8), retryPauseMax)
+}
+
+// pauseBeforeRetry waits retryPause(k), ending early at dl or when ctx
+// ends, and reports whether the call has time and reason left to retry.
+func pauseBeforeRetry(ctx context.Context, k int, dl time.Time) bool {
+	d := min(retryPause(k), time.Until(dl))
+	if d > 0 {
+		t := getTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		putTimer(t)
+	}
+	return ctx.Err() == nil && time.Now().Before(dl)
 }
 
 // refreshForRetry refreshes the ring before a retry, within half the time
