@@ -63,8 +63,9 @@ type pass struct {
 
 	// replicating says that the sends go to their partitions' backups.
 	replicating bool
-	// flight is the walFlight slot of the call, with a WAL; takenBack, the
-	// node's count of calls that took their sends back when it began.
+	// flight is the walFlight slot of the call, with a WAL or replication;
+	// takenBack, the node's count of calls that took their sends back when
+	// it began.
 	flight    int
 	takenBack int64
 
@@ -73,8 +74,8 @@ type pass struct {
 }
 
 // newPass starts decide's pass over answers idx of b: with a WAL, the
-// items the failed log cannot take fail now, and the call enters the
-// walFlight before any store change.
+// items the failed log cannot take fail now; with a WAL or replication, the
+// call enters the walFlight before any store change.
 func (n *Node) newPass(b *batch, idx []int, r *ring.Ring, t *walTicket) *pass {
 	p := &pass{n: n, b: b, idx: idx, cnt: len(b.items), r: r, t: t}
 	if idx != nil {
@@ -85,6 +86,8 @@ func (n *Node) newPass(b *batch, idx []int, r *ring.Ring, t *walTicket) *pass {
 	p.replicating = n.clus.Load().ms != nil && n.cfg.Replication != ReplicationOff && r.Len() > 1
 	if t != nil {
 		n.refuseWhileWALFailed(b, idx)
+	}
+	if t != nil || p.replicating {
 		p.takenBack = n.takenBack.Load()
 		p.flight = n.flight.enter()
 	}
@@ -265,22 +268,38 @@ const walLogEvery = 10 * time.Second
 
 // confirmDuplicates holds the answers of items answered from their request
 // id (resp.Duplicates) until the calls that recorded them have ended: a
-// duplicate is answered as recorded only once the first attempt is durable.
-// If any call's WAL append failed since the call began (takenBack moved),
-// the first attempt may have been taken back: those items fail as
-// retryable, and the retry is decided afresh.
-func (n *Node) confirmDuplicates(ctx context.Context, resp *pb.CheckResponse, takenBack int64) {
+// duplicate is answered as recorded only once the first attempt is durable
+// and on its backup. If the first attempt was taken back meanwhile (its
+// backup did not confirm it: withdraw; or any call's WAL append failed
+// since this call began: takenBack moved), the item fails as retryable,
+// and the retry is decided afresh.
+func (p *pass) confirmDuplicates(ctx context.Context) {
+	n, resp := p.n, p.resp
 	err := n.flight.wait(ctx)
-	if err == nil && n.takenBack.Load() == takenBack {
-		return
-	}
-	msg := fmt.Sprintf("node %s: an earlier attempt of this request id may not be durable (the write-ahead log failed); retry", n.cfg.Name)
-	if err != nil {
-		msg = fmt.Sprintf("node %s: waiting for an earlier attempt of this request id to be durable: %v; retry", n.cfg.Name, err)
-	}
+	walFailed := n.takenBack.Load() != p.takenBack
+	now := n.nowMs()
+	failed := false
 	for _, j := range resp.Duplicates {
+		x := &p.b.items[p.item(int(j))]
+		if !resp.Admitted[j] || x.refund {
+			continue // failed already, or a refund's repeat: nothing rests on the first send
+		}
+		var msg string
+		switch {
+		case err != nil:
+			msg = fmt.Sprintf("node %s: waiting for an earlier attempt of this request id to be durable: %v; retry", n.cfg.Name, err)
+		case walFailed:
+			msg = fmt.Sprintf("node %s: an earlier attempt of this request id may not be durable (the write-ahead log failed); retry", n.cfg.Name)
+		case !n.store.Recorded(x.part, x.dv.ref, x.key, x.id, now):
+			msg = fmt.Sprintf("node %s: an earlier attempt of this request id failed and was taken back (its backup did not confirm it); retry", n.cfg.Name)
+		default:
+			continue
+		}
 		resp.Admitted[j], resp.Recorded[j] = false, false
 		resp.Errors = append(resp.Errors, &pb.ItemError{Index: j, Code: uint32(codes.Unavailable), Message: msg})
+		failed = true
 	}
-	wire.SortErrors(resp.Errors)
+	if failed {
+		wire.SortErrors(resp.Errors)
+	}
 }

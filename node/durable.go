@@ -549,10 +549,11 @@ func (n *Node) takeBack(ctx context.Context, payload []byte, r *ring.Ring) int {
 }
 
 // walFlight tells when the calls whose sends are in the store but not yet
-// in the WAL have ended: a duplicate is answered as recorded only once the
-// append of the call that recorded it has ended (Node.durableBarrier). A
-// call enters before its store changes and leaves after its append and any
-// take-back. Safe for concurrent use.
+// in the WAL or on their backup have ended: a duplicate is answered as
+// recorded only once the call that recorded it has ended
+// (pass.confirmDuplicates), and that call may take its sends back. A call
+// enters before its store changes and leaves after its append, its
+// replication and any take-back. Safe for concurrent use.
 type walFlight struct {
 	mu      sync.Mutex // guards the fields below
 	epoch   uint64     // calls enter slot epoch&1

@@ -89,10 +89,10 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 	if replicated != nil {
 		p.failUnreplicated(ctx, rs)
 	}
-	if p.t != nil {
+	if p.t != nil || p.replicating {
 		n.flight.leave(p.flight)
 		if len(p.resp.Duplicates) > 0 {
-			n.confirmDuplicates(ctx, p.resp, p.takenBack)
+			p.confirmDuplicates(ctx)
 		}
 	}
 	return p.resp, nil

@@ -134,6 +134,26 @@ func (s *Store) unrecord(pt *partition, sp *space, ws *window.Scratch, r Ref, ke
 	return nil
 }
 
+// Recorded reports whether the send of request id for the recipient with
+// key hash key in domain r, in partition p, is remembered at now (unix ms)
+// as recorded and neither refunded nor taken back: an answer that repeats
+// the first decision of id rests on it.
+func (s *Store) Recorded(p int, r Ref, key, id uint64, now int64) bool {
+	if id == 0 {
+		return false
+	}
+	key = storedKey(key)
+	pt := &s.parts[p]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	sp := pt.space(r.id, false)
+	if sp == nil {
+		return false
+	}
+	e, ok := sp.ids.get(idKey(id, key), now, s.idHorizon)
+	return ok && !e.refunded
+}
+
 // Unconfirmed notes that the send request id recorded for the recipient with
 // key hash key in domain r, in partition p, was not confirmed to its caller
 // (its backup refused it, say): a retry of id is then decided and recorded

@@ -1,0 +1,88 @@
+package node
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/ring"
+)
+
+// replicateGate wraps Peers: the first Replicate call holds at the gate
+// (entered is closed when it arrives) until release is closed, and then
+// fails as a backup that refuses it would; the second passes, and passed
+// is closed once it has returned.
+type replicateGate struct {
+	Peers
+	calls                    atomic.Int64
+	entered, release, passed chan struct{}
+}
+
+type replicateGatePeer struct {
+	Peer
+	g *replicateGate
+}
+
+func (g *replicateGate) Peer(m ring.Member) (Peer, error) {
+	p, err := g.Peers.Peer(m)
+	if err != nil {
+		return p, err
+	}
+	return replicateGatePeer{p, g}, nil
+}
+
+func (p replicateGatePeer) Replicate(ctx context.Context, req *pb.ReplicateRequest, _ ...grpc.CallOption) (*pb.ReplicateResponse, error) {
+	switch p.g.calls.Add(1) {
+	case 1:
+		close(p.g.entered)
+		<-p.g.release
+		return nil, status.Error(codes.FailedPrecondition, "test: the backup refuses")
+	case 2:
+		defer close(p.g.passed)
+	}
+	return p.Peer.Replicate(ctx, req)
+}
+
+// TestDuplicateOfWithdrawnSendFails: a retry of a request id that arrives
+// while the first attempt's backup has not answered is a duplicate; the
+// first attempt then fails and is taken back (withdraw). The duplicate must
+// not be answered as admitted, for nobody counts the send any more (a
+// forgotten send): it waits for the first attempt's call and fails as
+// retryable, and the next retry is decided afresh and counted once.
+func TestDuplicateOfWithdrawnSendFails(t *testing.T) {
+	ln := NewLocalNetwork()
+	gate := &replicateGate{Peers: ln.Peers(), entered: make(chan struct{}), release: make(chan struct{}), passed: make(chan struct{})}
+	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: gate})
+	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
+	poll(t, "two nodes settle", settledTwo(a, b))
+	gate.calls.Store(0) // the gate counts from the checks on
+	rcp, _ := recipientOwnedBy(a.Ring(), "node-a", "")
+	ctx := context.Background()
+	req := &pb.CheckRequest{Recipients: []string{rcp}, RequestIds: []uint64{42}}
+	check := func() *pb.CheckResponse {
+		resp, err := a.Check(ctx, req)
+		if err != nil {
+			t.Error(err)
+			return &pb.CheckResponse{}
+		}
+		return resp
+	}
+	first := make(chan *pb.CheckResponse, 1)
+	go func() { first <- check() }()
+	<-gate.entered // the first attempt waits for its backup
+	second := make(chan *pb.CheckResponse, 1)
+	go func() { second <- check() }()
+	<-gate.passed // the duplicate's first send went to the backup again
+	close(gate.release)
+	for name, ch := range map[string]chan *pb.CheckResponse{"first attempt": first, "duplicate": second} {
+		if resp := <-ch; len(resp.Errors) != 1 || resp.Errors[0].Code != uint32(codes.Unavailable) || resp.Admitted[0] {
+			t.Errorf("%s: %v; want UNAVAILABLE", name, resp)
+		}
+	}
+	wantDecidedAgain(t, a, rcp, check())
+}
