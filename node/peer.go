@@ -130,12 +130,29 @@ func (g *grpcPeers) Close() error {
 // registered (stopped, killed, cut off) answers UNAVAILABLE. It is safe for
 // concurrent use.
 type LocalNetwork struct {
-	mu    sync.RWMutex     // guards nodes
+	mu    sync.RWMutex     // guards nodes and carry
 	nodes map[string]*Node // by advertised address
+	carry Carrier
 }
+
+// A Carrier carries one call over a LocalNetwork, as a network with faults
+// would: it calls deliver (which calls the method of the node at address
+// to, with the context it is given) or fails the call, perhaps after
+// delivering it (an answer lost). from is the caller's address (PeersFrom),
+// or "" for a caller outside the cluster. A Carrier returns gRPC status
+// errors, as a connection would, and nil only once deliver has returned
+// nil.
+type Carrier func(ctx context.Context, from, to string, deliver func(context.Context) error) error
 
 // NewLocalNetwork returns an empty network.
 func NewLocalNetwork() *LocalNetwork { return &LocalNetwork{nodes: map[string]*Node{}} }
+
+// Carry makes c carry every call from now on; nil delivers them directly.
+func (ln *LocalNetwork) Carry(c Carrier) {
+	ln.mu.Lock()
+	ln.carry = c
+	ln.mu.Unlock()
+}
 
 // Register makes n reachable at addr (its Config.AdvertiseAddr).
 func (ln *LocalNetwork) Register(addr string, n *Node) {
@@ -151,18 +168,28 @@ func (ln *LocalNetwork) Unregister(addr string) {
 	ln.mu.Unlock()
 }
 
-// Peers returns a Peers over the network, for Config.Peers.
-func (ln *LocalNetwork) Peers() Peers { return localPeers{ln} }
+// Peers returns a Peers over the network, for Config.Peers, whose calls
+// name no caller to the network's Carrier.
+func (ln *LocalNetwork) Peers() Peers { return localPeers{ln, ""} }
 
-type localPeers struct{ ln *LocalNetwork }
+// PeersFrom returns a Peers over the network for the node at address from
+// (its Config.AdvertiseAddr), for Config.Peers: a Carrier sees its calls as
+// from.
+func (ln *LocalNetwork) PeersFrom(from string) Peers { return localPeers{ln, from} }
 
-func (lp localPeers) Peer(m ring.Member) (Peer, error) { return localPeer{lp.ln, m}, nil }
+type localPeers struct {
+	ln   *LocalNetwork
+	from string
+}
+
+func (lp localPeers) Peer(m ring.Member) (Peer, error) { return localPeer{lp.ln, lp.from, m}, nil }
 func (localPeers) Prune(*ring.Ring)                    {}
 func (localPeers) Close() error                        { return nil }
 
 type localPeer struct {
-	ln *LocalNetwork
-	m  ring.Member
+	ln   *LocalNetwork
+	from string
+	m    ring.Member
 }
 
 func (p localPeer) node() (*Node, error) {
@@ -212,16 +239,34 @@ func (p localPeer) Status(ctx context.Context, req *pb.StatusRequest, _ ...grpc.
 }
 
 // localCall calls method of the peer server of the node registered at p's
-// address, cloning the request and the answer as a wire would.
+// address, cloning the request and the answer as a wire would, through the
+// network's Carrier if it has one.
 func localCall[Req, Resp proto.Message](p localPeer, ctx context.Context, req Req, method func(peerServer, context.Context, Req) (Resp, error)) (Resp, error) {
-	var zero Resp
-	n, err := p.node()
+	var resp Resp // set by deliver, read only once it has returned
+	deliver := func(ctx context.Context) error {
+		n, err := p.node()
+		if err != nil {
+			return err
+		}
+		r, err := method(peerServer{n: n}, ctx, proto.Clone(req).(Req))
+		if err != nil {
+			return err
+		}
+		resp = proto.Clone(r).(Resp)
+		return nil
+	}
+	p.ln.mu.RLock()
+	carry := p.ln.carry
+	p.ln.mu.RUnlock()
+	var err error
+	if carry != nil {
+		err = carry(ctx, p.from, p.m.Addr, deliver)
+	} else {
+		err = deliver(ctx)
+	}
 	if err != nil {
+		var zero Resp
 		return zero, err
 	}
-	resp, err := method(peerServer{n: n}, ctx, proto.Clone(req).(Req))
-	if err != nil {
-		return zero, err
-	}
-	return proto.Clone(resp).(Resp), nil
+	return resp, nil
 }

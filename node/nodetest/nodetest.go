@@ -55,6 +55,11 @@ type Config struct {
 	// InMemory connects the nodes through a node.LocalNetwork instead of
 	// gRPC; they serve no gRPC and Addr is a name, not an address.
 	InMemory bool
+	// Faults (which implies InMemory) puts the nodes' gossip, peer calls
+	// and Cluster.Check on one in-process network that the test freezes
+	// members of (Freeze, Thaw) and cuts links in (Cut, Isolate, Heal); see
+	// faults.go. Gossip loses no packet there but those of a cut link.
+	Faults bool
 	// DialOptions are what the cluster's own calls (its waits for a node to
 	// serve) dial nodes with; nil means plaintext. A cluster whose Node hook
 	// turns TLS on passes its TLS credentials here.
@@ -106,6 +111,7 @@ type Member struct {
 type Cluster struct {
 	cfg     Config
 	net     *node.LocalNetwork // InMemory
+	faults  *faultNet          // Faults
 	mu      sync.Mutex         // guards members
 	members []*Member
 	next    int // number of the next node Add starts
@@ -150,8 +156,15 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		cfg.StartTimeout = 30 * time.Second
 	}
 	c := &Cluster{cfg: cfg}
-	if cfg.InMemory {
+	if cfg.Faults {
+		c.cfg.InMemory = true
+		c.faults = newFaultNet()
+	}
+	if c.cfg.InMemory {
 		c.net = node.NewLocalNetwork()
+	}
+	if c.faults != nil {
+		c.net.Carry(c.faults.carry)
 	}
 	for range cfg.Size {
 		if _, err := c.Add(ctx); err != nil {
@@ -242,6 +255,11 @@ func (c *Cluster) newNode(m *Member, i int) (*node.Node, error) {
 		}
 	}
 	switch {
+	case c.faults != nil:
+		if m.GossipAddr == "" {
+			m.GossipAddr = c.faults.gossipAddr()
+		}
+		gc.BindAddr, gc.Transport = "", c.faults.newEnd(m.Name, m.GossipAddr)
 	case m.GossipAddr != "": // a restart keeps its ports
 		_, port, _ := net.SplitHostPort(m.GossipAddr)
 		fmt.Sscan(port, &gc.BindPort)
@@ -254,14 +272,19 @@ func (c *Cluster) newNode(m *Member, i int) (*node.Node, error) {
 		}
 		gc.BindPort = p
 	}
-	m.GossipAddr = fmt.Sprintf("127.0.0.1:%d", gc.BindPort)
+	if c.faults == nil {
+		m.GossipAddr = fmt.Sprintf("127.0.0.1:%d", gc.BindPort)
+	}
 	ncfg := node.Config{Rules: c.cfg.Rules, Clock: c.cfg.Clock, Name: m.Name, AdvertiseAddr: m.Addr,
 		Cluster: &gc, Logger: c.cfg.Logger, PeerKeys: c.cfg.PeerKeys}
 	if c.cfg.DataDir != "" {
 		ncfg.DataDir = filepath.Join(c.cfg.DataDir, m.Name)
 	}
 	if c.cfg.InMemory {
-		ncfg.Peers = c.net.Peers()
+		ncfg.Peers = c.net.PeersFrom(m.Addr)
+	}
+	if c.faults != nil {
+		c.faults.named(m.Addr, m.Name)
 	}
 	if c.cfg.Node != nil {
 		c.cfg.Node(&ncfg)
@@ -364,6 +387,9 @@ func (c *Cluster) Kill(m *Member) error {
 		return nil
 	}
 	if c.cfg.InMemory {
+		if c.faults != nil {
+			c.faults.killed(m.Name)
+		}
 		c.net.Unregister(m.Addr)
 		return m.Node.Close()
 	}
@@ -406,9 +432,14 @@ func (c *Cluster) Close() error {
 // WaitConverged waits until every running node's ring has want members and
 // the same epoch, watching ring changes (Node.WatchRing).
 func (c *Cluster) WaitConverged(ctx context.Context, want int) error {
+	return c.WaitConvergedOn(ctx, c.Up(), want)
+}
+
+// WaitConvergedOn is WaitConverged for the nodes of members up (the side
+// of a network partition, say).
+func (c *Cluster) WaitConvergedOn(ctx context.Context, up []*Member, want int) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartTimeout)
 	defer cancel()
-	up := c.Up()
 	type update struct {
 		i       int
 		epoch   uint64
