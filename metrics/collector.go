@@ -117,6 +117,10 @@ var (
 		"Sends their partition's backup did not confirm.")
 	descWithdrawnSends = desc("freqring_withdrawn_sends_total",
 		"Sends recorded and taken back because their backup did not confirm them (the item failed, so nothing counts them).")
+	descStaleRefusals = desc("freqring_stale_refusals_total",
+		"Replicate calls refused as a backup because their owner had not acquired the partition since it was last out of this node's ring (it may have been frozen while others decided), or because this node still owed the partition.")
+	descReacquired = desc("freqring_reacquired_partitions_total",
+		"Partitions this node closed and acquired again from every member after its backup refused their sends as stale.")
 	descReplicationLag = desc("freqring_replication_lag_sends",
 		"Sends admitted and not yet on their backup (asynchronous replication).")
 	descReloads = desc("freqring_reloads_total",
@@ -137,7 +141,7 @@ var allDescs = []*prometheus.Desc{
 	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused, descStoreRefusedGrowth, descStoreOvershoots, descGateWaits,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descSnapshotFailures, descWALFailed, descWALFailures, descWALRecoveries, descRefusedCalls,
-	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descReplicationLag, descReloads, descRefunds, descGossipBad,
+	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descStaleRefusals, descReacquired, descReplicationLag, descReloads, descRefunds, descGossipBad,
 	descGossipWarnings, descGossipWarningsNotLogged,
 }
 
@@ -227,6 +231,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descReplicateUnaryCalls, s.ReplicateUnaryCalls)
 	counter(descReplicationFailures, s.ReplicationFailures)
 	counter(descWithdrawnSends, s.WithdrawnSends)
+	counter(descStaleRefusals, s.StaleRefusals)
+	counter(descReacquired, s.Reacquired)
 	gauge(descReplicationLag, float64(s.ReplicationLag))
 	counter(descReloads, s.Reloads, "ok")
 	counter(descReloads, s.ReloadFailures, "failed")

@@ -80,6 +80,17 @@ import (
 //     perhaps not even a member when the move began: it does not open the
 //     partition (finishMove), and the mover acquires it again. A
 //     node never drops, on a Release, a partition it owes.
+//  8. A backup takes an owner's sends of p only if that owner has acquired
+//     p from it since the owner was last out of the backup's ring (a
+//     departure its gossip saw, however brief; a restart of the backup
+//     counts as one). An owner that froze (SIGSTOP, a long pause) while the
+//     others saw it gone and decided for its partitions wakes with p still
+//     open and its ring unchanged: rule 7's handback reaches it only after
+//     the rings agree again, and meanwhile its backup, whose ring makes it
+//     the owner again, would take what it decides from a record that lacks
+//     the others' sends. The backup refuses them with ABORTED (refuseStale);
+//     the owner closes each partition of the refused call and acquires it
+//     again from every member (reacquire), which the backup then sees.
 
 // MoveWait bounds how long a check waits for its partition to be acquired
 // by this node, its new owner, before it fails as retryable.
@@ -168,6 +179,13 @@ type partState struct {
 	// closedAt is since when it is owned here but closed (zero: open, or
 	// not owned), for the longest pause.
 	closedAt time.Time
+	// acquirer is the member that last acquired it from here, and
+	// acquirerDepartures how many times this node's gossip had seen that
+	// member leave or fail then (gossip.Membership.Departures): as its
+	// backup, this node takes the acquirer's sends only while the count is
+	// unchanged (rule 8).
+	acquirer           string
+	acquirerDepartures uint64
 }
 
 func newHandoff(parts int) *handoff {

@@ -122,6 +122,7 @@ func (s peerServer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Ac
 		}
 	}
 	resp := &pb.AcquireResponse{Node: n.cfg.Name}
+	departures := n.clus.Load().ms.Departures(req.Node) // rule 8
 	for _, p := range req.Partitions {
 		// An older version fails for counter states, which only a release
 		// that reads record format 3 can hold (checked above; only a state
@@ -138,6 +139,7 @@ func (s peerServer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Ac
 		resp.Images = append(resp.Images, parts...)
 		n.ho.mu.Lock()
 		n.ho.parts[p].handed, n.ho.parts[p].owed = true, false
+		n.ho.parts[p].acquirer, n.ho.parts[p].acquirerDepartures = req.Node, departures
 		resp.Generations = append(resp.Generations, n.ho.parts[p].gen)
 		n.ho.mu.Unlock()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -265,6 +266,9 @@ func (rp *replicator) join(epoch uint64, sends []walSend, parts []int) *replCall
 func (rp *replicator) send(c *replCall) {
 	for c != nil {
 		c.err = rp.call(c)
+		if status.Code(c.err) == codes.Aborted { // rule 8
+			rp.n.reacquire(slices.Collect(maps.Keys(c.counts)))
+		}
 		// Async: the callers were answered; keep trying a while (their sends
 		// stay unacknowledged meanwhile, which holds later batches to the
 		// bound). A new backup is filled whole, which resets the count.
@@ -429,6 +433,9 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	if err := n.refuseOwed(sc.sends, req.Node); err != nil {
 		return nil, err
 	}
+	if err := n.refuseStale(sc.sends, req.Node); err != nil {
+		return nil, err
+	}
 	n.store.RecordBatch(n.nowMs(), sc.items)
 	return n.replicatedPayload(req.Node, sc)
 }
@@ -544,6 +551,57 @@ func (n *Node) logReplicated(ctx context.Context, enc *walEncoder) error {
 	return nil
 }
 
+// refuseStale refuses, as a backup, the sends of a partition whose owner
+// has not acquired it from here since the owner was last out of this node's
+// ring (rule 8): the owner may have been frozen while others decided for
+// the partition, and its record lacks what they admitted. The code is
+// ABORTED, which tells the owner to acquire the call's partitions again
+// (reacquire). It reads the partitions' acquirers under h.mu, where Acquire
+// records them.
+func (n *Node) refuseStale(sends []walSend, owner string) error {
+	departures := n.clus.Load().ms.Departures(owner)
+	h := n.ho
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	last := -1
+	for _, s := range sends {
+		p := n.store.PartitionOf(s.key)
+		if p == last {
+			continue
+		}
+		last = p
+		if ps := &h.parts[p]; ps.acquirer != owner || ps.acquirerDepartures != departures {
+			n.staleRefusals.Add(1)
+			return status.Errorf(codes.Aborted, "node %s: partition %d: %s has not acquired it from here since it was last out of this node's ring (%d departures seen): its record may lack what others decided meanwhile; acquire it again",
+				n.cfg.Name, p, owner, departures)
+		}
+	}
+	return nil
+}
+
+// reacquire closes those of partitions ps that are open here and has the
+// mover acquire them again from every member and fill their backup: a
+// backup refused their sends (rule 8) because this node was out of its ring
+// since it last acquired them, so this node's record may lack what others
+// decided meanwhile. Safe for concurrent use.
+func (n *Node) reacquire(ps []int) {
+	h := n.ho
+	h.mu.Lock()
+	closed := 0
+	for _, p := range ps {
+		if n.store.IsOpen(p) {
+			n.closeLocked(p)
+			closed++
+		}
+	}
+	h.mu.Unlock()
+	if closed > 0 {
+		n.reacquired.Add(int64(closed))
+		n.log.Warn("a backup refused sends this node decided from a record that may be stale (it was out of the backup's ring since it acquired them): acquiring those partitions again from every member", "partitions", closed)
+		h.wake()
+	}
+}
+
 // ackSends counts k sends of partition p as on their backup.
 func (n *Node) ackSends(p int, k int64) {
 	for {
@@ -575,8 +633,8 @@ func (n *Node) refuseOwed(sends []walSend, owner string) error {
 		if h.parts[p].open.Load() {
 			return n.refuse("partition %d is open on %s, which decides for it under another ring; %s must acquire it first", p, n.cfg.Name, owner)
 		}
-		if h.owes(p) {
-			return n.refuse("partition %d holds sends %s decided under another ring, which %s has not acquired yet", p, n.cfg.Name, owner)
+		if h.owes(p) { // ABORTED: the owner acquires it again at once (reacquire), not only on the handback
+			return status.Errorf(codes.Aborted, "node %s: partition %d holds sends %s decided under another ring, which %s has not acquired yet", n.cfg.Name, p, n.cfg.Name, owner)
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
@@ -85,4 +86,43 @@ func TestDuplicateOfWithdrawnSendFails(t *testing.T) {
 		}
 	}
 	wantDecidedAgain(t, a, rcp, check())
+}
+
+// TestBackupRefusesOwnerOutOfItsRingSinceAcquiring is rule 8's mechanism:
+// a backup whose gossip saw the owner leave or fail since the owner last
+// acquired the partition from it refuses the owner's sends with ABORTED
+// (the owner may have been frozen while others decided for it); the item
+// fails, is taken back, and the owner acquires the partition again from
+// every member, after which the backup takes its sends again.
+func TestBackupRefusesOwnerOutOfItsRingSinceAcquiring(t *testing.T) {
+	ln := NewLocalNetwork()
+	a, b := twoLocal(t, ln, "")
+	rcp, p := recipientOwnedBy(a.Ring(), "node-a", "")
+	ctx := context.Background()
+	b.ho.mu.Lock()
+	acquirer, departures := b.ho.parts[p].acquirer, b.ho.parts[p].acquirerDepartures
+	b.ho.parts[p].acquirerDepartures++ // as if b had seen a go since a acquired p from it
+	b.ho.mu.Unlock()
+	if acquirer != "node-a" || departures != b.clus.Load().ms.Departures("node-a") {
+		t.Fatalf("b's record of p's acquirer: %q at %d departures; want node-a at %d", acquirer, departures, b.clus.Load().ms.Departures("node-a"))
+	}
+	req := &pb.CheckRequest{Recipients: []string{rcp}, RequestIds: []uint64{7}}
+	resp, err := a.Check(ctx, req)
+	if err != nil || len(resp.Errors) != 1 || resp.Errors[0].Code != uint32(codes.Unavailable) || resp.Admitted[0] {
+		t.Fatalf("with b fencing a: %v %v; want UNAVAILABLE", resp, err)
+	}
+	if got := b.Stats().StaleRefusals; got != 1 {
+		t.Fatalf("b refused %d calls as stale, want 1", got)
+	}
+	poll(t, "a acquires p again and b takes its sends", func() error {
+		resp, err := a.Check(ctx, req)
+		if err != nil || len(resp.Errors) > 0 || !resp.Admitted[0] {
+			return fmt.Errorf("%v %v", resp.GetErrors(), err)
+		}
+		return nil
+	})
+	if got := a.Stats().Reacquired; got < 1 {
+		t.Fatalf("a acquired %d partitions again after the refusal, want at least 1", got)
+	}
+	wantDecidedAgain(t, a, rcp, &pb.CheckResponse{Admitted: []bool{true}, Recorded: []bool{true}})
 }

@@ -248,6 +248,9 @@ type Membership struct {
 	// departed holds the members that vanished (left or failed) while
 	// serving or leaving and have not come back since.
 	departed map[string]Departure
+	// departures counts, per member name, the times it left or failed
+	// (Departures); never reset.
+	departures map[string]uint64
 	// excluded is, for each serving member left out of the ring because it
 	// disagrees with it, why; written by rebuild.
 	excluded map[string]string
@@ -297,12 +300,13 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		logw: &logWriter{log: cfg.Logger.With("node", cfg.NodeName)},
 		meta: meta{State: cfg.State, Boot: rand.Uint64(), GRPC: cfg.GRPCAddr, Agreed: true, Version: cfg.Agreement.Version,
 			Key: agreementKey{rules: cfg.Agreement.Rules, protocol: cfg.Agreement.Protocol, placement: effectivePlacement(cfg.Placement)}},
-		nodes:     make(map[string]nodeInfo),
-		departed:  make(map[string]Departure),
-		conflicts: make(map[string]NameConflict),
-		changedCh: make(chan struct{}, 1),
-		done:      make(chan struct{}),
-		watchers:  make(map[chan *ring.Ring]struct{}),
+		nodes:      make(map[string]nodeInfo),
+		departed:   make(map[string]Departure),
+		departures: make(map[string]uint64),
+		conflicts:  make(map[string]NameConflict),
+		changedCh:  make(chan struct{}, 1),
+		done:       make(chan struct{}),
+		watchers:   make(map[chan *ring.Ring]struct{}),
 	}
 	m.ml, err = memberlist.Create(m.memberlistConfig())
 	if err != nil {
@@ -574,6 +578,18 @@ func (m *Membership) Members() []MemberState {
 	return out
 }
 
+// Departures returns how many times member name has left or failed, as this
+// member's gossip saw it, since Start: a count that only grows, so that a
+// node can tell whether a member was out of its view, however briefly,
+// since it last looked (a member that vanished was out of every ring
+// built here, and its partitions may have been decided for elsewhere).
+// Safe for concurrent use.
+func (m *Membership) Departures(name string) uint64 {
+	m.nodesMu.Lock()
+	defer m.nodesMu.Unlock()
+	return m.departures[name]
+}
+
 // Departure is how and when a member vanished (see Membership.Departed).
 type Departure struct {
 	At      time.Time // when this member's gossip saw it vanish
@@ -750,6 +766,7 @@ func (d delegate) NotifyLeave(n *memberlist.Node) {
 		d.m.departed[n.Name] = Departure{At: time.Now(), Leaving: md.State == StateLeaving}
 	}
 	delete(d.m.nodes, n.Name)
+	d.m.departures[n.Name]++
 	d.m.nodesMu.Unlock()
 	d.m.changed()
 	// memberlist does not say whether it left or failed (Node.State is not set).

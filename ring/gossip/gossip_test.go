@@ -458,4 +458,7 @@ func TestDeparted(t *testing.T) {
 	if d := a.Departed(); len(d) != 1 {
 		t.Errorf("Departed = %v after b came back, want node-c only", d)
 	}
+	if got := [3]uint64{a.Departures("node-a"), a.Departures("node-b"), a.Departures("node-c")}; got != [3]uint64{0, 1, 1} {
+		t.Errorf("Departures of a, b, c = %v after b came back, want [0 1 1]: they count every departure, and never forget one", got)
+	}
 }
