@@ -81,7 +81,8 @@ func (c *Client) batchRPC(ctx context.Context, p *peer, node string, n int, at f
 		c.rpc(ctx, p, node, n, at, emit)
 		return
 	}
-	req := encode(n, at, c.Ring().Epoch())
+	dl, _ := ctx.Deadline()
+	req := encode(n, at, c.Ring().Epoch(), dl)
 	resp, err := c.streamCheck(ctx, p, req)
 	if status.Code(err) == codes.Unimplemented {
 		c.streamUnimplemented(p) // an older node: nothing was decided

@@ -12,10 +12,14 @@ import (
 	"github.com/freqring/freqring/api/wire"
 )
 
-// encode builds the request for n items; a column whose entries are all the
-// default is left empty, one whose entries are all equal has one entry.
-func encode(n int, at func(int) *prepared, epoch uint64) *pb.CheckRequest {
+// encode builds the request for n items, whose caller waits until dl (zero:
+// no deadline); a column whose entries are all the default is left empty,
+// one whose entries are all equal has one entry.
+func encode(n int, at func(int) *prepared, epoch uint64, dl time.Time) *pb.CheckRequest {
 	req := &pb.CheckRequest{RingEpoch: epoch, Recipients: make([]string, n), RequestIds: make([]uint64, n)}
+	if !dl.IsZero() {
+		req.NotAfterMs = dl.UnixMilli() // a node that reads it later decides nothing
+	}
 	first := at(0)
 	sameDomain, hashes, costs, modes := true, false, false, false
 	for j := range n {
@@ -82,7 +86,8 @@ func callerFault(code codes.Code) bool {
 // node names the member p is, for Decision.Node and errors. A response with
 // another ring epoch than the client's asks for a refresh from p.
 func (c *Client) rpc(ctx context.Context, p *peer, node string, n int, at func(int) *prepared, emit func(int, outcome)) {
-	req := encode(n, at, c.Ring().Epoch())
+	dl, _ := ctx.Deadline()
+	req := encode(n, at, c.Ring().Epoch(), dl)
 	c.st.rpcs.Add(1)
 	resp, err := p.cli.Check(ctx, req)
 	if err != nil {

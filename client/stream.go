@@ -93,7 +93,7 @@ func (b *batcher) stream(live []*pending, dl time.Time, done chan<- struct{}) bo
 	cs := b.st
 	cs.last++
 	id := cs.last
-	req := encode(len(live), func(j int) *prepared { return &live[j].item }, b.c.Ring().Epoch())
+	req := encode(len(live), func(j int) *prepared { return &live[j].item }, b.c.Ring().Epoch(), dl)
 	req.StreamId = id
 	call := &streamCall{live: live, dl: dl, done: done}
 	cs.mu.Lock()

@@ -121,6 +121,8 @@ var (
 		"Replicate calls refused as a backup because their owner had not acquired the partition since it was last out of this node's ring (it may have been frozen while others decided), or because this node still owed the partition.")
 	descReacquired = desc("freqring_reacquired_partitions_total",
 		"Partitions this node closed and acquired again from every member after its backup refused their sends as stale.")
+	descLateRequests = desc("freqring_late_requests_total",
+		"Check, Forward and Replicate calls refused because the node read them more than a second after their caller's deadline (not_after_ms): the node was stopped or starved, or the call queued.")
 	descReplicationLag = desc("freqring_replication_lag_sends",
 		"Sends admitted and not yet on their backup (asynchronous replication).")
 	descReloads = desc("freqring_reloads_total",
@@ -141,7 +143,7 @@ var allDescs = []*prometheus.Desc{
 	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused, descStoreRefusedGrowth, descStoreOvershoots, descGateWaits,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descSnapshotFailures, descWALFailed, descWALFailures, descWALRecoveries, descRefusedCalls,
-	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descStaleRefusals, descReacquired, descReplicationLag, descReloads, descRefunds, descGossipBad,
+	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descStaleRefusals, descReacquired, descLateRequests, descReplicationLag, descReloads, descRefunds, descGossipBad,
 	descGossipWarnings, descGossipWarningsNotLogged,
 }
 
@@ -233,6 +235,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descWithdrawnSends, s.WithdrawnSends)
 	counter(descStaleRefusals, s.StaleRefusals)
 	counter(descReacquired, s.Reacquired)
+	counter(descLateRequests, s.LateRequests)
 	gauge(descReplicationLag, float64(s.ReplicationLag))
 	counter(descReloads, s.Reloads, "ok")
 	counter(descReloads, s.ReloadFailures, "failed")

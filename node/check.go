@@ -99,8 +99,21 @@ func (n *Node) admit(ctx context.Context, req *pb.CheckRequest) error {
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
+	if req.NotAfterMs != 0 {
+		if late := time.Now().UnixMilli() - req.NotAfterMs; late > LateRequestSlack.Milliseconds() {
+			n.lateRequests.Add(1)
+			return status.Errorf(codes.DeadlineExceeded, "node %s: the caller's deadline (not_after_ms %d) passed %d ms before the node read the request (it was stopped or starved, or the request queued); nothing decided", n.cfg.Name, req.NotAfterMs, late)
+		}
+	}
 	return nil
 }
+
+// LateRequestSlack is how long past a request's not_after_ms a node still
+// decides it: room for the clocks of caller and node to differ. A request
+// read later than that is refused whole (admit), for its caller has given
+// up and may have retried elsewhere: a decision would count a send nobody
+// is told of.
+const LateRequestSlack = time.Second
 
 // badRequest is the INVALID_ARGUMENT status of a malformed batch, with its
 // column as a google.rpc.BadRequest field violation in its details.

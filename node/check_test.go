@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -169,4 +170,30 @@ func FuzzCheckRequest(f *testing.F) {
 			t.Fatalf("%d new records for %d recorded items", after-before, recorded)
 		}
 	})
+}
+
+// TestLateRequestDecidesNothing: a request the node reads more than
+// LateRequestSlack after its caller's deadline (not_after_ms) is refused
+// whole with DEADLINE_EXCEEDED and records nothing: its caller has given
+// up, and may have retried elsewhere. One read within the slack is decided.
+func TestLateRequestDecidesNothing(t *testing.T) {
+	n, _ := newTestNode(t)
+	ctx := context.Background()
+	late := time.Now().Add(-LateRequestSlack - time.Second).UnixMilli()
+	_, err := n.Check(ctx, &pb.CheckRequest{Recipients: []string{"+8613800000001"}, NotAfterMs: late})
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "not_after_ms") {
+		t.Fatalf("a request read 2 s past its deadline: %v; want DEADLINE_EXCEEDED naming not_after_ms", err)
+	}
+	if got := n.Stats().LateRequests; got != 1 {
+		t.Fatalf("LateRequests = %d, want 1", got)
+	}
+	peek, err := n.Check(ctx, &pb.CheckRequest{Recipients: []string{"+8613800000001"}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+	if err != nil || peek.Used[0] != 0 {
+		t.Fatalf("after the late request: %v %v; want nothing counted", peek.GetUsed(), err)
+	}
+	within := time.Now().Add(-LateRequestSlack / 2).UnixMilli()
+	resp, err := n.Check(ctx, &pb.CheckRequest{Recipients: []string{"+8613800000001"}, NotAfterMs: within})
+	if err != nil || !resp.Admitted[0] {
+		t.Fatalf("a request read within the slack: %v %v; want it decided", resp, err)
+	}
 }

@@ -144,7 +144,7 @@ func decodeCheckRequest(b []byte, req *pb.CheckRequest) error {
 			return fmt.Errorf("%w: CheckRequest: field number %d out of range", ErrBadRequest, num)
 		}
 		b = b[n:]
-		if num > 9 || !knownType(num, typ) {
+		if num > 10 || !knownType(num, typ) {
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
 				return decodeErr("field "+strconv.Itoa(int(num)), n)
@@ -194,15 +194,18 @@ func (d *checkDecoder) field(num protowire.Number, typ protowire.Type, b []byte)
 		return consumeVarints(b, typ, fieldNames[num], func(v uint64) { req.Costs = append(req.Costs, uint32(v)) })
 	case 6:
 		return consumeVarints(b, typ, fieldNames[num], func(v uint64) { req.Modes = append(req.Modes, pb.Mode(int32(v))) })
-	default: // 8, 9
+	default: // 8, 9, 10
 		v, n := protowire.ConsumeVarint(b)
 		if n < 0 {
 			return 0, decodeErr(fieldNames[num], n)
 		}
-		if num == 8 {
+		switch num {
+		case 8:
 			req.RingEpoch = v
-		} else {
+		case 9:
 			req.StreamId = v
+		default:
+			req.NotAfterMs = int64(v)
 		}
 		return n, nil
 	}
@@ -225,7 +228,7 @@ func (d *checkDecoder) recipient(v []byte, left int) {
 	d.req.Recipients = append(d.req.Recipients, unsafe.String(&d.rcps[start], len(v)))
 }
 
-var fieldNames = [...]string{1: "recipients", 2: "domains", 3: "contents", 4: "content_hashes", 5: "costs", 6: "modes", 7: "request_ids", 8: "ring_epoch", 9: "stream_id"}
+var fieldNames = [...]string{1: "recipients", 2: "domains", 3: "contents", 4: "content_hashes", 5: "costs", 6: "modes", 7: "request_ids", 8: "ring_epoch", 9: "stream_id", 10: "not_after_ms"}
 
 // knownType reports whether typ is a wire type field num is read with.
 func knownType(num protowire.Number, typ protowire.Type) bool {
@@ -236,7 +239,7 @@ func knownType(num protowire.Number, typ protowire.Type) bool {
 		return typ == protowire.Fixed64Type || typ == protowire.BytesType
 	case 5, 6:
 		return typ == protowire.VarintType || typ == protowire.BytesType
-	case 8, 9:
+	case 8, 9, 10:
 		return typ == protowire.VarintType
 	}
 	return false

@@ -17,7 +17,7 @@ func FuzzDecodeCheckRequest(f *testing.F) {
 	for _, req := range []*pb.CheckRequest{
 		{Recipients: []string{"a"}},
 		{Recipients: []string{"+8613800000001", "b"}, Domains: []string{"fast"}, Contents: [][]byte{[]byte("hi"), nil},
-			Costs: []uint32{1, 1000}, Modes: []pb.Mode{pb.Mode_MODE_PEEK, 9}, RequestIds: []uint64{1, 1 << 63}, RingEpoch: 42, StreamId: 7},
+			Costs: []uint32{1, 1000}, Modes: []pb.Mode{pb.Mode_MODE_PEEK, 9}, RequestIds: []uint64{1, 1 << 63}, RingEpoch: 42, StreamId: 7, NotAfterMs: 1796567998140},
 		{Recipients: []string{"x"}, ContentHashes: []uint64{7}},
 	} {
 		b, err := proto.Marshal(req)

@@ -93,7 +93,11 @@ func (n *Node) forward(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, 
 	}
 	fctx, cancel := context.WithTimeout(ctx, ForwardTimeout)
 	defer cancel()
-	g.resp, g.err = cli.Forward(fctx, wire.Pick(req, g.idx, r.Epoch()))
+	sub := wire.Pick(req, g.idx, r.Epoch())
+	if dl, ok := fctx.Deadline(); ok && (sub.NotAfterMs == 0 || dl.UnixMilli() < sub.NotAfterMs) {
+		sub.NotAfterMs = dl.UnixMilli() // an owner that reads it later decides nothing (admit)
+	}
+	g.resp, g.err = cli.Forward(fctx, sub)
 	if status.Code(g.err) == codes.Canceled && ctx.Err() == nil {
 		// The connection closed under the call: the owner left the ring.
 		g.err = status.Errorf(codes.Unavailable, "%v", g.err)

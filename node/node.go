@@ -369,6 +369,7 @@ type Node struct {
 
 	replicated, replicationFailures atomic.Int64
 	withdrawn                       atomic.Int64 // sends taken back because their backup did not confirm them
+	lateRequests                    atomic.Int64 // Check and Forward calls refused as read past their caller's deadline
 	staleRefusals, reacquired       atomic.Int64 // rule 8: Replicate calls refused as a backup; partitions closed to acquire again as an owner
 	replCalls, replUnaryCalls       atomic.Int64
 	unacked                         []atomic.Int64         // per partition: sends admitted, not yet on the backup (async)
@@ -613,6 +614,10 @@ type Stats struct {
 	// node closed and acquired again after such a refusal (rule 8 of
 	// partition.go).
 	StaleRefusals, Reacquired int64
+	// LateRequests counts the Check, Forward and Replicate calls refused
+	// because the node read them more than LateRequestSlack after their
+	// not_after_ms.
+	LateRequests int64
 	// RefusedPeerCalls and RefusedAdminCalls count the calls to the Peer and
 	// Admin services refused because their caller was not authenticated as
 	// a member or an operator (security.go).
@@ -667,7 +672,7 @@ func (n *Node) Stats() Stats {
 		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
 		Memory: n.store.Memory(), Serving: n.Serving(), GateWaits: n.gate.waited(),
 		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load(), WithdrawnSends: n.withdrawn.Load(),
-		StaleRefusals: n.staleRefusals.Load(), Reacquired: n.reacquired.Load(),
+		StaleRefusals: n.staleRefusals.Load(), Reacquired: n.reacquired.Load(), LateRequests: n.lateRequests.Load(),
 		ReplicateCalls: n.replCalls.Load(), ReplicateUnaryCalls: n.replUnaryCalls.Load(),
 		RefusedPeerCalls: n.guard.refusedPeer.Load(), RefusedAdminCalls: n.guard.refusedAdmin.Load()}
 	for p := range n.unacked {

@@ -158,8 +158,12 @@ func (n *Node) replicate(ctx context.Context, r *ring.Ring, rs *replicaSet) {
 	}
 	var waits []wait
 	async := n.cfg.Replication == ReplicationAsync
+	var notAfter int64 // the caller's deadline: a backup that reads the call later records nothing
+	if dl, ok := ctx.Deadline(); ok && !async {
+		notAfter = dl.UnixMilli()
+	}
 	for _, rb := range rs.backups {
-		c := n.replicatorFor(rb.member).join(r.Epoch(), rb.sends, rb.parts)
+		c := n.replicatorFor(rb.member).join(r.Epoch(), rb.sends, rb.parts, notAfter)
 		if async {
 			over := false
 			for _, p := range rb.parts {
@@ -204,11 +208,14 @@ type replicator struct {
 
 // replCall is one Replicate call and the batches waiting for it.
 type replCall struct {
-	epoch  uint64
-	enc    walEncoder
-	counts map[int]int64 // sends per partition, for Node.unacked
-	done   chan struct{} // closed when err is set
-	err    error
+	epoch uint64
+	// notAfter is the earliest deadline of the batches' callers, unix ms
+	// (0: none): the call's not_after_ms.
+	notAfter int64
+	enc      walEncoder
+	counts   map[int]int64 // sends per partition, for Node.unacked
+	done     chan struct{} // closed when err is set
+	err      error
 }
 
 // replicatorFor returns the replicator of backup m.
@@ -229,9 +236,10 @@ func (n *Node) replicatorFor(m ring.Member) *replicator {
 	return rp
 }
 
-// join adds sends (of partitions parts) to a call under epoch and returns
-// it. The sends count as unacknowledged until the call succeeds.
-func (rp *replicator) join(epoch uint64, sends []walSend, parts []int) *replCall {
+// join adds sends (of partitions parts), whose caller waits until unix ms
+// notAfter (0: no deadline), to a call under epoch and returns it. The
+// sends count as unacknowledged until the call succeeds.
+func (rp *replicator) join(epoch uint64, sends []walSend, parts []int, notAfter int64) *replCall {
 	rp.mu.Lock()
 	c := rp.next
 	if c == nil || c.epoch != epoch {
@@ -242,6 +250,9 @@ func (rp *replicator) join(epoch uint64, sends []walSend, parts []int) *replCall
 		}
 		c = &replCall{epoch: epoch, done: make(chan struct{}), counts: map[int]int64{}}
 		rp.next = c
+	}
+	if notAfter != 0 && (c.notAfter == 0 || notAfter < c.notAfter) {
+		c.notAfter = notAfter
 	}
 	// One growth for the batch's sends (about 35 bytes each with a content
 	// and a request id), not one per doubling.
@@ -302,7 +313,11 @@ func (rp *replicator) call(c *replCall) error {
 		return err
 	}
 	n.replCalls.Add(1)
-	req := &pb.ReplicateRequest{Node: n.cfg.Name, RingEpoch: c.epoch, Sends: c.enc.bytes()}
+	req := &pb.ReplicateRequest{Node: n.cfg.Name, RingEpoch: c.epoch, Sends: c.enc.bytes(),
+		NotAfterMs: time.Now().Add(ForwardTimeout).UnixMilli()}
+	if c.notAfter != 0 && c.notAfter < req.NotAfterMs {
+		req.NotAfterMs = c.notAfter
+	}
 	ok, err := rp.replicateOnStream(cli, req)
 	if !ok {
 		n.replUnaryCalls.Add(1)
@@ -421,6 +436,12 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	r, err := n.peerRing(req.Node, req.RingEpoch, false)
 	if err != nil {
 		return nil, err
+	}
+	if req.NotAfterMs != 0 {
+		if late := time.Now().UnixMilli() - req.NotAfterMs; late > LateRequestSlack.Milliseconds() {
+			n.lateRequests.Add(1)
+			return nil, status.Errorf(codes.DeadlineExceeded, "node %s: the owner's deadline (not_after_ms %d) passed %d ms before this backup read the call: the owner has taken the sends back; nothing recorded", n.cfg.Name, req.NotAfterMs, late)
+		}
 	}
 	if n.dur != nil && n.dur.log.Failed() {
 		return nil, status.Error(codes.Unavailable, n.walFailedError().msg)

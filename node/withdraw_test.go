@@ -3,8 +3,10 @@ package node
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -125,4 +127,28 @@ func TestBackupRefusesOwnerOutOfItsRingSinceAcquiring(t *testing.T) {
 		t.Fatalf("a acquired %d partitions again after the refusal, want at least 1", got)
 	}
 	wantDecidedAgain(t, a, rcp, &pb.CheckResponse{Admitted: []bool{true}, Recorded: []bool{true}})
+}
+
+// TestLateReplicateRecordsNothing: a Replicate call its backup reads more
+// than LateRequestSlack after the owner's deadline (the backup was frozen,
+// say) records nothing: the owner has given up on it and taken its sends
+// back, so a send recorded now would be counted for nobody.
+func TestLateReplicateRecordsNothing(t *testing.T) {
+	ln := NewLocalNetwork()
+	a, b := twoLocal(t, ln, "")
+	r := a.Ring()
+	rcp, _ := recipientOwnedBy(r, "node-a", "node-b")
+	key, tag := KeyOf(rcp)
+	var enc walEncoder
+	enc.add(walSend{domain: DefaultDomain, key: key, tag: tag, at: a.nowMs(), cost: 1, id: 7})
+	ref := b.view.Load().domains[DefaultDomain].ref
+	before := b.store.Stats(ref).Records
+	late := time.Now().Add(-LateRequestSlack - time.Second).UnixMilli()
+	_, err := b.rpc().Replicate(context.Background(), &pb.ReplicateRequest{Node: "node-a", RingEpoch: r.Epoch(), Sends: enc.bytes(), NotAfterMs: late})
+	if st := status.Convert(err); st.Code() != codes.DeadlineExceeded || !strings.Contains(st.Message(), "not_after_ms") {
+		t.Fatalf("a Replicate read 2 s past its deadline: %v, want DeadlineExceeded naming not_after_ms", err)
+	}
+	if after := b.store.Stats(ref).Records; after != before || b.Stats().LateRequests != 1 {
+		t.Fatalf("b holds %d records after the late Replicate, %d before; %d late requests counted, want 1", after, before, b.Stats().LateRequests)
+	}
 }

@@ -588,7 +588,15 @@ type CheckRequest struct {
 	RingEpoch uint64 `protobuf:"varint,8,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
 	// CheckStream only: names the request among those in flight on its
 	// stream; its response carries the same value. Check ignores it.
-	StreamId      uint64 `protobuf:"varint,9,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	StreamId uint64 `protobuf:"varint,9,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	// The caller's deadline, unix ms; 0 means none. A node that reads the
+	// request more than a second after it (the node was stopped or starved,
+	// or the request waited in a queue) decides nothing and answers
+	// DEADLINE_EXCEEDED: the caller has given up and may have retried
+	// elsewhere, so a decision now would count a send nobody is told of. A
+	// node that forwards items passes it on, or sets it from its own
+	// deadline. The Go client sets it from each attempt's deadline.
+	NotAfterMs    int64 `protobuf:"varint,10,opt,name=not_after_ms,json=notAfterMs,proto3" json:"not_after_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -682,6 +690,13 @@ func (x *CheckRequest) GetRingEpoch() uint64 {
 func (x *CheckRequest) GetStreamId() uint64 {
 	if x != nil {
 		return x.StreamId
+	}
+	return 0
+}
+
+func (x *CheckRequest) GetNotAfterMs() int64 {
+	if x != nil {
+		return x.NotAfterMs
 	}
 	return 0
 }
@@ -2117,11 +2132,16 @@ func (x *ReleaseResponse) GetDropped() []uint32 {
 }
 
 type ReplicateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	RingEpoch     uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
-	Sends         []byte                 `protobuf:"bytes,3,opt,name=sends,proto3" json:"sends,omitempty"`                  // a WAL payload: the sends of one batch that this node backs
-	CallId        uint64                 `protobuf:"varint,4,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"` // ReplicateStream: echoed in the call's ReplicateAck
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Node      string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	RingEpoch uint64                 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	Sends     []byte                 `protobuf:"bytes,3,opt,name=sends,proto3" json:"sends,omitempty"`                  // a WAL payload: the sends of one batch that this node backs
+	CallId    uint64                 `protobuf:"varint,4,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"` // ReplicateStream: echoed in the call's ReplicateAck
+	// The owner's deadline for the call, unix ms; 0 means none. A backup
+	// that reads the call more than a second after it records nothing and
+	// answers DEADLINE_EXCEEDED: the owner has given up, taken the sends back
+	// and failed their items.
+	NotAfterMs    int64 `protobuf:"varint,5,opt,name=not_after_ms,json=notAfterMs,proto3" json:"not_after_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2180,6 +2200,13 @@ func (x *ReplicateRequest) GetSends() []byte {
 func (x *ReplicateRequest) GetCallId() uint64 {
 	if x != nil {
 		return x.CallId
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetNotAfterMs() int64 {
+	if x != nil {
+		return x.NotAfterMs
 	}
 	return 0
 }
@@ -2828,7 +2855,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x14OverrideListResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x123\n" +
 	"\toverrides\x18\x02 \x03(\v2\x15.freqring.v1.OverrideR\toverrides\x12/\n" +
-	"\adeleted\x18\x03 \x03(\v2\x15.freqring.v1.OverrideR\adeleted\"\xa7\x02\n" +
+	"\adeleted\x18\x03 \x03(\v2\x15.freqring.v1.OverrideR\adeleted\"\xc9\x02\n" +
 	"\fCheckRequest\x12\x1e\n" +
 	"\n" +
 	"recipients\x18\x01 \x03(\tR\n" +
@@ -2842,7 +2869,10 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"requestIds\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\b \x01(\x04R\tringEpoch\x12\x1b\n" +
-	"\tstream_id\x18\t \x01(\x04R\bstreamId\"\xc9\x05\n" +
+	"\tstream_id\x18\t \x01(\x04R\bstreamId\x12 \n" +
+	"\fnot_after_ms\x18\n" +
+	" \x01(\x03R\n" +
+	"notAfterMs\"\xc9\x05\n" +
 	"\rCheckResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x03(\bR\badmitted\x12\x1a\n" +
 	"\brecorded\x18\x02 \x03(\bR\brecorded\x12\x1b\n" +
@@ -2970,13 +3000,15 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"partitions\x18\x03 \x03(\rR\n" +
 	"partitions\"+\n" +
 	"\x0fReleaseResponse\x12\x18\n" +
-	"\adropped\x18\x01 \x03(\rR\adropped\"t\n" +
+	"\adropped\x18\x01 \x03(\rR\adropped\"\x96\x01\n" +
 	"\x10ReplicateRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x14\n" +
 	"\x05sends\x18\x03 \x01(\fR\x05sends\x12\x17\n" +
-	"\acall_id\x18\x04 \x01(\x04R\x06callId\"U\n" +
+	"\acall_id\x18\x04 \x01(\x04R\x06callId\x12 \n" +
+	"\fnot_after_ms\x18\x05 \x01(\x03R\n" +
+	"notAfterMs\"U\n" +
 	"\fReplicateAck\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +

@@ -92,7 +92,7 @@ func CheckRequest(req *pb.CheckRequest, maxItems int) error {
 // Pick returns the items idx of req as a request of their own, routed by
 // ring epoch.
 func Pick(req *pb.CheckRequest, idx []int, epoch uint64) *pb.CheckRequest {
-	sub := &pb.CheckRequest{RingEpoch: epoch, Recipients: make([]string, len(idx))}
+	sub := &pb.CheckRequest{RingEpoch: epoch, Recipients: make([]string, len(idx)), NotAfterMs: req.NotAfterMs}
 	for j, i := range idx {
 		sub.Recipients[j] = req.Recipients[i]
 	}
