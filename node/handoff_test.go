@@ -355,6 +355,16 @@ func wantExact(t *testing.T, rs *rules.Set, s *sender, rec *loadRecord, populati
 // (rule 2) counts every send of a run.
 func auditLoad(t *testing.T, rs *rules.Set, s *sender, rec *loadRecord, population int) (v []bench.Violation, forgotten, extra int) {
 	t.Helper()
+	return auditLoadWith(t, rs, s.c, func(t testing.TB, rcp string, i int) uint32 {
+		_, used := s.sendRule(t, rcp, i)
+		return used
+	}, rec, population)
+}
+
+// auditLoadWith is auditLoad with peek, which returns rule i's count for a
+// recipient of cluster c.
+func auditLoadWith(t *testing.T, rs *rules.Set, c *nodetest.Cluster, peek func(t testing.TB, rcp string, i int) uint32, rec *loadRecord, population int) (v []bench.Violation, forgotten, extra int) {
+	t.Helper()
 	v, err := bench.Audit(map[string][]window.Rule{"default": rs.Domain("default").Rules()}, rec.sends)
 	if err != nil {
 		t.Fatal(err)
@@ -365,7 +375,7 @@ func auditLoad(t *testing.T, rs *rules.Set, s *sender, rec *loadRecord, populati
 	}
 	for i := range population {
 		rcp := fmt.Sprintf("+86137%08d", i)
-		switch _, used := s.sendRule(t, rcp, 2); {
+		switch used := peek(t, rcp, 2); {
 		case used < admitted[rcp]:
 			forgotten += int(admitted[rcp] - used)
 			if forgotten <= 10 { // what the cluster forgot, for the failure's reader
@@ -377,7 +387,7 @@ func auditLoad(t *testing.T, rs *rules.Set, s *sender, rec *loadRecord, populati
 				}
 				key, _ := node.KeyOf(rcp)
 				t.Logf("%s (partition %d of %s's ring) counts %d of %d admitted at %v", rcp,
-					s.c.Up()[0].Node.Ring().PartitionHash(key), s.c.Up()[0].Name, used, admitted[rcp], at)
+					c.Up()[0].Node.Ring().PartitionHash(key), c.Up()[0].Name, used, admitted[rcp], at)
 			}
 		case used > admitted[rcp]:
 			extra += int(used - admitted[rcp])
