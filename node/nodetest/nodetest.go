@@ -364,12 +364,15 @@ func (c *Cluster) Addrs() []string {
 func (m *Member) Down() bool { return m.down.Load() }
 
 // Stop stops m gracefully: it leaves the ring, finishes in-flight calls and
-// closes (with a DataDir, a final snapshot).
+// closes (with a DataDir, a final snapshot). A frozen m thaws first.
 func (c *Cluster) Stop(m *Member) error {
 	if !m.down.CompareAndSwap(false, true) {
 		return nil
 	}
 	if c.cfg.InMemory {
+		if c.faults != nil {
+			c.faults.setFrozen(m.Name, false) // a frozen process cannot leave
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
 		defer cancel()
 		m.Node.Leave(ctx)
