@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 	"github.com/freqring/freqring/bench"
 )
 
@@ -64,6 +65,7 @@ type target struct {
 // counters are the load's totals since it started.
 type counters struct {
 	calls, callErrs, decisions, itemErrs, admitted, hung atomic.Int64
+	unknown                                              atomic.Int64 // items given up unanswered after giveUp
 }
 
 type snapshot struct{ calls, callErrs, decisions, itemErrs, admitted, hung int64 }
@@ -78,7 +80,9 @@ func (s snapshot) sub(o snapshot) snapshot {
 
 // load sends Check batches round-robin to the current targets from a few
 // workers until its context ends, and keeps every admitted send for the
-// audit. It is a stand-in for package bench's driver.
+// audit. Like the Go client, it gives every item a request id and sends the
+// items that failed retryably again until they are answered (settle). It is
+// a stand-in for package bench's driver.
 type load struct {
 	targets atomic.Pointer[[]target]
 	next    atomic.Uint64
@@ -118,25 +122,49 @@ func (l *load) start(ctx context.Context, workers int, seed uint64) {
 func (l *load) wait() { l.wg.Wait() }
 
 func (l *load) worker(ctx context.Context, r *rand.Rand) {
-	req := &pb.CheckRequest{Recipients: make([]string, batchSize), ContentHashes: make([]uint64, batchSize)}
 	for ctx.Err() == nil {
-		ts := *l.targets.Load()
-		if len(ts) == 0 {
+		if len(*l.targets.Load()) == 0 {
 			select {
 			case <-ctx.Done():
 			case <-time.After(20 * time.Millisecond):
 			}
 			continue
 		}
-		tg := ts[l.next.Add(1)%uint64(len(ts))]
+		req := &pb.CheckRequest{Recipients: make([]string, batchSize), ContentHashes: make([]uint64, batchSize), RequestIds: make([]uint64, batchSize)}
 		off := min(int(time.Since(l.t0).Seconds()*recipientDrift), maxRecipients-recipients)
 		for i := range batchSize {
 			k := off + r.IntN(recipients)
 			l.used[k].Store(true)
 			req.Recipients[i] = recipientName(k)
 			req.ContentHashes[i] = l.hashes[r.IntN(contents)]
+			req.RequestIds[i] = r.Uint64() | 1
 		}
+		l.settle(ctx, req)
+	}
+}
+
+// settle sends req, then its items that failed retryably (the call failed,
+// or the item with UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED or INTERNAL)
+// again with the same request ids to the next target, as the Go client
+// does, until every item is answered or giveUp has passed; each attempt
+// names its deadline (not_after_ms). Items still unanswered then are
+// unknown outcomes: recorded or not, nobody knows.
+func (l *load) settle(ctx context.Context, req *pb.CheckRequest) {
+	end := time.Now().Add(giveUp)
+	for {
+		ts := *l.targets.Load()
+		if len(ts) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+				continue
+			}
+		}
+		tg := ts[l.next.Add(1)%uint64(len(ts))]
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		dl, _ := cctx.Deadline()
+		req.NotAfterMs = dl.UnixMilli()
 		start := time.Now()
 		resp, err := tg.cli.Check(cctx, req)
 		took := time.Since(start)
@@ -148,22 +176,55 @@ func (l *load) worker(ctx context.Context, r *rand.Rand) {
 		if took > callTimeout+hangSlack {
 			l.ctr.hung.Add(1)
 		}
+		var retry []int
 		if err != nil {
 			l.ctr.callErrs.Add(1)
 			l.noteErr(fmt.Sprintf("call to %s: %s", tg.name, status.Code(err)))
-			continue
+			for i := range req.Recipients {
+				retry = append(retry, i)
+			}
+		} else {
+			retry = l.record(req, resp)
 		}
-		l.record(req, resp)
+		if len(retry) == 0 {
+			return
+		}
+		if time.Now().After(end) {
+			l.ctr.unknown.Add(int64(len(retry)))
+			return
+		}
+		req = wire.Pick(req, retry, 0)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 
-// record counts the decisions and errors of one response and keeps its
-// admitted sends.
-func (l *load) record(req *pb.CheckRequest, resp *pb.CheckResponse) {
+// giveUp bounds how long the load retries an item.
+const giveUp = 15 * time.Second
+
+// retryable reports whether an item that failed with code is sent again.
+func retryable(code codes.Code) bool {
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.Internal:
+		return true
+	}
+	return false
+}
+
+// record counts the decisions and errors of one response, keeps its
+// admitted sends, and returns the items to send again.
+func (l *load) record(req *pb.CheckRequest, resp *pb.CheckResponse) (retry []int) {
 	failed := make(map[uint32]bool, len(resp.Errors))
 	for _, e := range resp.Errors {
 		failed[e.Index] = true
+		if retryable(codes.Code(e.Code)) {
+			retry = append(retry, int(e.Index))
+		}
 	}
+	slices.Sort(retry)
 	l.ctr.itemErrs.Add(int64(len(resp.Errors)))
 	l.ctr.decisions.Add(int64(len(req.Recipients) - len(failed)))
 	var admitted []bench.Send
@@ -180,6 +241,7 @@ func (l *load) record(req *pb.CheckRequest, resp *pb.CheckResponse) {
 		l.errSample[fmt.Sprintf("item: %s: %s", codes.Code(e.Code), shorten(e.Message))]++
 	}
 	l.mu.Unlock()
+	return retry
 }
 
 func (l *load) noteErr(s string) {
