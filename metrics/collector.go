@@ -123,6 +123,8 @@ var (
 		"Partitions this node closed and acquired again from every member after its backup refused their sends as stale.")
 	descLateRequests = desc("freqring_late_requests_total",
 		"Check, Forward and Replicate calls refused because the node read them more than a second after their caller's deadline (not_after_ms): the node was stopped or starved, or the call queued.")
+	descReopenedFailures = desc("freqring_reopened_failures_total",
+		"Items failed, and their sends taken back, because their partition was acquired again (newer history merged) while they were decided from its earlier record.")
 	descReplicationLag = desc("freqring_replication_lag_sends",
 		"Sends admitted and not yet on their backup (asynchronous replication).")
 	descReloads = desc("freqring_reloads_total",
@@ -143,7 +145,7 @@ var allDescs = []*prometheus.Desc{
 	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused, descStoreRefusedGrowth, descStoreOvershoots, descGateWaits,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descSnapshotFailures, descWALFailed, descWALFailures, descWALRecoveries, descRefusedCalls,
-	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descStaleRefusals, descReacquired, descLateRequests, descReplicationLag, descReloads, descRefunds, descGossipBad,
+	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descStaleRefusals, descReacquired, descLateRequests, descReopenedFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
 	descGossipWarnings, descGossipWarningsNotLogged,
 }
 
@@ -236,6 +238,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descStaleRefusals, s.StaleRefusals)
 	counter(descReacquired, s.Reacquired)
 	counter(descLateRequests, s.LateRequests)
+	counter(descReopenedFailures, s.ReopenedFailures)
 	gauge(descReplicationLag, float64(s.ReplicationLag))
 	counter(descReloads, s.Reloads, "ok")
 	counter(descReloads, s.ReloadFailures, "failed")

@@ -369,7 +369,8 @@ type Node struct {
 
 	replicated, replicationFailures atomic.Int64
 	withdrawn                       atomic.Int64 // sends taken back because their backup did not confirm them
-	lateRequests                    atomic.Int64 // Check and Forward calls refused as read past their caller's deadline
+	lateRequests                    atomic.Int64 // Check, Forward and Replicate calls refused as read past their caller's deadline
+	reopenedFailures                atomic.Int64 // items failed because their partition was acquired again while they were decided (failReopened)
 	staleRefusals, reacquired       atomic.Int64 // rule 8: Replicate calls refused as a backup; partitions closed to acquire again as an owner
 	replCalls, replUnaryCalls       atomic.Int64
 	unacked                         []atomic.Int64         // per partition: sends admitted, not yet on the backup (async)
@@ -618,6 +619,10 @@ type Stats struct {
 	// because the node read them more than LateRequestSlack after their
 	// not_after_ms.
 	LateRequests int64
+	// ReopenedFailures counts the items failed, and their sends taken
+	// back, because their partition was acquired again while they were
+	// decided from its earlier record.
+	ReopenedFailures int64
 	// RefusedPeerCalls and RefusedAdminCalls count the calls to the Peer and
 	// Admin services refused because their caller was not authenticated as
 	// a member or an operator (security.go).
@@ -673,7 +678,8 @@ func (n *Node) Stats() Stats {
 		Memory: n.store.Memory(), Serving: n.Serving(), GateWaits: n.gate.waited(),
 		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load(), WithdrawnSends: n.withdrawn.Load(),
 		StaleRefusals: n.staleRefusals.Load(), Reacquired: n.reacquired.Load(), LateRequests: n.lateRequests.Load(),
-		ReplicateCalls: n.replCalls.Load(), ReplicateUnaryCalls: n.replUnaryCalls.Load(),
+		ReopenedFailures: n.reopenedFailures.Load(),
+		ReplicateCalls:   n.replCalls.Load(), ReplicateUnaryCalls: n.replUnaryCalls.Load(),
 		RefusedPeerCalls: n.guard.refusedPeer.Load(), RefusedAdminCalls: n.guard.refusedAdmin.Load()}
 	for p := range n.unacked {
 		s.ReplicationLag += n.unacked[p].Load()

@@ -2,12 +2,14 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/api/wire"
 	"github.com/freqring/freqring/store"
 )
 
@@ -21,9 +23,10 @@ import (
 // of them when the call replicates.
 type send struct {
 	walSend
-	part   int // ring partition of key
-	answer int // the response index it answers
-	wal    bool
+	part    int // ring partition of key
+	answer  int // the response index it answers
+	wal     bool
+	opening uint64 // the partition's store.Opening when it was decided
 }
 
 // record lists what answer j recorded, if it goes to the WAL or a backup:
@@ -37,7 +40,7 @@ func (p *pass) record(j int, x *item, sb *store.BatchItem) {
 	}
 	dec := &sb.Dec
 	s := send{walSend: walSend{domain: x.dv.d.Name(), key: x.key, tag: x.tag, at: dec.At, content: x.it.Content, cost: x.it.Cost, id: x.id},
-		part: x.part, answer: j}
+		part: x.part, answer: j, opening: sb.Opening}
 	switch {
 	case x.refund:
 		s.seq, s.cost, s.refund, s.wal = sb.Seq, sb.Cost, true, !sb.Dup
@@ -89,6 +92,7 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 	if replicated != nil {
 		p.failUnreplicated(ctx, rs)
 	}
+	p.failReopened(ctx)
 	if p.t != nil || p.replicating {
 		n.flight.leave(p.flight)
 		if len(p.resp.Duplicates) > 0 {
@@ -96,6 +100,39 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 		}
 	}
 	return p.resp, nil
+}
+
+// failReopened fails the answers whose send was decided from a record its
+// partition has since been closed and opened again over (store.Opening
+// moved): this node acquired the partition meanwhile, which merges what
+// others decided for it, so the decision may have been made without their
+// sends. It happens to a node that decided with its partition open under a
+// ring that others no longer shared (it was frozen, say) and then acquired
+// the partition again (rules 7 and 8): its backup takes the send once it
+// has handed the partition over. The sends are taken back (withdraw), and
+// a retry is decided from the merged record.
+func (p *pass) failReopened(ctx context.Context) {
+	var failed map[int]bool
+	for k := range p.b.sends {
+		s := &p.b.sends[k]
+		if !s.wal || s.refund || !p.resp.Recorded[s.answer] || p.n.store.Opening(s.part) == s.opening {
+			continue
+		}
+		if failed == nil {
+			failed = map[int]bool{}
+		}
+		j := s.answer
+		failed[j] = true
+		p.resp.Admitted[j], p.resp.Recorded[j] = false, false
+		p.resp.Errors = append(p.resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(codes.Unavailable),
+			Message: fmt.Sprintf("node %s: partition %d was acquired again while this item was decided from its earlier record; retry", p.n.cfg.Name, s.part)})
+	}
+	if failed == nil {
+		return
+	}
+	p.n.reopenedFailures.Add(int64(len(failed)))
+	p.withdraw(ctx, failed)
+	wire.SortErrors(p.resp.Errors)
 }
 
 // walPayload returns the WAL payload of the sends listed for the WAL, in a

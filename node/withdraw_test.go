@@ -18,10 +18,11 @@ import (
 
 // replicateGate wraps Peers: the first Replicate call holds at the gate
 // (entered is closed when it arrives) until release is closed, and then
-// fails as a backup that refuses it would; the second passes, and passed
-// is closed once it has returned.
+// fails as a backup that refuses it would (or, with pass, goes on); the
+// second passes, and passed is closed once it has returned.
 type replicateGate struct {
 	Peers
+	pass                     bool
 	calls                    atomic.Int64
 	entered, release, passed chan struct{}
 }
@@ -44,7 +45,9 @@ func (p replicateGatePeer) Replicate(ctx context.Context, req *pb.ReplicateReque
 	case 1:
 		close(p.g.entered)
 		<-p.g.release
-		return nil, status.Error(codes.FailedPrecondition, "test: the backup refuses")
+		if !p.g.pass {
+			return nil, status.Error(codes.FailedPrecondition, "test: the backup refuses")
+		}
 	case 2:
 		defer close(p.g.passed)
 	}
@@ -150,5 +153,44 @@ func TestLateReplicateRecordsNothing(t *testing.T) {
 	}
 	if after := b.store.Stats(ref).Records; after != before || b.Stats().LateRequests != 1 {
 		t.Fatalf("b holds %d records after the late Replicate, %d before; %d late requests counted, want 1", after, before, b.Stats().LateRequests)
+	}
+}
+
+// TestDecisionOfAnEarlierOpeningFails: a node decides a send with its
+// partition open, and before the send is on its backup, closes the
+// partition and opens it again (it acquired it anew: newer history merged,
+// as after a freeze, rule 8). The decision was made from the record of the
+// earlier opening, which may lack what others admitted: the item must fail
+// and its send be taken back, although the backup took it.
+func TestDecisionOfAnEarlierOpeningFails(t *testing.T) {
+	ln := NewLocalNetwork()
+	gate := &replicateGate{Peers: ln.Peers(), pass: true, entered: make(chan struct{}), release: make(chan struct{}), passed: make(chan struct{})}
+	a := startLocalCfg(t, ln, Config{Name: "node-a", Peers: gate})
+	b := startLocalCfg(t, ln, Config{Name: "node-b", Peers: ln.Peers()}, a.clus.Load().ms.GossipAddr())
+	poll(t, "two nodes settle", settledTwo(a, b))
+	gate.calls.Store(0)
+	rcp, p := recipientOwnedBy(a.Ring(), "node-a", "")
+	ctx := context.Background()
+	done := make(chan *pb.CheckResponse, 1)
+	go func() {
+		resp, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, RequestIds: []uint64{9}})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	<-gate.entered // decided; its send waits for the backup
+	a.closePartition(p)
+	a.openPartition(p)
+	close(gate.release)
+	if resp := <-done; resp == nil || len(resp.Errors) != 1 || resp.Errors[0].Code != uint32(codes.Unavailable) || resp.Admitted[0] {
+		t.Fatalf("a decision of the opening before: %v; want UNAVAILABLE", resp)
+	}
+	if got := a.Stats().ReopenedFailures; got != 1 {
+		t.Fatalf("ReopenedFailures = %d, want 1", got)
+	}
+	peek, err := a.Check(ctx, &pb.CheckRequest{Recipients: []string{rcp}, Modes: []pb.Mode{pb.Mode_MODE_PEEK}})
+	if err != nil || peek.Used[0] != 0 {
+		t.Fatalf("a counts %v (%v), want 0: the failed send taken back", peek.GetUsed(), err)
 	}
 }

@@ -27,6 +27,8 @@ type BatchItem struct {
 	Dup  bool            // as Apply returns dup
 	Err  error           // as Apply returns err
 	Cost int             // a refund's cost
+	// Opening is the partition's Opening count when the item was decided.
+	Opening uint64
 }
 
 // batchAhead is how many partition groups ahead of the one being decided
@@ -169,6 +171,7 @@ func (s *Store) ApplyBatch(now int64, items []BatchItem) {
 		pt := &s.parts[gr.part]
 		for _, o := range sc.order[gr.start:gr.end] {
 			x := &items[uint32(o)]
+			x.Opening = pt.opening.Load()
 			if x.Refund {
 				x.Seq, x.Cost, x.Dup, x.Err = s.refund(pt, gr.part, &sc.ws, x.Ref, x.Key, x.Tag, now, x.Item, x.ID, &x.Dec)
 				continue

@@ -93,6 +93,9 @@ type partition struct {
 	conv    []byte         // a record converted from an older format, being merged
 	seq     uint64         // sends recorded in this partition, ever; numbers each one for the WAL
 	closed  bool           // Apply refuses: another node may hold newer history (see Close)
+	// opening counts the partition's opens and closes (Opening); written
+	// under mu, read without it.
+	opening atomic.Uint64
 	mem     *memory        // the store's heap account, shared by every partition
 	_       [64]byte       // keep neighbouring partitions' locks off one cache line
 }
@@ -204,7 +207,10 @@ var ErrClosed = errors.New("store: partition closed")
 func (s *Store) Close(p int) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
-	pt.closed = true
+	if !pt.closed {
+		pt.closed = true
+		pt.opening.Add(1)
+	}
 	pt.mu.Unlock()
 }
 
@@ -212,9 +218,20 @@ func (s *Store) Close(p int) {
 func (s *Store) Open(p int) {
 	pt := &s.parts[p]
 	pt.mu.Lock()
-	pt.closed = false
+	if pt.closed {
+		pt.closed = false
+		pt.opening.Add(1)
+	}
 	pt.mu.Unlock()
 }
+
+// Opening returns how many times partition p has been opened or closed: a
+// decision made while the count was n (BatchItem.Opening) was made from the
+// record of the current opening, and no other, only while Opening(p) is
+// still n. A node whose partition closed and opened again meanwhile (it
+// acquired newer history) must not stand by a decision of the opening
+// before. Safe for concurrent use.
+func (s *Store) Opening(p int) uint64 { return s.parts[p].opening.Load() }
 
 // IsOpen reports whether partition p is open.
 func (s *Store) IsOpen(p int) bool {
