@@ -88,7 +88,7 @@ import (
 //     open and its ring unchanged: rule 7's handback reaches it only after
 //     the rings agree again, and meanwhile its backup, whose ring makes it
 //     the owner again, would take what it decides from a record that lacks
-//     the others' sends. The backup refuses them with ABORTED (refuseStale);
+//     the others' sends. The backup refuses them with ABORTED (refuseAsBackup);
 //     the owner closes each partition of the refused call and acquires it
 //     again from every member (reacquire), which the backup then sees.
 

@@ -451,10 +451,7 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	if err := n.decodeReplicated(req, r, sc); err != nil {
 		return nil, err
 	}
-	if err := n.refuseOwed(sc.sends, req.Node); err != nil {
-		return nil, err
-	}
-	if err := n.refuseStale(sc.sends, req.Node); err != nil {
+	if err := n.refuseAsBackup(sc.sends, req.Node); err != nil {
 		return nil, err
 	}
 	n.store.RecordBatch(n.nowMs(), sc.items)
@@ -572,34 +569,6 @@ func (n *Node) logReplicated(ctx context.Context, enc *walEncoder) error {
 	return nil
 }
 
-// refuseStale refuses, as a backup, the sends of a partition whose owner
-// has not acquired it from here since the owner was last out of this node's
-// ring (rule 8): the owner may have been frozen while others decided for
-// the partition, and its record lacks what they admitted. The code is
-// ABORTED, which tells the owner to acquire the call's partitions again
-// (reacquire). It reads the partitions' acquirers under h.mu, where Acquire
-// records them.
-func (n *Node) refuseStale(sends []walSend, owner string) error {
-	departures := n.clus.Load().ms.Departures(owner)
-	h := n.ho
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	last := -1
-	for _, s := range sends {
-		p := n.store.PartitionOf(s.key)
-		if p == last {
-			continue
-		}
-		last = p
-		if ps := &h.parts[p]; ps.acquirer != owner || ps.acquirerDepartures != departures {
-			n.staleRefusals.Add(1)
-			return status.Errorf(codes.Aborted, "node %s: partition %d: %s has not acquired it from here since it was last out of this node's ring (%d departures seen): its record may lack what others decided meanwhile; acquire it again",
-				n.cfg.Name, p, owner, departures)
-		}
-	}
-	return nil
-}
-
 // reacquire closes those of partitions ps that are open here and has the
 // mover acquire them again from every member and fill their backup: a
 // backup refused their sends (rule 8) because this node was out of its ring
@@ -633,14 +602,23 @@ func (n *Node) ackSends(p int, k int64) {
 	}
 }
 
-// refuseOwed refuses, as a backup, sends of a partition this node decides
-// for (open here, under a ring of its own that its gossip has not replaced
-// yet) or decided for under another ring and has not handed to owner yet
-// (rule 7): the owner decided them from a record without what this node
-// admitted, so they must fail until the owner has acquired the partition
-// from here. It reads both under h.mu, where closeOwing closes a partition
-// and records the debt in one hold.
-func (n *Node) refuseOwed(sends []walSend, owner string) error {
+// refuseAsBackup refuses, as a backup, the sends of a partition that owner
+// may have decided from a record lacking what others admitted, so that they
+// fail until owner has acquired the partition from here:
+//   - one this node decides for (open here, under a ring of its own that
+//     its gossip has not replaced yet): FAILED_PRECONDITION;
+//   - one it decided for under another ring and has not handed to owner
+//     yet (rule 7): ABORTED;
+//   - one owner has not acquired from here since owner was last out of this
+//     node's ring (rule 8: owner may have been frozen while others decided
+//     for it): ABORTED.
+//
+// ABORTED tells the owner to acquire the call's partitions again at once
+// (reacquire). It reads the partitions' state under h.mu, where closeOwing
+// closes a partition and records the debt in one hold, and Acquire records
+// its caller.
+func (n *Node) refuseAsBackup(sends []walSend, owner string) error {
+	departures := n.clus.Load().ms.Departures(owner)
 	h := n.ho
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -651,11 +629,16 @@ func (n *Node) refuseOwed(sends []walSend, owner string) error {
 			continue
 		}
 		last = p
-		if h.parts[p].open.Load() {
+		ps := &h.parts[p]
+		switch {
+		case ps.open.Load():
 			return n.refuse("partition %d is open on %s, which decides for it under another ring; %s must acquire it first", p, n.cfg.Name, owner)
-		}
-		if h.owes(p) { // ABORTED: the owner acquires it again at once (reacquire), not only on the handback
+		case h.owes(p):
 			return status.Errorf(codes.Aborted, "node %s: partition %d holds sends %s decided under another ring, which %s has not acquired yet", n.cfg.Name, p, n.cfg.Name, owner)
+		case ps.acquirer != owner || ps.acquirerDepartures != departures:
+			n.staleRefusals.Add(1)
+			return status.Errorf(codes.Aborted, "node %s: partition %d: %s has not acquired it from here since it was last out of this node's ring (%d departures seen): its record may lack what others decided meanwhile; acquire it again",
+				n.cfg.Name, p, owner, departures)
 		}
 	}
 	return nil

@@ -138,20 +138,12 @@ func (s *Store) unrecord(pt *partition, sp *space, ws *window.Scratch, r Ref, ke
 // key hash key in domain r, in partition p, is remembered at now (unix ms)
 // as recorded and neither refunded nor taken back: an answer that repeats
 // the first decision of id rests on it.
-func (s *Store) Recorded(p int, r Ref, key, id uint64, now int64) bool {
-	if id == 0 {
-		return false
-	}
-	key = storedKey(key)
-	pt := &s.parts[p]
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	sp := pt.space(r.id, false)
-	if sp == nil {
-		return false
-	}
-	e, ok := sp.ids.get(idKey(id, key), now, s.idHorizon)
-	return ok && !e.refunded
+func (s *Store) Recorded(p int, r Ref, key, id uint64, now int64) (recorded bool) {
+	s.withID(p, r, key, id, func(c *idCache, k uint64) {
+		e, ok := c.get(k, now, s.idHorizon)
+		recorded = ok && !e.refunded
+	})
+	return recorded
 }
 
 // Unconfirmed notes that the send request id recorded for the recipient with
@@ -161,14 +153,24 @@ func (s *Store) Recorded(p int, r Ref, key, id uint64, now int64) bool {
 // decision, which may have been made from a record that lacked sends
 // admitted elsewhere. The record keeps counting the send, which can only
 // deny early. It reports whether the store remembered id.
-func (s *Store) Unconfirmed(p int, r Ref, key, id uint64) bool {
+func (s *Store) Unconfirmed(p int, r Ref, key, id uint64) (known bool) {
+	s.withID(p, r, key, id, func(c *idCache, k uint64) { known = c.markRefunded(k) })
+	return known
+}
+
+// withID calls fn with the id cache of domain r in partition p and the
+// cache key of request id for the recipient with key hash key, under the
+// partition's lock; it does nothing for id 0 or a domain without a record
+// there.
+func (s *Store) withID(p int, r Ref, key, id uint64, fn func(c *idCache, k uint64)) {
 	if id == 0 {
-		return false
+		return
 	}
 	key = storedKey(key)
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
-	sp := pt.space(r.id, false)
-	return sp != nil && sp.ids.markRefunded(idKey(id, key))
+	if sp := pt.space(r.id, false); sp != nil {
+		fn(&sp.ids, idKey(id, key))
+	}
 }

@@ -96,8 +96,8 @@ type partition struct {
 	// opening counts the partition's opens and closes (Opening); written
 	// under mu, read without it.
 	opening atomic.Uint64
-	mem     *memory        // the store's heap account, shared by every partition
-	_       [64]byte       // keep neighbouring partitions' locks off one cache line
+	mem     *memory  // the store's heap account, shared by every partition
+	_       [64]byte // keep neighbouring partitions' locks off one cache line
 }
 
 // memory is a store's heap account: what its partitions hold, and what the
