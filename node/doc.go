@@ -59,7 +59,8 @@
 //
 // A node reaches others through the Peers interface (peer.go): gRPC by
 // default, or a LocalNetwork that calls nodes of the same process directly,
-// for in-process clusters (package nodetest). A Peer is the generated
+// for in-process clusters (package nodetest), through a Carrier that can
+// freeze and cut the network like a real one. A Peer is the generated
 // clients' method set; the receiving side is peerServer (peerrpc.go), never
 // a method of Node, whose exported methods are an embedder's.
 //
@@ -75,7 +76,7 @@
 //	respond.go    the answer columns of a decided item
 //	record.go     what a call recorded, one list for the WAL and the backups; persist
 //	stream.go     CheckStream: Check for the requests of one stream, decided concurrently; serveStream, the loop of both stream handlers
-//	peer.go       Peer, Peers, GRPCPeers, LocalNetwork
+//	peer.go       Peer, Peers, GRPCPeers, LocalNetwork, Carrier
 //	peerrpc.go    peerServer: the Peer service's handlers, the checks of a peer message
 //	cluster.go    membership (gossip), a name taken, Leave, the Ring and WatchRing RPCs
 //	mover.go      partition moves: reconcile, acquire, fill, release, drain
