@@ -41,11 +41,13 @@ func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*
 		start := time.Now()
 		defer func() { n.cfg.Observer.CheckDone(len(req.Recipients), time.Since(start)) }()
 	}
-	t := n.announce()
-	defer t.cancel()
+	// Admitted first: a call that reaches a node still in Open (a peer of an
+	// in-process cluster can) must not read its WAL before recovery ends.
 	if err := n.admit(ctx, req); err != nil {
 		return nil, err
 	}
+	t := n.announce()
+	defer t.cancel()
 	r := n.clus.Load().ring()
 	b := decode(req, n.view.Load(), r)
 	defer b.put()

@@ -32,11 +32,11 @@ type peerServer struct {
 // its own ring and fails the others as retryable.
 func (s peerServer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
 	n := s.n
-	t := n.announce()
-	defer t.cancel()
-	if err := n.admit(ctx, req); err != nil {
+	if err := n.admit(ctx, req); err != nil { // first: see check
 		return nil, err
 	}
+	t := n.announce()
+	defer t.cancel()
 	n.forwardedIn.Add(int64(len(req.Recipients)))
 	r := n.clus.Load().ring()
 	b := decode(req, n.view.Load(), r)
