@@ -116,7 +116,7 @@ var (
 	descReplicationFailures = desc("freqring_replication_failures_total",
 		"Sends their partition's backup did not confirm.")
 	descWithdrawnSends = desc("freqring_withdrawn_sends_total",
-		"Sends recorded and taken back because their backup did not confirm them (the item failed, so nothing counts them).")
+		"Sends recorded and taken back because they did not stand (their backup did not confirm them, or their partition was acquired again meanwhile): the item failed, so nothing counts them.")
 	descStaleRefusals = desc("freqring_stale_refusals_total",
 		"Replicate calls refused as a backup because their owner had not acquired the partition since it was last out of this node's ring (it may have been frozen while others decided), or because this node still owed the partition.")
 	descReacquired = desc("freqring_reacquired_partitions_total",

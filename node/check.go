@@ -101,13 +101,26 @@ func (n *Node) admit(ctx context.Context, req *pb.CheckRequest) error {
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	if req.NotAfterMs != 0 {
-		if late := time.Now().UnixMilli() - req.NotAfterMs; late > LateRequestSlack.Milliseconds() {
-			n.lateRequests.Add(1)
-			return status.Errorf(codes.DeadlineExceeded, "node %s: the caller's deadline (not_after_ms %d) passed %d ms before the node read the request (it was stopped or starved, or the request queued); nothing decided", n.cfg.Name, req.NotAfterMs, late)
-		}
+	if late, ok := n.readLate(req.NotAfterMs); ok {
+		return status.Errorf(codes.DeadlineExceeded, "node %s: the caller's deadline (not_after_ms %d) passed %d ms before the node read the request (it was stopped or starved, or the request queued); nothing decided", n.cfg.Name, req.NotAfterMs, late)
 	}
 	return nil
+}
+
+// readLate reports whether a call whose caller waits until unix ms notAfter
+// (0: no deadline) is read more than LateRequestSlack after it, how late in
+// ms, and counts it (LateRequests). It reads the wall clock, not
+// Config.Clock: the deadline is the caller's.
+func (n *Node) readLate(notAfter int64) (lateMs int64, late bool) {
+	if notAfter == 0 {
+		return 0, false
+	}
+	lateMs = time.Now().UnixMilli() - notAfter
+	if lateMs <= LateRequestSlack.Milliseconds() {
+		return 0, false
+	}
+	n.lateRequests.Add(1)
+	return lateMs, true
 }
 
 // LateRequestSlack is how long past a request's not_after_ms a node still

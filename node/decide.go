@@ -133,6 +133,15 @@ func (p *pass) fail(j int, e *itemError) {
 	p.resp.Errors = append(p.resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(e.code), Message: e.msg, Field: e.field})
 }
 
+// retract turns answer j, decided already, into a retryable UNAVAILABLE
+// failure saying msg: what it recorded did not stand (its backup did not
+// confirm it, its partition was acquired again, its first attempt was taken
+// back). The caller sorts resp.Errors once it is done.
+func (p *pass) retract(j int, msg string) {
+	p.resp.Admitted[j], p.resp.Recorded[j] = false, false
+	p.resp.Errors = append(p.resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(codes.Unavailable), Message: msg})
+}
+
 // count counts a decided item: by result, in its domain's and rules'
 // counters (tally), and in the usage statistics unless it is a refund or a
 // duplicate, which decide nothing.
@@ -295,8 +304,7 @@ func (p *pass) confirmDuplicates(ctx context.Context) {
 		default:
 			continue
 		}
-		resp.Admitted[j], resp.Recorded[j] = false, false
-		resp.Errors = append(resp.Errors, &pb.ItemError{Index: j, Code: uint32(codes.Unavailable), Message: msg})
+		p.retract(int(j), msg)
 		failed = true
 	}
 	if failed {

@@ -368,7 +368,7 @@ type Node struct {
 	stopMover context.CancelFunc
 
 	replicated, replicationFailures atomic.Int64
-	withdrawn                       atomic.Int64 // sends taken back because their backup did not confirm them
+	withdrawn                       atomic.Int64 // sends taken back because they did not stand (withdraw)
 	lateRequests                    atomic.Int64 // Check, Forward and Replicate calls refused as read past their caller's deadline
 	reopenedFailures                atomic.Int64 // items failed because their partition was acquired again while they were decided (failReopened)
 	staleRefusals, reacquired       atomic.Int64 // rule 8: Replicate calls refused as a backup; partitions closed to acquire again as an owner
@@ -607,7 +607,8 @@ type Stats struct {
 	// ReplicationLag is the sends admitted and not yet on a backup (async).
 	ReplicatedSends, ReplicationFailures, ReplicationLag int64
 	// WithdrawnSends counts the sends this node recorded and took back
-	// because their backup did not confirm them (the item failed).
+	// because they did not stand (the item failed): their backup did not
+	// confirm them, or their partition was acquired again meanwhile.
 	WithdrawnSends int64
 	// StaleRefusals counts the Replicate calls this node refused as a
 	// backup because their owner had not acquired the partition since it

@@ -121,11 +121,8 @@ func (p *pass) failReopened(ctx context.Context) {
 		if failed == nil {
 			failed = map[int]bool{}
 		}
-		j := s.answer
-		failed[j] = true
-		p.resp.Admitted[j], p.resp.Recorded[j] = false, false
-		p.resp.Errors = append(p.resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(codes.Unavailable),
-			Message: fmt.Sprintf("node %s: partition %d was acquired again while this item was decided from its earlier record; retry", p.n.cfg.Name, s.part)})
+		failed[s.answer] = true
+		p.retract(s.answer, fmt.Sprintf("node %s: partition %d was acquired again while this item was decided from its earlier record; retry", p.n.cfg.Name, s.part))
 	}
 	if failed == nil {
 		return

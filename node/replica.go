@@ -348,11 +348,10 @@ func (p *pass) failUnreplicated(ctx context.Context, rs *replicaSet) {
 		if failed == nil {
 			failed = map[int]bool{}
 		}
+		msg := fmt.Sprintf("backup %s (%s) did not confirm the send: %v; retry", rb.member.Name, rb.member.Addr, rb.err)
 		for _, j := range rb.items {
 			failed[j] = true
-			resp.Admitted[j], resp.Recorded[j] = false, false
-			resp.Errors = append(resp.Errors, &pb.ItemError{Index: uint32(j), Code: uint32(codes.Unavailable),
-				Message: fmt.Sprintf("backup %s (%s) did not confirm the send: %v; retry", rb.member.Name, rb.member.Addr, rb.err)})
+			p.retract(j, msg)
 		}
 	}
 	if failed == nil {
@@ -363,7 +362,8 @@ func (p *pass) failUnreplicated(ctx context.Context, rs *replicaSet) {
 }
 
 // withdraw takes back the sends this call recorded for the answers in
-// failed, whose backup did not confirm them: from the store (as a refund,
+// failed, which did not stand (their backup did not confirm them, or their
+// partition was acquired again, failReopened): from the store (as a refund,
 // so that a retry with the same request id is decided afresh, not answered
 // as a duplicate) and, with a WAL, by appending their inverses, so that a
 // restart agrees. The backup is not told: one that refused recorded
@@ -373,7 +373,6 @@ func (p *pass) failUnreplicated(ctx context.Context, rs *replicaSet) {
 // back then.
 func (p *pass) withdraw(ctx context.Context, failed map[int]bool) {
 	n := p.n
-	v := n.view.Load()
 	var inverse *walEncoder
 	undone := 0
 	for k := range p.b.sends {
@@ -381,13 +380,10 @@ func (p *pass) withdraw(ctx context.Context, failed map[int]bool) {
 		if !s.wal || s.refund || !failed[s.answer] {
 			continue
 		}
-		dv := v.domains[s.domain]
-		if dv == nil {
-			continue
-		}
-		seq, _, err := n.store.Unrecord(s.part, dv.ref, s.key, s.tag, s.at, windowItem(s.walSend), s.id, 0, p.now)
+		ref := p.b.items[p.item(s.answer)].dv.ref
+		seq, _, err := n.store.Unrecord(s.part, ref, s.key, s.tag, s.at, windowItem(s.walSend), s.id, 0, p.now)
 		if err != nil {
-			n.log.Error("taking back a send its backup did not confirm failed: this node counts it until it expires", "partition", s.part, "at", s.at, "err", err)
+			n.log.Error("taking back a send that did not stand failed: this node counts it until it expires", "partition", s.part, "at", s.at, "err", err)
 			continue
 		}
 		undone++
@@ -437,11 +433,8 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 	if err != nil {
 		return nil, err
 	}
-	if req.NotAfterMs != 0 {
-		if late := time.Now().UnixMilli() - req.NotAfterMs; late > LateRequestSlack.Milliseconds() {
-			n.lateRequests.Add(1)
-			return nil, status.Errorf(codes.DeadlineExceeded, "node %s: the owner's deadline (not_after_ms %d) passed %d ms before this backup read the call: the owner has taken the sends back; nothing recorded", n.cfg.Name, req.NotAfterMs, late)
-		}
+	if late, ok := n.readLate(req.NotAfterMs); ok {
+		return nil, status.Errorf(codes.DeadlineExceeded, "node %s: the owner's deadline (not_after_ms %d) passed %d ms before this backup read the call: the owner has taken the sends back; nothing recorded", n.cfg.Name, req.NotAfterMs, late)
 	}
 	if n.dur != nil && n.dur.log.Failed() {
 		return nil, status.Error(codes.Unavailable, n.walFailedError().msg)
