@@ -131,6 +131,10 @@ var (
 		"Rules reloads, by result: ok (applied) or failed (refused; the old rules stay).", "result")
 	descRefunds = desc("freqring_refunds_total",
 		"Sends returned by request id (refunds).")
+	descClockOffset = desc("freqring_clock_offset_seconds",
+		"This node's clock minus the median of the live members' clocks (its own counted), as last measured over gossip.")
+	descClockSkewed = desc("freqring_clock_skewed",
+		"1 while this node's clock is beyond --max-clock-skew of most members': it is out of the ring and owns nothing.")
 	descGossipBad = desc("freqring_gossip_bad_packets_total",
 		"Gossip packets and streams that did not decode or decrypt.")
 	descGossipWarnings = desc("freqring_gossip_warnings_total",
@@ -145,7 +149,7 @@ var allDescs = []*prometheus.Desc{
 	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused, descStoreRefusedGrowth, descStoreOvershoots, descGateWaits,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descSnapshotFailures, descWALFailed, descWALFailures, descWALRecoveries, descRefusedCalls,
-	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descStaleRefusals, descReacquired, descLateRequests, descReopenedFailures, descReplicationLag, descReloads, descRefunds, descGossipBad,
+	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descStaleRefusals, descReacquired, descLateRequests, descReopenedFailures, descReplicationLag, descReloads, descRefunds, descClockOffset, descClockSkewed, descGossipBad,
 	descGossipWarnings, descGossipWarningsNotLogged,
 }
 
@@ -243,6 +247,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descReloads, s.Reloads, "ok")
 	counter(descReloads, s.ReloadFailures, "failed")
 	counter(descRefunds, s.Refunds)
+	gauge(descClockOffset, s.Clock.Offset.Seconds())
+	gauge(descClockSkewed, b2f(s.Clock.Skewed))
 	counter(descGossipBad, s.Gossip.BadPackets)
 	counter(descGossipWarnings, s.Gossip.Warnings)
 	counter(descGossipWarningsNotLogged, s.Gossip.WarningsNotLogged)

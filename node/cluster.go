@@ -93,6 +93,10 @@ func (n *Node) gossipConfig() gossip.Config {
 	if gc.Logger == nil {
 		gc.Logger = n.log.With("component", "gossip")
 	}
+	if gc.Now == nil { // gossip measures the clock decisions use
+		clk := n.cfg.Clock
+		gc.Now = func() time.Time { return time.Unix(0, clk.Now()) }
+	}
 	return gc
 }
 
@@ -156,13 +160,24 @@ func (n *Node) refuseTakenName(ctx context.Context, ms *gossip.Membership) error
 	return nil
 }
 
+// clockWait bounds the clock measurement before a node announces serving.
+const clockWait = 2 * time.Second
+
 // announceServing tells peers this node decides now, which puts it in their
 // rings. Open calls it once the node is ready, so that no forward arrives
-// before. SetState blocks while gossip spreads the news.
+// before. First it measures its clock against the members' (at most
+// clockWait): a node whose clock is off publishes so and never enters a
+// ring. SetState blocks while gossip spreads the news.
 func (n *Node) announceServing(ctx context.Context) error {
 	c := n.clus.Load()
 	if c == nil || c.ms == nil {
 		return nil
+	}
+	mctx, cancel := context.WithTimeout(ctx, clockWait)
+	clock := c.ms.MeasureClock(mctx)
+	cancel()
+	if clock.Measured < clock.Others {
+		n.log.Warn("announcing serving with the clock measured against only some members", "measured", clock.Measured, "members", clock.Others)
 	}
 	err := c.ms.SetState(ctx, gossip.StateServing)
 	switch {

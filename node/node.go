@@ -628,6 +628,9 @@ type Stats struct {
 	// Admin services refused because their caller was not authenticated as
 	// a member or an operator (security.go).
 	RefusedPeerCalls, RefusedAdminCalls int64
+	// Clock is this node's clock as measured against the members' over
+	// gossip (gossip.ClockState); zero without Config.Cluster.
+	Clock gossip.ClockState
 	// ReplicateCalls counts the Replicate calls made to backups, each
 	// carrying the sends of concurrent batches; ReplicateUnaryCalls those of
 	// them made as unary calls instead of on a ReplicateStream (a backup of
@@ -692,6 +695,7 @@ func (n *Node) Stats() Stats {
 	s.SnapshotFailures = n.snapshotFailures.Load()
 	if c := n.clus.Load(); c != nil && c.ms != nil {
 		s.Gossip = c.ms.Stats()
+		s.Clock = c.ms.Clock()
 	}
 	v := n.view.Load()
 	for _, name := range v.names {
@@ -787,6 +791,7 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 		GossipBadPackets: s.Gossip.BadPackets,
 		MemoryRefusals:   s.Memory.Refused, StoreBytes: s.Memory.HeldBytes, StoreLimitBytes: s.Memory.MaxBytes,
 		RulesReloads: s.Reloads, RulesReloadFailures: s.ReloadFailures,
+		ClockOffsetMs: s.Clock.Offset.Milliseconds(), ClockSkewed: s.Clock.Skewed,
 	}
 	resp.RingEpoch = s.Ring.Epoch
 	resp.PartitionsOwned, resp.PartitionsMoving, resp.PartitionsBacked = uint32(s.Ring.Owned), uint32(s.Ring.Moving), uint32(s.Ring.Backed)

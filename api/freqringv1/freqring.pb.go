@@ -1544,8 +1544,14 @@ type StatusResponse struct {
 	StoreLimitBytes     int64 `protobuf:"varint,27,opt,name=store_limit_bytes,json=storeLimitBytes,proto3" json:"store_limit_bytes,omitempty"`             // the store's limit, from --max-memory; 0 means none
 	RulesReloads        int64 `protobuf:"varint,28,opt,name=rules_reloads,json=rulesReloads,proto3" json:"rules_reloads,omitempty"`                        // rules reloads done since start (file changes, SIGHUP)
 	RulesReloadFailures int64 `protobuf:"varint,29,opt,name=rules_reload_failures,json=rulesReloadFailures,proto3" json:"rules_reload_failures,omitempty"` // reloads refused since start: a bad file, or one dropping a domain with records
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// This node's clock minus the median of the live members' (its own
+	// counted), in ms, as last measured over gossip.
+	ClockOffsetMs int64 `protobuf:"varint,30,opt,name=clock_offset_ms,json=clockOffsetMs,proto3" json:"clock_offset_ms,omitempty"`
+	// The node's clock is beyond --max-clock-skew of most members': it is
+	// out of the ring and owns nothing until it is back within.
+	ClockSkewed   bool `protobuf:"varint,31,opt,name=clock_skewed,json=clockSkewed,proto3" json:"clock_skewed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1779,6 +1785,20 @@ func (x *StatusResponse) GetRulesReloadFailures() int64 {
 		return x.RulesReloadFailures
 	}
 	return 0
+}
+
+func (x *StatusResponse) GetClockOffsetMs() int64 {
+	if x != nil {
+		return x.ClockOffsetMs
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetClockSkewed() bool {
+	if x != nil {
+		return x.ClockSkewed
+	}
+	return false
 }
 
 type DomainStatus struct {
@@ -2936,7 +2956,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
 	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
-	"\rStatusRequest\"\xd0\b\n" +
+	"\rStatusRequest\"\x9b\t\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
@@ -2969,7 +2989,9 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"storeBytes\x12*\n" +
 	"\x11store_limit_bytes\x18\x1b \x01(\x03R\x0fstoreLimitBytes\x12#\n" +
 	"\rrules_reloads\x18\x1c \x01(\x03R\frulesReloads\x122\n" +
-	"\x15rules_reload_failures\x18\x1d \x01(\x03R\x13rulesReloadFailures\"{\n" +
+	"\x15rules_reload_failures\x18\x1d \x01(\x03R\x13rulesReloadFailures\x12&\n" +
+	"\x0fclock_offset_ms\x18\x1e \x01(\x03R\rclockOffsetMs\x12!\n" +
+	"\fclock_skewed\x18\x1f \x01(\bR\vclockSkewed\"{\n" +
 	"\fDomainStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +

@@ -71,7 +71,7 @@ type serveFlags struct {
 	// cluster
 	name, advertise, gossipBind, gossipAdv, join, replication string
 	asyncBound                                                int
-	rejoin                                                    time.Duration
+	rejoin, maxClockSkew                                      time.Duration
 
 	// resources
 	maxMem, statsZone string
@@ -150,6 +150,7 @@ func (f *serveFlags) defineCluster(fs *flag.FlagSet) {
 	fs.StringVar(&f.replication, "replication", "sync", "replication of admitted sends to their partition's backup: sync (on the backup before the reply; one crash over-admits nothing), async (replies while at most --async-bound sends of a partition are unacknowledged; a crash over-admits at most that many per partition) or off")
 	fs.IntVar(&f.asyncBound, "async-bound", 64, "with --replication async: sends of one partition that may be admitted before their backup has them")
 	fs.DurationVar(&f.rejoin, "rejoin-interval", gossip.DefaultRejoinInterval, "how often to join the seeds again, to heal a split cluster (negative disables)")
+	fs.DurationVar(&f.maxClockSkew, "max-clock-skew", gossip.DefaultMaxClockSkew, "how far this node's clock may be from most members' before it leaves the ring and owns nothing until it is back within (windows are exact to within it; negative: measure only)")
 }
 
 // defineResources defines the flags that bound memory, connections and
@@ -337,6 +338,10 @@ func (f *serveFlags) clusterConfig(nc *node.Config) error {
 		if err != nil {
 			return err
 		}
+		if f.maxClockSkew == 0 {
+			return fmt.Errorf("--max-clock-skew 0: want a bound above 0 (default %v), or negative to measure the clock without a bound", gossip.DefaultMaxClockSkew)
+		}
+		gc.MaxClockSkew = f.maxClockSkew
 		nc.Cluster = gc
 	}
 	if nc.Name == "" {

@@ -67,7 +67,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		inRing[m.Name] = true
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tOPEN\tBACKED\tMOVING\tRECORDS\tCHECKS\tADMITTED\tDENIED\tFWD OUT\tFWD IN\tREPLICATION\tSTORE\tEPOCH")
+	fmt.Fprintln(tw, "NAME\tADDR\tSTATE\tIN RING\tPARTITIONS\tOPEN\tBACKED\tMOVING\tRECORDS\tCHECKS\tADMITTED\tDENIED\tFWD OUT\tFWD IN\tREPLICATION\tSTORE\tCLOCK\tEPOCH")
 	for _, m := range rr.Known {
 		row := fmt.Sprintf("%s\t%s\t%s\t%v\t%d", m.Name, m.Addr, m.State, inRing[m.Name], counts[m.Name])
 		st, err := withLimiter(ctx, m.Addr, dial, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.StatusResponse, error) {
@@ -86,8 +86,8 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			epoch = fmt.Sprintf("%016x", st.RingEpoch)
 		}
 		repl := fmt.Sprintf("%s %d sent %d failed %d lag", st.Replication, st.ReplicatedSends, st.ReplicationFailures, st.ReplicationLag)
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", row, st.PartitionsOwned-st.PartitionsMoving, st.PartitionsBacked,
-			st.PartitionsMoving, records, st.Checks, st.Admitted, st.Denied, st.ForwardedOut, st.ForwardedIn, repl, storeColumn(st), epoch)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", row, st.PartitionsOwned-st.PartitionsMoving, st.PartitionsBacked,
+			st.PartitionsMoving, records, st.Checks, st.Admitted, st.Denied, st.ForwardedOut, st.ForwardedIn, repl, storeColumn(st), clockColumn(st), epoch)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -98,6 +98,16 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	return nil
+}
+
+// clockColumn is the CLOCK column: the node's clock minus the majority's,
+// and SKEWED while that is beyond its --max-clock-skew.
+func clockColumn(st *pb.StatusResponse) string {
+	c := fmt.Sprintf("%+dms", st.ClockOffsetMs)
+	if st.ClockSkewed {
+		c += " SKEWED"
+	}
+	return c
 }
 
 // withLimiter dials addr with dial and makes one Limiter call with a

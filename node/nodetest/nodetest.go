@@ -92,6 +92,28 @@ func FastGossip() gossip.Config {
 	}
 }
 
+// skewedClock is a member's clock: base (nil: the system clock) plus a
+// skew in ns that SkewClock sets. Safe for concurrent use.
+type skewedClock struct {
+	base node.Clock
+	skew atomic.Int64
+}
+
+func (c *skewedClock) Now() int64 {
+	if c.base == nil {
+		return time.Now().UnixNano() + c.skew.Load()
+	}
+	return c.base.Now() + c.skew.Load()
+}
+
+// wall is the system clock plus the skew.
+func (c *skewedClock) wall() time.Time { return time.Now().Add(time.Duration(c.skew.Load())) }
+
+// SkewClock sets m's clock to run d ahead of the cluster's (Config.Clock),
+// behind for a negative d, from now on and across restarts; 0 puts it back.
+// The node's decisions and its gossip clock measurements use it.
+func (c *Cluster) SkewClock(m *Member, d time.Duration) { m.clock.skew.Store(int64(d)) }
+
 // Member is one node of a Cluster.
 type Member struct {
 	Name       string
@@ -99,6 +121,7 @@ type Member struct {
 	Addr       string // gRPC address (InMemory: the node's name on the LocalNetwork)
 	GossipAddr string // host:port of its gossip
 
+	clock  *skewedClock       // the node's clock: Config.Clock plus the skew SkewClock sets; kept across restarts
 	lis    *killListener      // nil InMemory
 	cancel context.CancelFunc // stops Serve
 	served chan error         // Serve's result
@@ -275,7 +298,13 @@ func (c *Cluster) newNode(m *Member, i int) (*node.Node, error) {
 	if c.faults == nil {
 		m.GossipAddr = fmt.Sprintf("127.0.0.1:%d", gc.BindPort)
 	}
-	ncfg := node.Config{Rules: c.cfg.Rules, Clock: c.cfg.Clock, Name: m.Name, AdvertiseAddr: m.Addr,
+	if m.clock == nil {
+		m.clock = &skewedClock{base: c.cfg.Clock}
+	}
+	// Gossip measures the system clock plus the skew: a test's Clock may
+	// stand still or jump, which the measurement would take for skew.
+	gc.Now = m.clock.wall
+	ncfg := node.Config{Rules: c.cfg.Rules, Clock: m.clock, Name: m.Name, AdvertiseAddr: m.Addr,
 		Cluster: &gc, Logger: c.cfg.Logger, PeerKeys: c.cfg.PeerKeys}
 	if c.cfg.DataDir != "" {
 		ncfg.DataDir = filepath.Join(c.cfg.DataDir, m.Name)

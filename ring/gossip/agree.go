@@ -137,7 +137,7 @@ func (m *Membership) logExclusions(prev, cur map[string]string) {
 	}
 	for _, name := range slices.Sorted(maps.Keys(prev)) {
 		if _, ok := cur[name]; !ok {
-			m.log.Info("gossip: member agrees with the ring again", "member", name)
+			m.log.Info("gossip: member back in the ring", "member", name)
 		}
 	}
 }

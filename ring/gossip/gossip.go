@@ -109,6 +109,16 @@ type Config struct {
 	PushPullInterval    time.Duration // time between full state syncs with a random member; 0 means 15s
 	TCPTimeout          time.Duration // timeout of stream connections (join, push-pull, TCP fallback probe); 0 means 3s
 	DeadNodeReclaimTime time.Duration // after this long dead, a name may come back from a new address; 0 means 5s, negative never
+
+	// Clock skew (clock.go). MaxClockSkew is how far this member's clock
+	// may be from the majority's before it leaves every ring; 0 means
+	// 250ms, negative means it is measured but never excluded.
+	// ClockInterval is how often the other members' clocks are measured; 0
+	// means 1s. Now is this member's wall clock, the one its decisions use;
+	// nil means time.Now.
+	MaxClockSkew  time.Duration
+	ClockInterval time.Duration
+	Now           func() time.Time
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -140,6 +150,11 @@ func (c Config) withDefaults() (Config, error) {
 	def(&c.PushPullInterval, DefaultPushPullInterval)
 	def(&c.TCPTimeout, DefaultTCPTimeout)
 	def(&c.DeadNodeReclaimTime, DefaultDeadNodeReclaimTime)
+	def(&c.MaxClockSkew, DefaultMaxClockSkew)
+	def(&c.ClockInterval, DefaultClockInterval)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	if c.SuspicionMult == 0 {
 		c.SuspicionMult = DefaultSuspicionMult
 	}
@@ -183,6 +198,7 @@ func (c Config) validate() error {
 		{"GossipInterval", c.GossipInterval},
 		{"PushPullInterval", c.PushPullInterval},
 		{"TCPTimeout", c.TCPTimeout},
+		{"ClockInterval", c.ClockInterval},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("gossip: %s %v is negative, want > 0 (or 0 for the default)", d.name, d.v)
@@ -219,8 +235,15 @@ type MemberState struct {
 	Protocol uint32
 	Version  string
 	// Excluded says why a serving member is not in the ring because it
-	// disagrees with it (see Agreement); "" otherwise.
+	// disagrees with it (see Agreement) or its clock is skewed; ""
+	// otherwise.
 	Excluded string
+	// ClockSkewed is the member's published clock judgment (clock.go):
+	// its clock is beyond its MaxClockSkew of the majority's, and it is out
+	// of the ring. ClockOffset is its clock minus the majority's when it
+	// last changed that judgment (0 before).
+	ClockSkewed bool
+	ClockOffset time.Duration
 }
 
 // Membership tracks the members of the cluster through memberlist and keeps a
@@ -234,6 +257,8 @@ type Membership struct {
 	log        *slog.Logger
 	ml         *memberlist.Memberlist
 	gossipAddr string
+	started    time.Time // Start's time, the origin of mono
+	clk        clocks
 
 	logw *logWriter // memberlist's log lines go through it
 
@@ -299,7 +324,10 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		log:  cfg.Logger.With("node", cfg.NodeName),
 		logw: &logWriter{log: cfg.Logger.With("node", cfg.NodeName)},
 		meta: meta{State: cfg.State, Boot: rand.Uint64(), GRPC: cfg.GRPCAddr, Agreed: true, Version: cfg.Agreement.Version,
-			Key: agreementKey{rules: cfg.Agreement.Rules, protocol: cfg.Agreement.Protocol, placement: effectivePlacement(cfg.Placement)}},
+			Key:     agreementKey{rules: cfg.Agreement.Rules, protocol: cfg.Agreement.Protocol, placement: effectivePlacement(cfg.Placement)},
+			Clocked: true},
+		started:    time.Now(),
+		clk:        clocks{samples: map[string][]clockSample{}, replies: make(chan clockMsg, 64), measured: make(chan struct{}, 1)},
 		nodes:      make(map[string]nodeInfo),
 		departed:   make(map[string]Departure),
 		departures: make(map[string]uint64),
@@ -325,6 +353,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	}
 	m.rebuild()
 	m.wg.Go(m.eventLoop)
+	m.wg.Go(m.clockLoop)
 	if len(cfg.Join) > 0 && cfg.RejoinInterval > 0 {
 		m.wg.Go(m.rejoinLoop)
 	}
@@ -461,6 +490,7 @@ func (m *Membership) changed() {
 func (m *Membership) rebuild() {
 	m.nodesMu.Lock()
 	cands := make([]candidate, 0, len(m.nodes))
+	skewed := map[string]string{}
 	for name, n := range m.nodes {
 		md, err := decodeMeta(n.meta)
 		if err != nil {
@@ -470,9 +500,20 @@ func (m *Membership) rebuild() {
 		if md.State != StateServing {
 			continue // joining: not ready to decide; leaving: handing over
 		}
+		if md.Skewed {
+			skewed[name] = fmt.Sprintf("its clock was %v off the majority's, beyond its max clock skew: it decides nothing until its time sync brings it back",
+				md.Offset)
+			continue
+		}
 		cands = append(cands, candidate{name: name, addr: md.GRPC, key: md.Key, legacy: !md.Agreed})
 	}
 	ms, excluded := chooseRing(cands)
+	for name, why := range skewed {
+		if excluded == nil {
+			excluded = map[string]string{}
+		}
+		excluded[name] = why
+	}
 	prevExcluded := m.excluded
 	m.excluded = excluded
 	m.nodesMu.Unlock()
@@ -570,6 +611,7 @@ func (m *Membership) Members() []MemberState {
 			s.GRPCAddr, s.State, s.Boot = md.GRPC, md.State, md.Boot
 			s.Agreed, s.Rules, s.Protocol, s.Version = md.Agreed, md.Key.rules, md.Key.protocol, md.Version
 			s.Excluded = m.excluded[name]
+			s.ClockSkewed, s.ClockOffset = md.Skewed, md.Offset
 		}
 		out = append(out, s)
 	}
@@ -741,7 +783,7 @@ func (d delegate) NodeMeta(limit int) []byte {
 	return b
 }
 
-func (delegate) NotifyMsg([]byte)                           {}
+func (d delegate) NotifyMsg(b []byte)                       { d.m.clockMessage(b) }
 func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (delegate) LocalState(join bool) []byte                { return nil }
 func (delegate) MergeRemoteState(buf []byte, join bool)     {}

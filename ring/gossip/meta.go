@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 )
 
 // State is what a member announces about itself in its gossip metadata.
@@ -48,9 +49,14 @@ const maxGRPCAddr = 255
 //	| version u8 = 1 | state u8 | boot u64 | uvarint len | gRPC addr |
 //	| rules u64 | protocol u32 | partitions u32 | virtual nodes u32 | load f64 |
 //	| uvarint len | binary version |
+//	| clock flags u8 | varint clock offset ms |
 //
-// The second line on are the agreement (agree.go), appended by binaries since
-// issue 12; metadata that ends after the address has none (Agreed false).
+// The second and third lines are the agreement (agree.go), appended by
+// binaries since issue 12; metadata that ends after the address has none
+// (Agreed false). The last line is the clock (clock.go), appended since
+// issue 46; metadata that ends after the version has none (Clocked false).
+// Clock flags: bit 0, the member's clock is beyond MaxClockSkew of the
+// majority's; the other bits are zero.
 type meta struct {
 	State   State
 	Boot    uint64 // random per Start
@@ -58,6 +64,9 @@ type meta struct {
 	Agreed  bool   // the agreement fields are present
 	Key     agreementKey
 	Version string
+	Clocked bool          // the clock fields are present (only with Agreed)
+	Skewed  bool          // clock flag bit 0: out of every ring (clock.go)
+	Offset  time.Duration // the member's clock minus the majority's when Skewed was last set or cleared; ms on the wire
 }
 
 // agreementBytes is the fixed part of the agreement fields.
@@ -77,8 +86,20 @@ func (m meta) append(dst []byte) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(m.Key.placement.ReplicationFactor))
 	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(m.Key.placement.Load))
 	dst = binary.AppendUvarint(dst, uint64(len(m.Version)))
-	return append(dst, m.Version...)
+	dst = append(dst, m.Version...)
+	if !m.Clocked {
+		return dst
+	}
+	var flags byte
+	if m.Skewed {
+		flags |= clockFlagSkewed
+	}
+	dst = append(dst, flags)
+	return binary.AppendVarint(dst, min(max(m.Offset.Milliseconds(), -maxOffsetMillis), maxOffsetMillis))
 }
+
+// clockFlagSkewed is bit 0 of the clock flags; the other bits are zero.
+const clockFlagSkewed = 1
 
 func decodeMeta(b []byte) (meta, error) {
 	const head = 1 + 1 + 8
@@ -124,8 +145,28 @@ func decodeMeta(b []byte) (meta, error) {
 		return meta{}, fmt.Errorf("%w: version length %d, %d bytes left, max %d", ErrBadMeta, n, len(rest), maxVersion)
 	}
 	m.Version = string(rest[:n])
+	rest = rest[n:]
+	if len(rest) == 0 {
+		return m, nil // a binary from before the clock fields
+	}
+	if rest[0]&^clockFlagSkewed != 0 {
+		return meta{}, fmt.Errorf("%w: clock flags %#x", ErrBadMeta, rest[0])
+	}
+	m.Clocked, m.Skewed = true, rest[0]&clockFlagSkewed != 0
+	off, k := binary.Varint(rest[1:])
+	if k <= 0 || k != len(binary.AppendVarint(nil, off)) {
+		return meta{}, fmt.Errorf("%w: bad clock offset", ErrBadMeta)
+	}
+	if off > maxOffsetMillis || off < -maxOffsetMillis {
+		return meta{}, fmt.Errorf("%w: clock offset %d ms beyond ±%d", ErrBadMeta, off, int64(maxOffsetMillis))
+	}
+	m.Offset = time.Duration(off) * time.Millisecond
 	return m, nil
 }
+
+// maxOffsetMillis bounds a published clock offset (about 106 days), so that
+// it converts to a Duration without overflow.
+const maxOffsetMillis = int64(1<<53) / int64(time.Millisecond)
 
 func uvarintLen(x uint64) int {
 	n := 1

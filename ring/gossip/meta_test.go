@@ -2,8 +2,10 @@ package gossip
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/freqring/freqring/ring"
 )
@@ -18,6 +20,10 @@ func TestMetaRoundTrip(t *testing.T) {
 			Key: agreementKey{rules: 1<<64 - 1, protocol: 3, placement: ring.Config{PartitionCount: 271, ReplicationFactor: 20, Load: 1.25}}},
 		{State: StateLeaving, GRPC: string(bytes.Repeat([]byte{'h'}, maxGRPCAddr)), Agreed: true,
 			Version: string(bytes.Repeat([]byte{'v'}, maxVersion)), Key: agreementKey{placement: ring.Config{PartitionCount: 65536}}},
+		{State: StateServing, GRPC: "h:1", Agreed: true, Version: "v", Clocked: true},
+		{State: StateServing, GRPC: "h:1", Agreed: true, Version: "v", Clocked: true, Skewed: true, Offset: -10500 * time.Millisecond},
+		{State: StateServing, GRPC: string(bytes.Repeat([]byte{'h'}, maxGRPCAddr)), Agreed: true,
+			Version: string(bytes.Repeat([]byte{'v'}, maxVersion)), Clocked: true, Skewed: true, Offset: time.Duration(maxOffsetMillis) * time.Millisecond},
 	} {
 		b := m.append(nil)
 		if len(b) > 512 {
@@ -27,9 +33,9 @@ func TestMetaRoundTrip(t *testing.T) {
 		if err != nil || got != m {
 			t.Fatalf("decode(encode(%+v)) = %+v, %v", m, got, err)
 		}
-		// Fields added later are appended after the agreement; a decoder
+		// Fields added later are appended after the clock; a decoder
 		// ignores them.
-		if m.Agreed {
+		if m.Clocked {
 			if got, err := decodeMeta(append(b, 0xff, 0x01)); err != nil || got != m {
 				t.Fatalf("with trailing bytes: %+v, %v", got, err)
 			}
@@ -39,10 +45,19 @@ func TestMetaRoundTrip(t *testing.T) {
 		// agreement fields.
 		legacy := m
 		legacy.Agreed, legacy.Key, legacy.Version = false, agreementKey{}, ""
+		legacy.Clocked, legacy.Skewed, legacy.Offset = false, false, 0
+		unclocked := m
+		unclocked.Clocked, unclocked.Skewed, unclocked.Offset = false, false, 0
 		for n := range len(b) {
 			if m.Agreed && n == len(legacy.append(nil)) {
 				if got, err := decodeMeta(b[:n]); err != nil || got != legacy {
 					t.Fatalf("decode of the legacy prefix: %+v, %v", got, err)
+				}
+				continue
+			}
+			if m.Clocked && n == len(unclocked.append(nil)) {
+				if got, err := decodeMeta(b[:n]); err != nil || got != unclocked {
+					t.Fatalf("decode of the prefix without the clock: %+v, %v", got, err)
 				}
 				continue
 			}
@@ -73,6 +88,28 @@ func TestMetaGoldenAgreement(t *testing.T) {
 	}
 }
 
+func TestMetaGoldenClock(t *testing.T) {
+	m := meta{State: StateServing, GRPC: "h:1", Agreed: true, Version: "v", Clocked: true, Skewed: true, Offset: -1500 * time.Millisecond}
+	b := m.append(nil)
+	// The clock follows the version: flags 1 (skewed), then -1500 ms as a
+	// zigzag varint (2999 = 0xb7 0x17).
+	if want := []byte{1, 'v', 1, 0xb7, 0x17}; !bytes.HasSuffix(b, want) {
+		t.Fatalf("encoding ends %x, want %x", b[len(b)-5:], want)
+	}
+	for name, tail := range map[string][]byte{
+		"unknown flag":       {2, 0},
+		"no offset":          {1},
+		"non-minimal offset": {0, 0x80, 0x00},
+		"offset too large":   binary.AppendVarint([]byte{0}, maxOffsetMillis+1),
+	} {
+		unclocked := m
+		unclocked.Clocked = false
+		if _, err := decodeMeta(append(unclocked.append(nil), tail...)); !errors.Is(err, ErrBadMeta) {
+			t.Errorf("%s: %v, want ErrBadMeta", name, err)
+		}
+	}
+}
+
 func TestMetaRejects(t *testing.T) {
 	good := meta{State: StateServing, Boot: 7, GRPC: "h:1"}.append(nil)
 	for name, edit := range map[string]func([]byte) []byte{
@@ -100,6 +137,7 @@ func FuzzDecodeMeta(f *testing.F) {
 	f.Add(meta{State: StateServing, Boot: 7, GRPC: "10.0.0.1:7000"}.append(nil))
 	f.Add([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
 	f.Add(meta{State: StateServing, GRPC: "h:1", Agreed: true, Version: "v1", Key: agreementKey{rules: 5, protocol: 1}}.append(nil))
+	f.Add(meta{State: StateServing, GRPC: "h:1", Agreed: true, Version: "v1", Clocked: true, Skewed: true, Offset: 3 * time.Second}.append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMeta(b)
 		if err != nil {
