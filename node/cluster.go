@@ -160,6 +160,16 @@ func (n *Node) refuseTakenName(ctx context.Context, ms *gossip.Membership) error
 	return nil
 }
 
+// suspect asks gossip to look at member m, whose call failed as
+// unavailable: if its address refuses connections, its process is gone,
+// and it leaves the ring without waiting for failure detection
+// (gossip.Membership.Suspect). Safe for concurrent use; it does not block.
+func (n *Node) suspect(m ring.Member) {
+	if c := n.clus.Load(); c != nil && c.ms != nil && m.Name != n.cfg.Name {
+		c.ms.Suspect(m.Name)
+	}
+}
+
 // clockWait bounds the clock measurement before a node announces serving.
 const clockWait = 2 * time.Second
 

@@ -102,6 +102,9 @@ func (n *Node) forward(ctx context.Context, req *pb.CheckRequest, r *ring.Ring, 
 		// The connection closed under the call: the owner left the ring.
 		g.err = status.Errorf(codes.Unavailable, "%v", g.err)
 	}
+	if status.Code(g.err) == codes.Unavailable {
+		n.suspect(g.owner)
+	}
 }
 
 // parts returns the answers of the groups, for wire.Merge: a group's

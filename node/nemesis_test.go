@@ -25,7 +25,7 @@ import (
 var (
 	nemesisLong = flag.Duration("nemesis.long", 0, "run TestNemesis's schedule for this long (0: the short schedule CI runs)")
 	nemesisSeed = flag.Uint64("nemesis.seed", 0, "draw TestNemesis's schedule from this seed (0: a new seed, printed)")
-	nemesisOnly = flag.String("nemesis.faults", "", "take only these of TestNemesis's steps, comma-separated: kill, freeze, isolate, cut, join, remove (\"\": all)")
+	nemesisOnly = flag.String("nemesis.faults", "", "take only these of TestNemesis's steps, comma-separated: kill, freeze, isolate, cut, join, remove, skew (\"\": all)")
 )
 
 // nemesisShort is how long CI's schedule runs.
@@ -40,7 +40,8 @@ const nemesisBeyondBound = 0.01
 // nothing unless cut) under load, while a schedule drawn from a seed
 // kills and restarts nodes (from their WAL), freezes and thaws them, cuts
 // the network both ways and one way, heals it, adds members and removes
-// them. At the end every admitted send is replayed through bench.Audit and
+// them, and skews clocks within and beyond the bound. At the end every
+// admitted send is replayed through bench.Audit and
 // every recipient peeked: nothing over-admitted, nothing forgotten, and at
 // most nemesisBeyondBound counted beyond the admitted (sends nobody was
 // told were admitted). A failing run prints its seed: -nemesis.seed=N replays the
@@ -136,8 +137,8 @@ func (nm *nemesis) step(ctx context.Context) {
 	m := nm.victim()
 	d := nm.pause(time.Second, 6*time.Second)
 	var what string
-	k := nm.rng.IntN(7)
-	if kind := [...]string{"kill", "freeze", "freeze", "isolate", "cut", "join", "remove"}[k]; *nemesisOnly != "" && !slices.Contains(strings.Split(*nemesisOnly, ","), kind) {
+	k := nm.rng.IntN(9)
+	if kind := [...]string{"kill", "freeze", "freeze", "isolate", "cut", "join", "remove", "skew", "skew"}[k]; *nemesisOnly != "" && !slices.Contains(strings.Split(*nemesisOnly, ","), kind) {
 		time.Sleep(10 * time.Millisecond)
 		return
 	}
@@ -182,6 +183,21 @@ func (nm *nemesis) step(ctx context.Context) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		nm.ld.removed(m)
+	case k == 7 || k == 8:
+		// Within the bound (--max-clock-skew, 250ms) the node keeps
+		// deciding on its clock; beyond it, it leaves the ring until the
+		// clock is back.
+		skew := nm.pause(20*time.Millisecond, 200*time.Millisecond)
+		if k == 8 {
+			skew = nm.pause(time.Second, 5*time.Second)
+		}
+		if nm.rng.IntN(2) == 0 {
+			skew = -skew
+		}
+		what = fmt.Sprintf("skew %s's clock by %v for %v", m.Name, skew.Round(time.Millisecond), d.Round(time.Millisecond))
+		c.SkewClock(m, skew)
+		time.Sleep(d)
+		c.SkewClock(m, 0)
 	default: // no room to join, or too few to remove
 		time.Sleep(10 * time.Millisecond)
 		return
@@ -201,6 +217,7 @@ func (nm *nemesis) restore(ctx context.Context) {
 	c.Heal()
 	for _, m := range c.Members() {
 		c.Thaw(m)
+		c.SkewClock(m, 0)
 	}
 	if err := c.WaitConverged(ctx, len(c.Up())); err != nil {
 		nm.t.Fatalf("restore: %v", err)

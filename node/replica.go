@@ -325,6 +325,9 @@ func (rp *replicator) call(c *replCall) error {
 		defer cancel()
 		_, err = cli.Replicate(ctx, req)
 	}
+	if status.Code(err) == codes.Unavailable {
+		n.suspect(rp.member)
+	}
 	if err == nil {
 		n.replicated.Add(int64(c.enc.n))
 	}

@@ -304,6 +304,9 @@ func (c *Cluster) newNode(m *Member, i int) (*node.Node, error) {
 	// Gossip measures the system clock plus the skew: a test's Clock may
 	// stand still or jump, which the measurement would take for skew.
 	gc.Now = m.clock.wall
+	if c.cfg.InMemory {
+		gc.Refuses = c.refuses // no socket to dial: a member down refuses
+	}
 	ncfg := node.Config{Rules: c.cfg.Rules, Clock: m.clock, Name: m.Name, AdvertiseAddr: m.Addr,
 		Cluster: &gc, Logger: c.cfg.Logger, PeerKeys: c.cfg.PeerKeys}
 	if c.cfg.DataDir != "" {
@@ -360,6 +363,17 @@ func (c *Cluster) has(m *Member) bool {
 		}
 	}
 	return false
+}
+
+// refuses reports whether in-memory member addr is down (killed, stopped,
+// or restarting), as a dial of its port would find none listening.
+func (c *Cluster) refuses(addr string) bool {
+	for _, m := range c.Members() {
+		if m.Addr == addr {
+			return m.Down()
+		}
+	}
+	return true
 }
 
 // Members returns every node started, running or not, in start order.

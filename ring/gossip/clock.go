@@ -38,18 +38,21 @@ import (
 const (
 	DefaultMaxClockSkew  = 250 * time.Millisecond
 	DefaultClockInterval = time.Second
-	// clockSamples is how many measurements of each member are kept.
-	clockSamples = 8
+	// clockSamples is how many measurements of each member are kept: few
+	// enough that a clock stepped back into the bound is seen in as many
+	// intervals.
+	clockSamples = 4
 	// clockSampleTTL is how long a measurement counts.
 	clockSampleTTL = 30 * time.Second
 	// maxClockRTT is the longest round trip a measurement is kept from.
 	maxClockRTT = 10 * time.Second
 )
 
-// Kinds of clock message, the first byte of a memberlist user message.
+// Kinds of message, the first byte of a memberlist user message.
 const (
-	clockRequest = 1
-	clockReply   = 2
+	msgClockRequest = 1 // clockMsg
+	msgClockReply   = 2 // clockMsg
+	msgDown         = 3 // downMsg (down.go)
 )
 
 // clockMsg is a clock request or reply, little-endian:
@@ -69,8 +72,8 @@ type clockMsg struct {
 // clockMsgHead is the fixed part of a clockMsg.
 const clockMsgHead = 1 + 8 + 8 + 8 + 1
 
-// errBadClockMsg is returned (wrapped) for a clock message that does not decode.
-var errBadClockMsg = errors.New("gossip: bad clock message")
+// errBadMessage is returned (wrapped) for a user message that does not decode.
+var errBadMessage = errors.New("gossip: bad message")
 
 func (c clockMsg) append(dst []byte) []byte {
 	dst = append(dst, c.kind)
@@ -83,15 +86,15 @@ func (c clockMsg) append(dst []byte) []byte {
 
 func decodeClockMsg(b []byte) (clockMsg, error) {
 	if len(b) < clockMsgHead {
-		return clockMsg{}, fmt.Errorf("%w: %d bytes, want at least %d", errBadClockMsg, len(b), clockMsgHead)
+		return clockMsg{}, fmt.Errorf("%w: %d bytes, want at least %d", errBadMessage, len(b), clockMsgHead)
 	}
 	c := clockMsg{kind: b[0], sent: int64(binary.LittleEndian.Uint64(b[1:])),
 		t1: int64(binary.LittleEndian.Uint64(b[9:])), t2: int64(binary.LittleEndian.Uint64(b[17:]))}
-	if c.kind != clockRequest && c.kind != clockReply {
-		return clockMsg{}, fmt.Errorf("%w: kind %d", errBadClockMsg, c.kind)
+	if c.kind != msgClockRequest && c.kind != msgClockReply {
+		return clockMsg{}, fmt.Errorf("%w: kind %d", errBadMessage, c.kind)
 	}
 	if n := int(b[25]); n != len(b)-clockMsgHead {
-		return clockMsg{}, fmt.Errorf("%w: name of %d bytes, %d left", errBadClockMsg, n, len(b)-clockMsgHead)
+		return clockMsg{}, fmt.Errorf("%w: name of %d bytes, %d left", errBadMessage, n, len(b)-clockMsgHead)
 	}
 	c.fromName = string(b[clockMsgHead:])
 	return c, nil
@@ -160,7 +163,7 @@ func (m *Membership) clockLoop() {
 
 // askClocks sends a clock request to every other live member.
 func (m *Membership) askClocks() {
-	req := clockMsg{kind: clockRequest, sent: m.mono(), t1: m.now(), fromName: m.cfg.NodeName}.append(nil)
+	req := clockMsg{kind: msgClockRequest, sent: m.mono(), t1: m.now(), fromName: m.cfg.NodeName}.append(nil)
 	for name, addr := range m.otherAddrs() {
 		if err := m.sendTo(name, addr, req); err != nil {
 			m.log.Debug("gossip: clock request", "member", name, "err", err)
@@ -174,7 +177,7 @@ func (m *Membership) answerClock(req clockMsg) {
 	if !ok {
 		return // not a live member (yet)
 	}
-	rep := clockMsg{kind: clockReply, sent: req.sent, t1: req.t1, t2: m.now(), fromName: m.cfg.NodeName}
+	rep := clockMsg{kind: msgClockReply, sent: req.sent, t1: req.t1, t2: m.now(), fromName: m.cfg.NodeName}
 	if err := m.sendTo(req.fromName, addr, rep.append(nil)); err != nil {
 		m.log.Debug("gossip: clock reply", "member", req.fromName, "err", err)
 	}
@@ -190,13 +193,14 @@ func (m *Membership) sendTo(name, addr string, msg []byte) error {
 	return m.ml.SendToAddress(memberlist.Address{Addr: addr, Name: name}, msg)
 }
 
-// otherAddrs returns the gossip address of every other live member, by name.
+// otherAddrs returns the gossip address of every other live member not
+// marked down, by name.
 func (m *Membership) otherAddrs() map[string]string {
 	m.nodesMu.Lock()
 	defer m.nodesMu.Unlock()
 	out := make(map[string]string, len(m.nodes))
 	for name, n := range m.nodes {
-		if name != m.cfg.NodeName {
+		if _, down := m.down[name]; !down && name != m.cfg.NodeName {
 			out[name] = n.gossipAddr
 		}
 	}
@@ -211,7 +215,7 @@ func (m *Membership) clockMessage(b []byte) {
 		m.log.Debug("gossip: clock message dropped", "err", err)
 		return
 	}
-	if c.kind == clockRequest {
+	if c.kind == msgClockRequest {
 		select {
 		case m.clk.replies <- c:
 		default: // a burst of requests: the asker measures again later

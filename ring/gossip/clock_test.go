@@ -13,9 +13,9 @@ import (
 
 func TestClockMsgRoundTrip(t *testing.T) {
 	for _, c := range []clockMsg{
-		{kind: clockRequest, sent: 1, t1: 1_700_000_000_000_000_000, fromName: "node-a"},
-		{kind: clockReply, sent: 1 << 40, t1: -5, t2: 1<<63 - 1, fromName: strings.Repeat("n", 255)},
-		{kind: clockReply},
+		{kind: msgClockRequest, sent: 1, t1: 1_700_000_000_000_000_000, fromName: "node-a"},
+		{kind: msgClockReply, sent: 1 << 40, t1: -5, t2: 1<<63 - 1, fromName: strings.Repeat("n", 255)},
+		{kind: msgClockReply},
 	} {
 		b := c.append(nil)
 		got, err := decodeClockMsg(b)
@@ -23,19 +23,19 @@ func TestClockMsgRoundTrip(t *testing.T) {
 			t.Fatalf("decode(encode(%+v)) = %+v, %v", c, got, err)
 		}
 		for n := range len(b) {
-			if _, err := decodeClockMsg(b[:n]); !errors.Is(err, errBadClockMsg) {
-				t.Fatalf("decode of %d of %d bytes: %v, want errBadClockMsg", n, len(b), err)
+			if _, err := decodeClockMsg(b[:n]); !errors.Is(err, errBadMessage) {
+				t.Fatalf("decode of %d of %d bytes: %v, want errBadMessage", n, len(b), err)
 			}
 		}
 	}
-	if _, err := decodeClockMsg(clockMsg{kind: 3}.append(nil)); !errors.Is(err, errBadClockMsg) {
+	if _, err := decodeClockMsg(clockMsg{kind: 3}.append(nil)); !errors.Is(err, errBadMessage) {
 		t.Fatalf("kind 3: %v", err)
 	}
 }
 
 func FuzzDecodeClockMsg(f *testing.F) {
-	f.Add(clockMsg{kind: clockRequest, sent: 7, t1: 9, fromName: "a"}.append(nil))
-	f.Add(clockMsg{kind: clockReply, sent: 7, t1: 9, t2: 11, fromName: "node-b"}.append(nil))
+	f.Add(clockMsg{kind: msgClockRequest, sent: 7, t1: 9, fromName: "a"}.append(nil))
+	f.Add(clockMsg{kind: msgClockReply, sent: 7, t1: 9, t2: 11, fromName: "node-b"}.append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := decodeClockMsg(b)
 		if err != nil {

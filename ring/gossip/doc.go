@@ -67,6 +67,18 @@
 // (4.1s under -race on a busy 2-core machine); after Leave 0.2–0.4s; a
 // restarted member rejoins in about 0.2s.
 //
+// # Clocks and fast failover
+//
+// Members measure each other's wall clocks over memberlist's user messages
+// (clock.go): a member whose clock is beyond Config.MaxClockSkew of a
+// strict majority's publishes so in its metadata and is left out of every
+// ring until it is back (MemberState.Excluded says why; Clock reports a
+// member's own judgment). A node whose call to a member fails asks Suspect
+// to look (down.go): if the member's gRPC address refuses connections, its
+// process is gone, and it is out of the ring at once rather than after the
+// failure detection above; each member that hears the claim looks for
+// itself.
+//
 // # Transport
 //
 // Config.Transport replaces memberlist's UDP and TCP sockets. The tests run

@@ -119,6 +119,12 @@ type Config struct {
 	MaxClockSkew  time.Duration
 	ClockInterval time.Duration
 	Now           func() time.Time
+
+	// Refuses reports whether a member's gRPC address (host:port) refuses
+	// connections: nothing listens there, so its process is gone (see
+	// Suspect). nil means a TCP dial of at most 250ms that fails with
+	// ECONNREFUSED. A test of in-process members gives its own.
+	Refuses func(grpcAddr string) bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -154,6 +160,9 @@ func (c Config) withDefaults() (Config, error) {
 	def(&c.ClockInterval, DefaultClockInterval)
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Refuses == nil {
+		c.Refuses = refusesTCP
 	}
 	if c.SuspicionMult == 0 {
 		c.SuspicionMult = DefaultSuspicionMult
@@ -282,6 +291,14 @@ type Membership struct {
 	// conflicts are the members seen under this member's own name at
 	// another gossip address, by that address (NameConflicts).
 	conflicts map[string]NameConflict
+	// down holds the members marked down because they refuse connections
+	// (down.go), until memberlist declares them dead or sees a new boot id;
+	// looking and lastLook are the looks at members running and done.
+	down     map[string]downMark
+	looking  map[string]bool
+	lastLook map[string]time.Time
+	// markedDown counts the marks (Stats.MarkedDown).
+	markedDown atomic.Int64
 
 	changedCh chan struct{} // capacity 1; "nodes changed", drained by eventLoop
 	done      chan struct{} // closed by Close; stops eventLoop and rejoinLoop
@@ -332,6 +349,9 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		departed:   make(map[string]Departure),
 		departures: make(map[string]uint64),
 		conflicts:  make(map[string]NameConflict),
+		down:       make(map[string]downMark),
+		looking:    make(map[string]bool),
+		lastLook:   make(map[string]time.Time),
 		changedCh:  make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		watchers:   make(map[chan *ring.Ring]struct{}),
@@ -497,6 +517,9 @@ func (m *Membership) rebuild() {
 			m.log.Warn("gossip: member left out of the ring", "member", name, "gossip_addr", n.gossipAddr, "err", err)
 			continue
 		}
+		if _, down := m.down[name]; down {
+			continue // refuses connections: gone (down.go)
+		}
 		if md.State != StateServing {
 			continue // joining: not ready to decide; leaving: handing over
 		}
@@ -594,18 +617,26 @@ type Stats struct {
 	// every 10 s, with the number of that kind left out since the last one;
 	// WarningsNotLogged counts the lines left out.
 	Warnings, WarningsNotLogged int64
+	// MarkedDown counts the members marked down here because their gRPC
+	// address refused connections (Suspect), ahead of failure detection.
+	MarkedDown int64
 }
 
 // Stats returns the counters. Safe for concurrent use.
 func (m *Membership) Stats() Stats {
-	return Stats{BadPackets: m.logw.badPackets.Load(), Warnings: m.logw.warnings.Load(), WarningsNotLogged: m.logw.notLogged.Load()}
+	return Stats{BadPackets: m.logw.badPackets.Load(), Warnings: m.logw.warnings.Load(), WarningsNotLogged: m.logw.notLogged.Load(),
+		MarkedDown: m.markedDown.Load()}
 }
 
-// Members returns the live members (alive or suspect), sorted by name.
+// Members returns the live members (alive or suspect, and not marked down:
+// see Suspect), sorted by name.
 func (m *Membership) Members() []MemberState {
 	m.nodesMu.Lock()
 	out := make([]MemberState, 0, len(m.nodes))
 	for name, n := range m.nodes {
+		if _, down := m.down[name]; down {
+			continue
+		}
 		s := MemberState{Name: name, GossipAddr: n.gossipAddr}
 		if md, err := decodeMeta(n.meta); err == nil {
 			s.GRPCAddr, s.State, s.Boot = md.GRPC, md.State, md.Boot
@@ -783,7 +814,13 @@ func (d delegate) NodeMeta(limit int) []byte {
 	return b
 }
 
-func (d delegate) NotifyMsg(b []byte)                       { d.m.clockMessage(b) }
+func (d delegate) NotifyMsg(b []byte) {
+	if len(b) > 0 && b[0] == msgDown {
+		d.m.downMessage(b)
+		return
+	}
+	d.m.clockMessage(b)
+}
 func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (delegate) LocalState(join bool) []byte                { return nil }
 func (delegate) MergeRemoteState(buf []byte, join bool)     {}
@@ -808,6 +845,7 @@ func (d delegate) NotifyLeave(n *memberlist.Node) {
 		d.m.departed[n.Name] = Departure{At: time.Now(), Leaving: md.State == StateLeaving}
 	}
 	delete(d.m.nodes, n.Name)
+	delete(d.m.down, n.Name) // a departure as any other now
 	d.m.departures[n.Name]++
 	d.m.nodesMu.Unlock()
 	d.m.changed()
@@ -828,6 +866,15 @@ func (d delegate) NotifyConflict(existing, other *memberlist.Node) {
 	d.m.log.Warn("gossip: name conflict; the newcomer is ignored until the old member is dead for DeadNodeReclaimTime",
 		"member", existing.Name, "existing_addr", existing.Address(), "new_addr", other.Address(),
 		"reclaim_time", d.m.cfg.DeadNodeReclaimTime)
+}
+
+// metaBoot returns the boot id of metadata b, 0 if it does not decode.
+func metaBoot(b []byte) uint64 {
+	md, err := decodeMeta(b)
+	if err != nil {
+		return 0
+	}
+	return md.Boot
 }
 
 // NameConflict is a member seen under this member's own name at another
@@ -858,7 +905,10 @@ func (d delegate) put(n *memberlist.Node) nodeInfo {
 	info := nodeInfo{gossipAddr: n.Address(), meta: bytes.Clone(n.Meta)}
 	d.m.nodesMu.Lock()
 	d.m.nodes[n.Name] = info
-	delete(d.m.departed, n.Name)
+	if mark, down := d.m.down[n.Name]; !down || metaBoot(info.meta) != mark.boot {
+		delete(d.m.down, n.Name) // back under a new boot id: it restarted
+		delete(d.m.departed, n.Name)
+	}
 	d.m.nodesMu.Unlock()
 	d.m.changed()
 	return info
