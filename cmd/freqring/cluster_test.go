@@ -74,21 +74,32 @@ func watchMembers(t *testing.T, addr string, want int, timeout time.Duration) {
 	t.Fatalf("%s did not see a ring of %d members within %v", addr, want, timeout)
 }
 
-// TestThreeProcesses runs the real binary as three processes on 127.0.0.1,
-// joined by the command line: they agree on one ring, route checks to
-// owners, and a SIGTERM makes a node leave cleanly while the others go on.
-func TestThreeProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and starts processes")
-	}
-	bin := buildBinary(t)
+// threeNodes is three `freqring serve` processes on 127.0.0.1.
+type threeNodes struct {
+	procs []*exec.Cmd
+	logs  []*bytes.Buffer
+	addrs []string // gRPC
+	clis  []pb.LimiterClient
+}
+
+// startThree starts three nodes of bin, joined, and waits until each sees
+// a ring of three; t's cleanup kills them (and logs them if t failed).
+func startThree(t *testing.T, bin string) *threeNodes {
 	ports := freePorts(t, 6)
-	var procs []*exec.Cmd
-	var logs []*bytes.Buffer
-	grpcAddr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
 	keys := writeClusterKeys(t)
+	c := &threeNodes{}
+	t.Cleanup(func() {
+		for i, p := range c.procs {
+			p.Process.Kill()
+			p.Wait()
+			if t.Failed() {
+				t.Logf("node %d log:\n%s", i, c.logs[i])
+			}
+		}
+	})
 	for i := range 3 {
-		args := []string{"serve", "--name", fmt.Sprintf("n%d", i), "--listen", grpcAddr(i), "--admin-listen", "off",
+		c.addrs = append(c.addrs, fmt.Sprintf("127.0.0.1:%d", ports[i]))
+		args := []string{"serve", "--name", fmt.Sprintf("n%d", i), "--listen", c.addrs[i], "--admin-listen", "off",
 			"--gossip", fmt.Sprintf("127.0.0.1:%d", ports[3+i]), "--data-dir", filepath.Join(t.TempDir(), "data"), "--cluster-keys", keys}
 		if i > 0 {
 			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", ports[3]))
@@ -99,24 +110,33 @@ func TestThreeProcesses(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		procs, logs = append(procs, cmd), append(logs, &log)
+		c.procs, c.logs = append(c.procs, cmd), append(c.logs, &log)
 		if i == 0 {
-			watchMembers(t, grpcAddr(0), 1, 20*time.Second)
+			watchMembers(t, c.addrs[0], 1, 20*time.Second)
 		}
+		conn, err := grpc.NewClient(c.addrs[i], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		c.clis = append(c.clis, pb.NewLimiterClient(conn))
 	}
-	defer func() {
-		for _, p := range procs {
-			p.Process.Kill()
-		}
-		if t.Failed() {
-			for i, l := range logs {
-				t.Logf("node %d log:\n%s", i, l)
-			}
-		}
-	}()
 	for i := range 3 {
-		watchMembers(t, grpcAddr(i), 3, 20*time.Second)
+		watchMembers(t, c.addrs[i], 3, 20*time.Second)
 	}
+	return c
+}
+
+// TestThreeProcesses runs the real binary as three processes on 127.0.0.1,
+// joined by the command line: they agree on one ring, route checks to
+// owners, and a SIGTERM makes a node leave cleanly while the others go on.
+func TestThreeProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and starts processes")
+	}
+	c := startThree(t, buildBinary(t))
+	procs, logs := c.procs, c.logs
+	grpcAddr := func(i int) string { return c.addrs[i] }
 
 	var rcps []string
 	for i := range 60 {

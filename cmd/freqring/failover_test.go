@@ -1,22 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 )
@@ -58,59 +53,6 @@ func TestFailover(t *testing.T) {
 	if med > failoverAim {
 		t.Errorf("median failover %.3f s of the killed node's share, aim %.1f s", med, failoverAim)
 	}
-}
-
-// threeNodes is three `freqring serve` processes on 127.0.0.1.
-type threeNodes struct {
-	procs []*exec.Cmd
-	logs  []*bytes.Buffer
-	addrs []string // gRPC
-	clis  []pb.LimiterClient
-}
-
-// startThree starts three nodes of bin, joined, and waits until each sees
-// a ring of three; t's cleanup kills them (and logs them if t failed).
-func startThree(t *testing.T, bin string) *threeNodes {
-	ports := freePorts(t, 6)
-	keys := writeClusterKeys(t)
-	c := &threeNodes{}
-	t.Cleanup(func() {
-		for i, p := range c.procs {
-			p.Process.Kill()
-			p.Wait()
-			if t.Failed() {
-				t.Logf("node %d log:\n%s", i, c.logs[i])
-			}
-		}
-	})
-	for i := range 3 {
-		c.addrs = append(c.addrs, fmt.Sprintf("127.0.0.1:%d", ports[i]))
-		args := []string{"serve", "--name", fmt.Sprintf("n%d", i), "--listen", c.addrs[i], "--admin-listen", "off",
-			"--gossip", fmt.Sprintf("127.0.0.1:%d", ports[3+i]), "--data-dir", filepath.Join(t.TempDir(), "data"), "--cluster-keys", keys}
-		if i > 0 {
-			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", ports[3]))
-		}
-		cmd := exec.Command(bin, args...)
-		var log bytes.Buffer
-		cmd.Stderr = &log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		c.procs, c.logs = append(c.procs, cmd), append(c.logs, &log)
-		if i == 0 {
-			watchMembers(t, c.addrs[0], 1, 20*time.Second)
-		}
-		conn, err := grpc.NewClient(c.addrs[i], grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		c.clis = append(c.clis, pb.NewLimiterClient(conn))
-	}
-	for i := range 3 {
-		watchMembers(t, c.addrs[i], 3, 20*time.Second)
-	}
-	return c
 }
 
 // checkLoad sends single-item checks from workers goroutines to clis until

@@ -253,66 +253,97 @@ func best(ss []clockSample, now time.Time) (clockSample, bool) {
 	return b, ok
 }
 
+// clockTally is the live members' measured clocks judged against the
+// bound: each one beyond it, or within it, by more than its error.
+type clockTally struct {
+	offsets        []time.Duration // this member's (0) and each measured member's
+	beyond, within int
+	far            []string // the members beyond, with their offsets, for the log
+}
+
+// tallyClocks tallies the best measurement younger than clockSampleTTL at
+// now of each member of others.
+func tallyClocks(samples map[string][]clockSample, others map[string]string, now time.Time, bound time.Duration) clockTally {
+	t := clockTally{offsets: []time.Duration{0}}
+	for name := range others {
+		s, ok := best(samples[name], now)
+		if !ok {
+			continue
+		}
+		t.offsets = append(t.offsets, s.offset)
+		d := s.offset.Abs()
+		switch {
+		case d-s.rtt/2 > bound:
+			t.beyond++
+			t.far = append(t.far, fmt.Sprintf("%s %+v", name, s.offset.Round(time.Millisecond)))
+		case d+s.rtt/2 <= bound:
+			t.within++
+		}
+	}
+	return t
+}
+
+// skewed judges a member that was skewed (or not) among n live members,
+// itself counted: skewed once a strict majority is surely beyond the
+// bound, back once a strict majority, itself counted, is surely within.
+func (t clockTally) skewed(was bool, n int) bool {
+	switch {
+	case !was && 2*t.beyond > n:
+		return true
+	case was && 2*(t.within+1) > n:
+		return false
+	}
+	return was
+}
+
+// undecided reports whether some member is beyond the bound while no
+// majority says either way (a cluster of two, an even split).
+func (t clockTally) undecided(n int) bool {
+	return t.beyond > 0 && 2*t.beyond <= n && 2*(t.within+1) <= n
+}
+
 // judgeClock judges this member's clock against the live members' and,
-// when the judgment changes, publishes it (the skewed flag) and logs it.
+// when the judgment changes, logs it and publishes it (the skewed flag).
 func (m *Membership) judgeClock() {
 	m.clk.judgeMu.Lock()
 	defer m.clk.judgeMu.Unlock()
 	others := m.otherAddrs()
 	now := time.Now()
 	bound := m.cfg.MaxClockSkew
+	n := len(others) + 1 // the live members, this one counted
 	m.clk.mu.Lock()
 	for name := range m.clk.samples {
 		if _, live := others[name]; !live {
 			delete(m.clk.samples, name)
 		}
 	}
-	offsets := []time.Duration{0}
-	beyond, within := 0, 0
-	var far []string // members beyond the bound
-	for name := range others {
-		s, ok := best(m.clk.samples[name], now)
-		if !ok {
-			continue
-		}
-		offsets = append(offsets, s.offset)
-		d := s.offset.Abs()
-		switch {
-		case d-s.rtt/2 > bound:
-			beyond++
-			far = append(far, fmt.Sprintf("%s %+v", name, s.offset.Round(time.Millisecond)))
-		case d+s.rtt/2 <= bound:
-			within++
-		}
-	}
+	t := tallyClocks(m.clk.samples, others, now, bound)
 	prev := m.clk.state
-	cur := ClockState{Offset: -median(offsets), Skewed: prev.Skewed, Measured: len(offsets) - 1, Others: len(others)}
-	n := len(others) + 1 // the live members, this one counted
+	cur := ClockState{Offset: -median(t.offsets), Skewed: prev.Skewed, Measured: len(t.offsets) - 1, Others: len(others)}
 	if bound >= 0 {
-		switch {
-		case !prev.Skewed && 2*beyond > n:
-			cur.Skewed = true
-		case prev.Skewed && 2*(within+1) > n:
-			cur.Skewed = false
-		}
+		cur.Skewed = t.skewed(prev.Skewed, n)
 	}
 	m.clk.state = cur
-	// No majority says either way: warn, at most once a minute.
-	warn := bound >= 0 && beyond > 0 && 2*beyond <= n && 2*(within+1) <= n && now.Sub(m.clk.lastWarn) >= time.Minute
+	warn := bound >= 0 && t.undecided(n) && now.Sub(m.clk.lastWarn) >= time.Minute // at most once a minute
 	if warn {
 		m.clk.lastWarn = now
 	}
 	m.clk.mu.Unlock()
 	if warn {
 		m.log.Warn("gossip: clocks differ beyond the max clock skew, but no majority of members says this one is wrong: check every member's time sync",
-			"beyond", far, "max_clock_skew", bound, "members", n)
+			"beyond", t.far, "max_clock_skew", bound, "members", n)
 	}
-	if cur.Skewed == prev.Skewed {
-		return
+	if cur.Skewed != prev.Skewed {
+		m.announceClock(cur, t.far, n)
 	}
+}
+
+// announceClock logs a changed judgment of this member's clock and
+// publishes it in the metadata.
+func (m *Membership) announceClock(cur ClockState, far []string, n int) {
 	if cur.Skewed {
 		m.log.Error("gossip: this node's clock is beyond the max clock skew of most members': it owns nothing until its time sync brings it back",
-			"offset", cur.Offset.Round(time.Millisecond), "max_clock_skew", bound, "beyond", far, "members", n)
+			"offset", cur.Offset.Round(time.Millisecond), "max_clock_skew", m.cfg.MaxClockSkew, "beyond", far, "members", n)
 	} else {
 		m.log.Warn("gossip: this node's clock is back within the max clock skew: it rejoins the ring", "offset", cur.Offset.Round(time.Millisecond))
 	}
