@@ -124,6 +124,12 @@ func (s peerServer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Ac
 	resp := &pb.AcquireResponse{Node: n.cfg.Name}
 	departures := n.clus.Load().ms.Departures(req.Node) // rule 8
 	for _, p := range req.Partitions {
+		// The acquirer is named before the image is cut, so that a
+		// replicated send that a backup's store takes after the cut is
+		// refused by its second judgment (recordReplicated).
+		n.ho.mu.Lock()
+		n.ho.parts[p].acquirer, n.ho.parts[p].acquirerDepartures = req.Node, departures
+		n.ho.mu.Unlock()
 		// An older version fails for counter states, which only a release
 		// that reads record format 3 can hold (checked above; only a state
 		// written since can fail here, and this partition stays open).
@@ -139,7 +145,6 @@ func (s peerServer) Acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Ac
 		resp.Images = append(resp.Images, parts...)
 		n.ho.mu.Lock()
 		n.ho.parts[p].handed, n.ho.parts[p].owed = true, false
-		n.ho.parts[p].acquirer, n.ho.parts[p].acquirerDepartures = req.Node, departures
 		resp.Generations = append(resp.Generations, n.ho.parts[p].gen)
 		n.ho.mu.Unlock()
 	}

@@ -370,8 +370,10 @@ func (p *pass) failUnreplicated(ctx context.Context, rs *replicaSet) {
 // so that a retry with the same request id is decided afresh, not answered
 // as a duplicate) and, with a WAL, by appending their inverses, so that a
 // restart agrees. The backup is not told: one that refused recorded
-// nothing, and one whose answer was lost may hold the send, which can only
-// deny early. A duplicate's first send, sent to the backup again, is not
+// nothing, and one that holds the send (it confirmed, or its answer was
+// lost) replaces it with the retry's when the retry reaches it under the
+// same request id (store.RecordItem.Replace), so that it never holds the
+// send at the earlier time, which would let it expire early there. A duplicate's first send, sent to the backup again, is not
 // taken back: its first answer was confirmed, or it would have been taken
 // back then.
 func (p *pass) withdraw(ctx context.Context, failed map[int]bool) {
@@ -451,7 +453,40 @@ func (n *Node) recordReplicated(req *pb.ReplicateRequest) (*walEncoder, error) {
 		return nil, err
 	}
 	n.store.RecordBatch(n.nowMs(), sc.items)
+	// Judged again now that the sends are in the store: an Acquire names its
+	// acquirer before it cuts its images, so a partition acquired by
+	// another member since the first judgment either holds these sends in
+	// the image it gave, or is refused here (and the sends taken back).
+	if err := n.refuseAsBackup(sc.sends, req.Node); err != nil {
+		n.undoReplicated(sc)
+		return nil, err
+	}
 	return n.replicatedPayload(req.Node, sc)
+}
+
+// undoReplicated takes back from the store what RecordBatch did with the
+// items of sc: a send recorded is unrecorded (and one it replaced recorded
+// again), a refund applied is recorded again.
+func (n *Node) undoReplicated(sc *replicatedScratch) {
+	now := n.nowMs()
+	for k := range sc.items {
+		x := &sc.items[k]
+		if x.Err != nil || x.Dup {
+			continue
+		}
+		var err error
+		if x.Refund {
+			_, _, err = n.store.Record(x.Part, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, now)
+		} else {
+			_, _, err = n.store.Unrecord(x.Part, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, 0, now)
+			if err == nil && x.Replaced != 0 {
+				_, _, err = n.store.Record(x.Part, x.Ref, x.Key, x.Tag, x.Replaced, x.Item, x.ID, now)
+			}
+		}
+		if err != nil {
+			n.log.Error("taking back a replicated send refused after it was recorded failed: this backup counts it until it expires", "partition", x.Part, "at", x.At, "err", err)
+		}
+	}
 }
 
 // decodeReplicated decodes the sends of req into sc, checking each under
@@ -481,7 +516,8 @@ func (n *Node) decodeReplicated(req *pb.ReplicateRequest, r *ring.Ring, sc *repl
 			return status.Errorf(codes.FailedPrecondition, "node %s: unknown domain %s (this node serves %v)", n.cfg.Name, quote(s.domain), v.names)
 		}
 		sc.sends = append(sc.sends, s)
-		sc.items = append(sc.items, store.RecordItem{Part: p, Ref: dv.ref, Key: s.key, Tag: s.tag, At: s.at, Item: windowItem(s), ID: s.id, Refund: s.refund})
+		sc.items = append(sc.items, store.RecordItem{Part: p, Ref: dv.ref, Key: s.key, Tag: s.tag, At: s.at, Item: windowItem(s), ID: s.id, Refund: s.refund,
+			Replace: !s.refund})
 		return nil
 	})
 	if errors.Is(err, ErrBadPayload) {
@@ -514,6 +550,11 @@ func (n *Node) replicatedPayload(from string, sc *replicatedScratch) (*walEncode
 			continue
 		}
 		if enc != nil {
+			if x.Replaced != 0 { // the attempt its owner took back, first
+				inv := s
+				inv.refund, inv.at, inv.seq = true, x.Replaced, x.ReplacedSeq
+				enc.add(inv)
+			}
 			s.seq = x.Seq
 			enc.add(s)
 		}

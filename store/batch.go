@@ -195,6 +195,15 @@ type RecordItem struct {
 	// with the partition's next sequence number) instead of a Record; Dup
 	// is then !applied.
 	Refund bool
+	// Replace, for a backup's copy of its owner's send, first takes back a
+	// send held under ID at another time: the owner took that attempt
+	// back (it did not stand) and decided the retry afresh, and the backup
+	// follows the owner, whose record holds the retry only. Replaced and
+	// ReplacedSeq are then the time (unix ms) and sequence number of the
+	// send taken back; Replaced is 0 if none was.
+	Replace     bool
+	Replaced    int64
+	ReplacedSeq uint64
 
 	Seq uint64 // as Record (or Unrecord) returns seq
 	Dup bool   // as Record returns dup
@@ -226,9 +235,37 @@ func (s *Store) RecordBatch(now int64, items []RecordItem) {
 				x.Dup = !applied
 				continue
 			}
+			if x.Replace {
+				if x.Replaced, x.ReplacedSeq, x.Err = s.replaceHeld(pt, &sc.ws, x, now); x.Err != nil {
+					continue
+				}
+			}
 			x.Seq, x.Dup, x.Err = s.record(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, now)
 		}
 	}
+}
+
+// replaceHeld takes back the send held under x's request id if it was
+// recorded at another time than x.At and not refunded, and returns its
+// time and the sequence number of taking it back (0, 0 if there was
+// none). Partition pt's lock is held.
+func (s *Store) replaceHeld(pt *partition, ws *window.Scratch, x *RecordItem, now int64) (int64, uint64, error) {
+	if x.ID == 0 {
+		return 0, 0, nil
+	}
+	sp := pt.space(x.Ref.id, false)
+	if sp == nil {
+		return 0, 0, nil
+	}
+	e, ok := sp.ids.get(idKey(x.ID, storedKey(x.Key)), now, s.idHorizon)
+	if !ok || e.refunded || e.at == x.At {
+		return 0, 0, nil
+	}
+	seq, _, err := s.unrecordLocked(pt, ws, x.Ref, x.Key, x.Tag, e.at, x.Item, x.ID, 0, now)
+	if err != nil {
+		return 0, 0, err
+	}
+	return e.at, seq, nil
 }
 
 // prefetchEntries prefetches the index entry at which the lookup of each of

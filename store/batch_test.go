@@ -474,3 +474,47 @@ func TestLockedGroupsReleasesOnBreak(t *testing.T) {
 		st.parts[p].mu.Unlock()
 	}
 }
+
+// TestRecordBatchReplaceFollowsOwner: a backup holds a send under request
+// id 9 at t0; its owner took that attempt back and decided the retry at
+// t0+8s. With Replace, the backup takes back the send at t0 and records the
+// one at t0+8s, so that at t0+12s it still counts it in a 10 s window;
+// without, it skips the retry as a duplicate and counts nothing then.
+func TestRecordBatchReplaceFollowsOwner(t *testing.T) {
+	d, _ := window.NewDomain("d", []window.Rule{{Name: "r", Scope: window.ScopeRecipient, Limit: 2, Window: 10 * time.Second}})
+	for _, replace := range []bool{true, false} {
+		st, err := New(Config{Partitions: 3, IDHorizon: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := st.Bind(d)
+		key, tag := keyOf("+8613700000001")
+		p := st.PartitionOf(storedKey(key))
+		send := func(at int64) RecordItem {
+			items := []RecordItem{{Part: p, Ref: ref, Key: key, Tag: tag, At: at, Item: window.Item{Content: 1}, ID: 9, Replace: replace}}
+			st.RecordBatch(at, items)
+			if items[0].Err != nil {
+				t.Fatal(items[0].Err)
+			}
+			return items[0]
+		}
+		send(t0)
+		second := send(t0 + 8000)
+		var dec window.Decision
+		if _, _, err := apply(st, ref, key, tag, t0+12000, window.Item{Mode: window.Peek, Content: 1}, 0, &dec); err != nil {
+			t.Fatal(err)
+		}
+		used := dec.Rules[0].Used
+		switch {
+		case replace && (second.Dup || second.Replaced != t0 || second.ReplacedSeq == 0 || used != 1):
+			t.Fatalf("with Replace: the retry %+v, counted %d at t0+12s; want recorded, the send at t0 replaced, 1 counted", second, used)
+		case !replace && (!second.Dup || used != 0):
+			t.Fatalf("without Replace: the retry %+v, counted %d at t0+12s; want a duplicate, 0 counted", second, used)
+		}
+		// The same send again (the owner resends a duplicate's first
+		// send) replaces nothing.
+		if again := send(t0 + 8000); again.Replaced != 0 || !again.Dup {
+			t.Fatalf("replace %v: the same send again: %+v", replace, again)
+		}
+	}
+}
