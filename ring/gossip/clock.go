@@ -173,7 +173,7 @@ func (m *Membership) askClocks() {
 
 // answerClock replies to a clock request with this member's clock.
 func (m *Membership) answerClock(req clockMsg) {
-	addr, ok := m.otherAddrs()[req.fromName]
+	addr, ok := m.liveAddr(req.fromName)
 	if !ok {
 		return // not a live member (yet)
 	}
@@ -191,6 +191,18 @@ func (m *Membership) sendTo(name, addr string, msg []byte) error {
 		return ErrClosed
 	}
 	return m.ml.SendToAddress(memberlist.Address{Addr: addr, Name: name}, msg)
+}
+
+// liveAddr returns the gossip address of live member name, unless it is
+// marked down.
+func (m *Membership) liveAddr(name string) (string, bool) {
+	m.nodesMu.Lock()
+	defer m.nodesMu.Unlock()
+	n, ok := m.nodes[name]
+	if _, down := m.down[name]; down {
+		return "", false
+	}
+	return n.gossipAddr, ok
 }
 
 // otherAddrs returns the gossip address of every other live member not

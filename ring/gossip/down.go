@@ -93,11 +93,14 @@ func (m *Membership) look(name string, boot uint64, claim bool) {
 		return
 	}
 	m.nodesMu.Lock()
-	md, err := decodeMeta(m.nodes[name].meta)
 	now := time.Now()
-	busy := m.looking[name] || now.Sub(m.lastLook[name]) < suspectInterval
 	_, marked := m.down[name]
-	if err != nil || md.State != StateServing || marked || busy || (boot != 0 && boot != md.Boot) {
+	if marked || m.looking[name] || now.Sub(m.lastLook[name]) < suspectInterval {
+		m.nodesMu.Unlock()
+		return // the common case of a burst of failed calls: no decoding
+	}
+	md, err := decodeMeta(m.nodes[name].meta)
+	if err != nil || md.State != StateServing || (boot != 0 && boot != md.Boot) {
 		m.nodesMu.Unlock()
 		return
 	}
