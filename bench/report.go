@@ -36,6 +36,9 @@ func WriteTable(w io.Writer, reports []*Report) error {
 			fmt.Fprintf(w, "\n%s, %s: calls started behind their time by p50 / p90 / p99 %.3f / %.3f / %.3f ms; from their actual start they took %.3f / %.3f / %.3f ms\n",
 				r.Target, r.Mode, r.StartLateness.P50, r.StartLateness.P90, r.StartLateness.P99, r.Service.P50, r.Service.P90, r.Service.P99)
 		}
+		if err := writeStages(w, r); err != nil {
+			return err
+		}
 	}
 	if len(reports) < 2 {
 		return nil
@@ -51,6 +54,21 @@ func WriteTable(w io.Writer, reports []*Report) error {
 		fmt.Fprintln(w)
 	}
 	return nil
+}
+
+// writeStages prints where r's nodes spent the time of their calls, stage
+// by stage, if they reported it.
+func writeStages(w io.Writer, r *Report) error {
+	if len(r.Stages) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\n%s, %s: the nodes' calls by stage (check: at the node a call reached; forward: at the owner it forwarded to; replicate: at a backup)\n", r.Target, r.Mode)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "call\tstage\tcount\tp50 ms\tp90 ms\tp99 ms\tp99.9 ms\tmax ms\t")
+	for _, s := range r.Stages {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t\n", s.Call, s.Stage, s.Count, s.Latency.P50, s.Latency.P90, s.Latency.P99, s.Latency.P999, s.Latency.Max)
+	}
+	return tw.Flush()
 }
 
 func ratio(x, y float64, unit string) string {

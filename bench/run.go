@@ -30,6 +30,7 @@ type Config struct {
 	Audit       bool          // keep every admitted send and replay them against Rules
 	Progress    io.Writer     // a line a second while it runs; nil means none
 	CallTimeout time.Duration // deadline of one call; 0 means 5s
+	Stages      *Stages       // nil, or where the target's nodes report their stages' time, for Report.Stages
 }
 
 func (c *Config) fill() {
@@ -107,6 +108,11 @@ type Report struct {
 	// itself, from its actual start. Zero in a closed loop.
 	StartLateness, Service Latency
 
+	// Stages is where the nodes' time went over the measured part, stage by
+	// stage, for a target whose nodes report it (Config.Stages): the server's
+	// side of Latency.
+	Stages []StageLatency `json:",omitempty"`
+
 	MemoryBytes       int64   // server-side bytes held after the run (0 if unknown)
 	MemoryRecipients  int64   // recipients they hold
 	BytesPerRecipient float64 // MemoryBytes / MemoryRecipients
@@ -140,6 +146,7 @@ func Run(ctx context.Context, target Target, cfg Config) (*Report, error) {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	lr := newLoadRun(target, cfg)
+	lr.tl.stages = cfg.Stages
 	var wg sync.WaitGroup
 	for w := range cfg.Concurrency {
 		wg.Go(func() { lr.work(runCtx, stop, w) })
@@ -269,6 +276,9 @@ func (lr *loadRun) record(intended, started, done time.Time) {
 // oracle's count of over-admissions. It fails when every call failed.
 func (lr *loadRun) report(ctx context.Context, r *Report) (*Report, error) {
 	lr.tl.fill(r)
+	if lr.cfg.Stages != nil {
+		r.Stages = lr.cfg.Stages.latencies()
+	}
 	if lr.cfg.Rate > 0 {
 		r.StartLateness, r.Service = latencyOf(lr.late), latencyOf(lr.service)
 	}

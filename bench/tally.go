@@ -16,6 +16,7 @@ import (
 // totals into the report. Safe for concurrent use.
 type tally struct {
 	measuring                                            atomic.Bool // the warm-up is over
+	stages                                               *Stages     // nil, or measured with the calls
 	decisions, admitted, denied, errs, degraded, secErrs atomic.Int64
 
 	mu sync.Mutex // guards total and second, and any histogram a run keeps beside them
@@ -59,6 +60,10 @@ func (t *tally) clock(ctx context.Context, r *Report, measureAt time.Time, d tim
 		}
 	}
 	t.measuring.Store(true)
+	if t.stages != nil {
+		t.stages.measure(true)
+		defer t.stages.measure(false)
+	}
 	start := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()

@@ -2,6 +2,8 @@ package metrics_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -151,6 +153,48 @@ freqring_check_items_count 7
 	// Durations are not exact, but there is one Check observation per call.
 	if got := testutil.CollectAndCount(obs, "freqring_check_duration_seconds"); got != 1 {
 		t.Fatalf("freqring_check_duration_seconds: %d series, want 1", got)
+	}
+}
+
+// TestStageHistograms: one series per stage each call reports, and a stage
+// a call does not report is dropped.
+func TestStageHistograms(t *testing.T) {
+	obs := metrics.NewObserver()
+	want := 0
+	for _, c := range node.Calls() {
+		want += len(node.StagesOf(c))
+	}
+	if got := testutil.CollectAndCount(obs, "freqring_stage_duration_seconds"); got != want || want < 20 {
+		t.Fatalf("freqring_stage_duration_seconds: %d series, want %d", got, want)
+	}
+	obs.Stage(node.CallCheck, node.StageWALFsync, 3*time.Millisecond)
+	obs.Stage(node.CallReplicate, node.StageJudge, time.Millisecond) // not a stage of replicate
+	exp := `
+# HELP freqring_stage_duration_seconds Wall time of one stage of a call: call is check (at the node it reached), forward (at the owner a check was forwarded to) or replicate (at a backup); stage is queue, decode, judge, forward, store, wal_queue, wal_write, wal_fsync, backup, persist (the WAL and backups waited for together), apply or respond. docs/operations.md says what each one covers.
+# TYPE freqring_stage_duration_seconds histogram
+`
+	var b strings.Builder
+	b.WriteString(exp)
+	for _, c := range node.Calls() {
+		for _, s := range node.StagesOf(c) {
+			n, sum := 0, "0"
+			if c == node.CallCheck && s == node.StageWALFsync {
+				n, sum = 1, "0.003"
+			}
+			for _, le := range metrics.StageBuckets {
+				k := 0
+				if le >= 0.003 {
+					k = n
+				}
+				fmt.Fprintf(&b, "freqring_stage_duration_seconds_bucket{call=%q,stage=%q,le=%q} %d\n", c.String(), s.String(), strconv.FormatFloat(le, 'g', -1, 64), k)
+			}
+			fmt.Fprintf(&b, "freqring_stage_duration_seconds_bucket{call=%q,stage=%q,le=\"+Inf\"} %d\n", c.String(), s.String(), n)
+			fmt.Fprintf(&b, "freqring_stage_duration_seconds_sum{call=%q,stage=%q} %s\n", c.String(), s.String(), sum)
+			fmt.Fprintf(&b, "freqring_stage_duration_seconds_count{call=%q,stage=%q} %d\n", c.String(), s.String(), n)
+		}
+	}
+	if err := testutil.CollectAndCompare(obs, strings.NewReader(b.String()), "freqring_stage_duration_seconds"); err != nil {
+		t.Fatal(err)
 	}
 }
 

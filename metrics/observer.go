@@ -18,6 +18,8 @@ type Observer struct {
 	fsyncSeconds    prometheus.Histogram
 	snapshotSeconds prometheus.Histogram
 	recoverySeconds prometheus.Histogram
+	stageSeconds    *prometheus.HistogramVec
+	stages          [][]prometheus.Observer // by node.Call, then node.Stage; nil for a stage the call lacks
 }
 
 var _ node.Observer = (*Observer)(nil)
@@ -32,6 +34,8 @@ var (
 	FsyncBuckets = prometheus.ExponentialBuckets(100e-6, 2, 14)
 	// SnapshotBuckets, seconds: 10ms to about 5.5 minutes (recovery too).
 	SnapshotBuckets = prometheus.ExponentialBuckets(0.01, 2, 16)
+	// StageBuckets, seconds: 5µs to about 2.6s.
+	StageBuckets = prometheus.ExponentialBuckets(5e-6, 2, 20)
 )
 
 // NewObserver returns an Observer with empty histograms.
@@ -39,7 +43,10 @@ func NewObserver() *Observer {
 	h := func(name, help string, buckets []float64) prometheus.Histogram {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
 	}
-	return &Observer{
+	o := &Observer{
+		stageSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "freqring_stage_duration_seconds",
+			Help:    "Wall time of one stage of a call: call is check (at the node it reached), forward (at the owner a check was forwarded to) or replicate (at a backup); stage is queue, decode, judge, forward, store, wal_queue, wal_write, wal_fsync, backup, persist (the WAL and backups waited for together), apply or respond. docs/operations.md says what each one covers.",
+			Buckets: StageBuckets}, []string{"call", "stage"}),
 		checkSeconds: h("freqring_check_duration_seconds",
 			"Wall time of a Check call (or one request of a CheckStream) from its arrival to its answer, forwarding and the WAL included.", CheckBuckets),
 		checkItems: h("freqring_check_items",
@@ -51,6 +58,17 @@ func NewObserver() *Observer {
 		recoverySeconds: h("freqring_recovery_duration_seconds",
 			"Wall time of recovery at start: loading the snapshot and replaying the WAL.", SnapshotBuckets),
 	}
+	for _, c := range node.Calls() {
+		var obs []prometheus.Observer // by stage
+		for _, s := range node.StagesOf(c) {
+			if grow := int(s) + 1 - len(obs); grow > 0 {
+				obs = append(obs, make([]prometheus.Observer, grow)...)
+			}
+			obs[s] = o.stageSeconds.WithLabelValues(c.String(), s.String())
+		}
+		o.stages = append(o.stages, obs)
+	}
+	return o
 }
 
 // CheckDone observes one Check call of items items that took d.
@@ -68,6 +86,16 @@ func (o *Observer) Snapshot(d time.Duration) { o.snapshotSeconds.Observe(d.Secon
 // Recovery observes the recovery at start.
 func (o *Observer) Recovery(d time.Duration) { o.recoverySeconds.Observe(d.Seconds()) }
 
+// Stage observes one stage of a call; a stage the call does not report
+// (node.StagesOf) is dropped.
+func (o *Observer) Stage(c node.Call, s node.Stage, d time.Duration) {
+	if int(c) < len(o.stages) && int(s) < len(o.stages[c]) {
+		if h := o.stages[c][s]; h != nil {
+			h.Observe(d.Seconds())
+		}
+	}
+}
+
 func (o *Observer) histograms() []prometheus.Histogram {
 	return []prometheus.Histogram{o.checkSeconds, o.checkItems, o.fsyncSeconds, o.snapshotSeconds, o.recoverySeconds}
 }
@@ -77,6 +105,7 @@ func (o *Observer) Describe(ch chan<- *prometheus.Desc) {
 	for _, h := range o.histograms() {
 		h.Describe(ch)
 	}
+	o.stageSeconds.Describe(ch)
 }
 
 // Collect sends the histograms.
@@ -84,4 +113,5 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 	for _, h := range o.histograms() {
 		h.Collect(ch)
 	}
+	o.stageSeconds.Collect(ch)
 }

@@ -38,9 +38,11 @@ func (n *Node) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckRespon
 // meanwhile) are routed once more under the new ring.
 func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*pb.CheckResponse, error) {
 	if reroute && n.cfg.Observer != nil {
+		n.queued(ctx)
 		start := time.Now()
 		defer func() { n.cfg.Observer.CheckDone(len(req.Recipients), time.Since(start)) }()
 	}
+	st := n.startStages(CallCheck, ctx)
 	// Admitted first: a call that reaches a node still in Open (a peer of an
 	// in-process cluster can) must not read its WAL before recovery ends.
 	if err := n.admit(ctx, req); err != nil {
@@ -51,9 +53,13 @@ func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*
 	r := n.clus.Load().ring()
 	b := decode(req, n.view.Load(), r)
 	defer b.put()
+	b.st = st
+	b.st.lap(StageDecode)
 	var resp *pb.CheckResponse
 	var err error
-	if remote := n.judge(b, r, false); remote {
+	remote := n.judge(b, r, false)
+	b.st.lap(StageJudge)
+	if remote {
 		resp, err = n.route(ctx, b, r, t)
 	} else {
 		resp, err = n.decide(ctx, b, nil, r, t)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 	"unsafe"
 
 	"google.golang.org/grpc"
@@ -95,7 +96,13 @@ func decodeInvalid(sd *grpc.ServiceDesc, check func(ctx context.Context, method 
 	for i := range c.Methods {
 		h := c.Methods[i].Handler
 		c.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
-			return h(srv, ctx, func(v any) error { return recvDecoded(dec, v) }, ic)
+			return h(srv, ctx, func(v any) error {
+				if rt := timingOf(ctx); rt != nil {
+					start := time.Now()
+					defer func() { rt.unmarshal = time.Since(start) }()
+				}
+				return recvDecoded(dec, v)
+			}, ic)
 		}
 	}
 	c.Streams = slices.Clone(sd.Streams)

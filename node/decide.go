@@ -46,6 +46,7 @@ func (n *Node) decide(ctx context.Context, b *batch, idx []int, r *ring.Ring, t 
 		}
 	}
 	p.flush()
+	b.st.lap(StageStore)
 	return p.persist(ctx)
 }
 

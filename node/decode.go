@@ -48,6 +48,8 @@ type batch struct {
 	// sends lists what decide recorded, for the WAL and the backups
 	// (record.go).
 	sends []send
+	// st times the call's stages.
+	st stageTimer
 }
 
 var batches = sync.Pool{New: func() any { return new(batch) }}
@@ -61,6 +63,7 @@ func (b *batch) put() {
 	b.decided = b.decided[:0]
 	clear(b.sends) // they hold domain names
 	b.sends = b.sends[:0]
+	b.st = stageTimer{}
 	batches.Put(b)
 }
 

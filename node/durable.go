@@ -93,14 +93,13 @@ func (d *durable) close() error {
 
 // appendWAL makes the sends of one Check durable before it replies, with
 // the append its ticket announced; with no send to log, it withdraws it.
-func (n *Node) appendWAL(ctx context.Context, enc *walEncoder, t *walTicket) error {
+func (n *Node) appendWAL(ctx context.Context, enc *walEncoder, t *walTicket) (wal.Commit, error) {
 	if enc.n == 0 {
 		t.cancel()
-		return nil
+		return wal.Commit{}, nil
 	}
 	t.used = true
-	_, err := t.log.AppendExpected(ctx, enc.bytes())
-	return err
+	return t.log.AppendExpected(ctx, enc.bytes())
 }
 
 // snapshot writes a snapshot and reads it back to verify it. Then it

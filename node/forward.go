@@ -35,7 +35,11 @@ func (n *Node) route(ctx context.Context, b *batch, r *ring.Ring, t *walTicket) 
 	var wg sync.WaitGroup
 	for _, g := range groups {
 		if g.bad == nil && g != local {
-			wg.Go(func() { n.forward(ctx, b.req, r, g) })
+			wg.Go(func() {
+				start := b.st.now()
+				n.forward(ctx, b.req, r, g)
+				b.st.since(StageForward, start)
+			})
 		}
 	}
 	if local != nil {

@@ -37,6 +37,10 @@ type Observer interface {
 	// DataDir, with the wall time of loading the snapshot and replaying
 	// the WAL.
 	Recovery(d time.Duration)
+	// Stage is called as each stage of a call ends, with its wall time
+	// (stages.go names them): several times per call, so it must cost no
+	// more than an atomic add or two.
+	Stage(call Call, stage Stage, d time.Duration)
 }
 
 // RuleStats are the decision counters of one rule of a domain.

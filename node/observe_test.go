@@ -177,6 +177,7 @@ type recordingObserver struct {
 	mu                       sync.Mutex
 	checks                   []int // items per call
 	fsyncs, snaps, recovered int
+	stages                   map[string]int // observations by "call/stage"
 }
 
 func (o *recordingObserver) CheckDone(items int, d time.Duration) {
@@ -187,6 +188,14 @@ func (o *recordingObserver) CheckDone(items int, d time.Duration) {
 func (o *recordingObserver) Fsync(time.Duration)    { o.mu.Lock(); o.fsyncs++; o.mu.Unlock() }
 func (o *recordingObserver) Snapshot(time.Duration) { o.mu.Lock(); o.snaps++; o.mu.Unlock() }
 func (o *recordingObserver) Recovery(time.Duration) { o.mu.Lock(); o.recovered++; o.mu.Unlock() }
+func (o *recordingObserver) Stage(c Call, s Stage, d time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.stages == nil {
+		o.stages = map[string]int{}
+	}
+	o.stages[c.String()+"/"+s.String()]++
+}
 
 func TestObserverHooks(t *testing.T) {
 	clk := &testClock{}
@@ -211,6 +220,15 @@ func TestObserverHooks(t *testing.T) {
 	}
 	if obs.fsyncs <= fsyncsAtOpen {
 		t.Fatalf("no Fsync reported for two recorded batches under SyncBatch (%d at Open, %d after)", fsyncsAtOpen, obs.fsyncs)
+	}
+	// Called in process, with no gRPC around it: no queue or respond.
+	for _, s := range []string{"check/decode", "check/judge", "check/store", "check/wal_queue", "check/wal_write", "check/wal_fsync", "check/persist"} {
+		if obs.stages[s] != 2 {
+			t.Errorf("stage %s observed %d times, want 2 (once per check that decided)", s, obs.stages[s])
+		}
+	}
+	if len(obs.stages) != 7 {
+		t.Errorf("stages observed: %v, want the 7 of an in-process check", obs.stages)
 	}
 	if got := n.Stats().WAL.Fsyncs; int64(obs.fsyncs) != got {
 		t.Fatalf("Fsync called %d times, WAL counted %d fsyncs", obs.fsyncs, got)

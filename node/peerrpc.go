@@ -32,6 +32,11 @@ type peerServer struct {
 // its own ring and fails the others as retryable.
 func (s peerServer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
 	n := s.n
+	if rt := timingOf(ctx); rt != nil {
+		n.queued(ctx)
+		defer rt.handled()
+	}
+	st := n.startStages(CallForward, ctx)
 	if err := n.admit(ctx, req); err != nil { // first: see check
 		return nil, err
 	}
@@ -41,7 +46,10 @@ func (s peerServer) Forward(ctx context.Context, req *pb.CheckRequest) (*pb.Chec
 	r := n.clus.Load().ring()
 	b := decode(req, n.view.Load(), r)
 	defer b.put()
+	b.st = st
+	b.st.lap(StageDecode)
 	n.judge(b, r, true)
+	b.st.lap(StageJudge)
 	return n.decide(ctx, b, nil, r, t)
 }
 

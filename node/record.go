@@ -11,6 +11,7 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/api/wire"
 	"github.com/freqring/freqring/store"
+	"github.com/freqring/freqring/wal"
 )
 
 // This file is what decide recorded, on its way to the disk and the
@@ -63,6 +64,9 @@ func (p *pass) record(j int, x *item, sb *store.BatchItem) {
 // have ended (confirmDuplicates).
 func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 	n := p.n
+	st := p.b.st
+	start := st.now()
+	defer st.since(StagePersist, start)
 	var replicated chan struct{}
 	var rs *replicaSet
 	if p.replicating {
@@ -70,7 +74,11 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 		defer n.releaseReplicaSet(rs)
 		if len(rs.backups) > 0 {
 			replicated = make(chan struct{})
-			go func() { defer close(replicated); n.replicate(ctx, p.r, rs) }()
+			go func() {
+				defer close(replicated)
+				n.replicate(ctx, p.r, rs)
+				st.since(StageBackup, start)
+			}()
 		}
 	}
 	var enc *walEncoder
@@ -81,7 +89,9 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 		// The sends are recorded in memory: they go to the WAL even if the
 		// caller has left (a deadline), or a crash would forget what the
 		// node counts now.
-		walErr = n.appendWAL(context.WithoutCancel(ctx), enc, p.t)
+		var c wal.Commit
+		c, walErr = n.appendWAL(context.WithoutCancel(ctx), enc, p.t)
+		st.commit(c)
 	}
 	if replicated != nil {
 		<-replicated

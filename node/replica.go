@@ -418,8 +418,10 @@ func (p *pass) withdraw(ctx context.Context, failed map[int]bool) {
 // The whole message is checked before anything changes.
 func (s peerServer) Replicate(ctx context.Context, req *pb.ReplicateRequest) (*pb.ReplicateResponse, error) {
 	n := s.n
+	st := n.startStages(CallReplicate, ctx)
 	enc, err := n.recordReplicated(req)
-	if lerr := n.logReplicated(ctx, enc); err == nil {
+	st.lap(StageApply)
+	if lerr := n.logReplicated(ctx, enc, &st); err == nil {
 		err = lerr
 	}
 	if err != nil {
@@ -593,12 +595,14 @@ func (sc *replicatedScratch) release() {
 // logReplicated appends what recordReplicated returned to the WAL and waits
 // until it is durable; nil does nothing. If the append fails, the sends are
 // taken back from the store, which then agrees with the WAL, and the owner
-// fails the items.
-func (n *Node) logReplicated(ctx context.Context, enc *walEncoder) error {
+// fails the items. st observes the append's steps.
+func (n *Node) logReplicated(ctx context.Context, enc *walEncoder, st *stageTimer) error {
 	if enc == nil {
 		return nil
 	}
-	if _, err := n.dur.log.Append(context.WithoutCancel(ctx), enc.bytes()); err != nil {
+	c, err := n.dur.log.AppendCommit(context.WithoutCancel(ctx), enc.bytes())
+	st.commit(c)
+	if err != nil {
 		n.takeBack(ctx, enc.bytes(), nil)
 		n.takenBack.Add(1)
 		return status.Errorf(codes.Unavailable, "node %s: write-ahead log: %v", n.cfg.Name, err)

@@ -50,16 +50,20 @@ type replicaStreamer interface {
 // called by one goroutine at a time.
 func (n *Node) serveReplicateStream(ctx context.Context, recv func() (*pb.ReplicateRequest, error), send func(*pb.ReplicateAck) error) error {
 	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, send, func(req *pb.ReplicateRequest, reply func(*pb.ReplicateAck)) {
+		st := n.startStages(CallReplicate, ctx)
 		enc, err := n.recordReplicated(req)
+		st.lap(StageApply)
 		if enc == nil {
 			reply(replicateAck(req.CallId, err))
 			return
 		}
 		go func() {
-			if lerr := n.logReplicated(ctx, enc); err == nil {
+			if lerr := n.logReplicated(ctx, enc, &st); err == nil {
 				err = lerr
 			}
+			st.restart()
 			reply(replicateAck(req.CallId, err))
+			st.lap(StageRespond)
 		}()
 	})
 }

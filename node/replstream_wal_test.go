@@ -22,9 +22,10 @@ type fsyncGate struct {
 	open  chan struct{} // closed by release
 }
 
-func (g *fsyncGate) CheckDone(int, time.Duration) {}
-func (g *fsyncGate) Snapshot(time.Duration)       {}
-func (g *fsyncGate) Recovery(time.Duration)       {}
+func (g *fsyncGate) CheckDone(int, time.Duration)               {}
+func (g *fsyncGate) Snapshot(time.Duration)                     {}
+func (g *fsyncGate) Recovery(time.Duration)                     {}
+func (g *fsyncGate) Stage(node.Call, node.Stage, time.Duration) {}
 func (g *fsyncGate) Fsync(time.Duration) {
 	if !g.armed.Load() {
 		return

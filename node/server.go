@@ -26,6 +26,9 @@ type limiterServer struct {
 
 // Check waits its turn at the node's item gate (memlimit.go), then checks.
 func (s limiterServer) Check(ctx context.Context, req *pb.CheckRequest) (*pb.CheckResponse, error) {
+	if rt := timingOf(ctx); rt != nil {
+		defer rt.handled()
+	}
 	release, err := s.n.gate.acquire(ctx, s.n.stopping, len(req.Recipients))
 	if err != nil {
 		return nil, err
@@ -83,6 +86,9 @@ func (s adminServer) ListOverrides(ctx context.Context, req *pb.OverrideListRequ
 func (n *Node) NewGRPCServer(opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	opts = append(append(n.cfg.Limits.serverOptions(), grpc.ForceServerCodecV2(newServerCodec()), // codec.go
 		grpc.ChainUnaryInterceptor(n.guard.unary), grpc.ChainStreamInterceptor(n.guard.stream)), opts...) // security.go
+	if n.cfg.Observer != nil {
+		opts = append(opts, grpc.InTapHandle(tapArrival), grpc.StatsHandler(respondTimer{n.cfg.Observer})) // stages.go
+	}
 	srv := grpc.NewServer(opts...)
 	srv.RegisterService(decodeInvalid(&pb.Limiter_ServiceDesc, n.guard.bind), limiterServer{n: n}) // codec.go
 	srv.RegisterService(decodeInvalid(&pb.Peer_ServiceDesc, n.guard.bind), peerServer{n: n})

@@ -35,6 +35,7 @@ func (n *Node) CheckStream(ctx context.Context, recv func() (*pb.CheckRequest, e
 		return status.Error(codes.Unavailable, "node is not serving: recovering or shut down")
 	}
 	return serveStream(ctx, n.stopping, n.cfg.Limits.MaxStreamRequests, recv, send, func(req *pb.CheckRequest, reply func(*pb.CheckResponse)) {
+		st := n.startStages(CallCheck, ctx)
 		release, err := n.gate.acquire(ctx, n.stopping, len(req.Recipients))
 		if err != nil {
 			st := status.Convert(err)
@@ -43,7 +44,11 @@ func (n *Node) CheckStream(ctx context.Context, recv func() (*pb.CheckRequest, e
 		}
 		go func() {
 			defer release()
-			reply(n.streamed(ctx, req))
+			st.lap(StageQueue)
+			resp := n.streamed(ctx, req)
+			st.restart()
+			reply(resp)
+			st.lap(StageRespond)
 		}()
 	})
 }

@@ -28,6 +28,10 @@ type result struct {
 	err    error         // write or fsync error
 	next   Position      // Rotate: first position of the new segment
 	rotErr error         // Rotate: error cutting the new segment
+
+	// When the flusher took the batch, finished its write, and finished
+	// its fsync (zero when it made none).
+	taken, wrote, synced time.Time
 }
 
 // result returns the batch's result, making it on first use. Called with mu held.
@@ -58,10 +62,31 @@ func (l *Log) nudge() {
 	}
 }
 
-// AppendExpected is Append for a caller that announced it with Expect: the
-// announcement ends when the record joins the batch, or when it fails.
-func (l *Log) AppendExpected(ctx context.Context, payload []byte) (Position, error) {
+// AppendExpected is AppendCommit for a caller that announced it with
+// Expect: the announcement ends when the record joins the batch, or when it
+// fails.
+func (l *Log) AppendExpected(ctx context.Context, payload []byte) (Commit, error) {
 	return l.append(ctx, payload, true)
+}
+
+// AppendCommit is Append, and tells how long each step of the wait took.
+func (l *Log) AppendCommit(ctx context.Context, payload []byte) (Commit, error) {
+	return l.append(ctx, payload, false)
+}
+
+// Commit is where an appended record went, and what its Append waited
+// for: each duration is the wall time of one step of its group commit.
+type Commit struct {
+	Position
+	// Queued is from the call until the flusher took the record's batch:
+	// waiting for room in a full batch, the group-commit wait, and the
+	// flush of the batch before.
+	Queued time.Duration
+	// Write is the batch's write(2).
+	Write time.Duration
+	// Fsync is the batch's fsync; 0 when the batch was not fsynced (the
+	// policy is not SyncBatch).
+	Fsync time.Duration
 }
 
 // Append adds payload to the log and returns its position once the batch
@@ -76,10 +101,11 @@ func (l *Log) AppendExpected(ctx context.Context, payload []byte) (Position, err
 // a full batch when Close is called returns ErrClosed and is not written.
 // After a write or fsync error every Append returns that error.
 func (l *Log) Append(ctx context.Context, payload []byte) (Position, error) {
-	return l.append(ctx, payload, false)
+	c, err := l.append(ctx, payload, false)
+	return c.Position, err
 }
 
-func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Position, error) {
+func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Commit, error) {
 	joined := false
 	if expected {
 		defer func() {
@@ -89,22 +115,23 @@ func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Positi
 		}()
 	}
 	if len(payload) > MaxPayload {
-		return Position{}, fmt.Errorf("%w: %d bytes, maximum %d", ErrTooLarge, len(payload), MaxPayload)
+		return Commit{}, fmt.Errorf("%w: %d bytes, maximum %d", ErrTooLarge, len(payload), MaxPayload)
 	}
 	if err := ctx.Err(); err != nil {
-		return Position{}, err
+		return Commit{}, err
 	}
 	need := recordHeaderLen + len(payload)
+	arrived := time.Now()
 	l.mu.Lock()
 	for {
 		if l.closed {
 			l.mu.Unlock()
-			return Position{}, ErrClosed
+			return Commit{}, ErrClosed
 		}
 		if l.err != nil {
 			err := l.err
 			l.mu.Unlock()
-			return Position{}, err
+			return Commit{}, err
 		}
 		b := l.pending
 		if b.n == 0 || len(b.buf)+need <= l.opts.MaxBatchBytes {
@@ -119,7 +146,7 @@ func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Positi
 		select {
 		case <-room:
 		case <-ctx.Done():
-			return Position{}, ctx.Err()
+			return Commit{}, ctx.Err()
 		}
 		l.mu.Lock()
 	}
@@ -141,12 +168,16 @@ func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Positi
 	select {
 	case <-res.done:
 	case <-ctx.Done():
-		return Position{}, fmt.Errorf("wal: append: %w (the record may still be written)", ctx.Err())
+		return Commit{}, fmt.Errorf("wal: append: %w (the record may still be written)", ctx.Err())
 	}
 	if res.err != nil {
-		return Position{}, res.err
+		return Commit{}, res.err
 	}
-	return Position{Seq: res.seq, Offset: res.base + rel}, nil
+	c := Commit{Position: Position{Seq: res.seq, Offset: res.base + rel}, Queued: max(0, res.taken.Sub(arrived)), Write: res.wrote.Sub(res.taken)}
+	if !res.synced.IsZero() {
+		c.Fsync = res.synced.Sub(res.wrote)
+	}
+	return c, nil
 }
 
 // Sync writes every record queued before the call and fsyncs the active

@@ -1069,3 +1069,32 @@ func TestGroupWaitGathersAnnouncedAppends(t *testing.T) {
 		l.Unexpect()
 	})
 }
+
+// TestAppendCommitTimesItsSteps: an append under SyncBatch tells how long
+// its batch's write and fsync took, and one under SyncNone reports no
+// fsync; each step fits in the append's own time, and the position is
+// Append's.
+func TestAppendCommitTimesItsSteps(t *testing.T) {
+	for _, policy := range []SyncPolicy{SyncBatch, SyncNone} {
+		l := openT(t, Options{Dir: t.TempDir(), Sync: policy})
+		first, err := l.Append(context.Background(), []byte("first"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		c, err := l.AppendCommit(context.Background(), []byte("second"))
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Seq != first.Seq || c.Offset <= first.Offset {
+			t.Errorf("%v: position %+v after %+v", policy, c.Position, first)
+		}
+		if c.Write <= 0 || c.Queued < 0 || c.Queued+c.Write+c.Fsync > took {
+			t.Errorf("%v: queued %v, write %v, fsync %v in an append of %v", policy, c.Queued, c.Write, c.Fsync, took)
+		}
+		if (c.Fsync > 0) != (policy == SyncBatch) {
+			t.Errorf("%v: fsync %v", policy, c.Fsync)
+		}
+	}
+}

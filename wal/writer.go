@@ -14,11 +14,15 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 		sticky = l.reopen(sticky)
 	}
 	seq, base := l.seq, l.size
+	taken := time.Now()
+	var wrote, synced time.Time
 	err := sticky
 	if err == nil && len(b.buf) > 0 {
 		// pwrite at the logical end: over the zeros of a pre-zeroed segment,
 		// or past the end of the file.
-		if _, werr := l.writeAt(b.buf, l.size); werr != nil {
+		_, werr := l.writeAt(b.buf, l.size)
+		wrote = time.Now()
+		if werr != nil {
 			err = fmt.Errorf("wal: %w", werr)
 		} else {
 			l.size += int64(len(b.buf))
@@ -39,7 +43,9 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 		}
 	}
 	if err == nil && (b.sync || closing || (l.opts.Sync == SyncBatch && len(b.buf) > 0)) {
-		if serr := l.fsync(l.f); serr != nil {
+		serr := l.fsync(l.f)
+		synced = time.Now()
+		if serr != nil {
 			err = fmt.Errorf("wal: fsync %s: %w", segmentName(l.seq), serr)
 		}
 	}
@@ -53,6 +59,10 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 	res := b.res
 	if res != nil {
 		res.seq, res.base, res.err = seq, base, err
+		if wrote.IsZero() {
+			wrote = taken
+		}
+		res.taken, res.wrote, res.synced = taken, wrote, synced
 		if b.rotate {
 			res.rotErr = err
 			if err == nil && !closing {

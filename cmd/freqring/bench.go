@@ -79,7 +79,12 @@ type benchTargetFlags struct {
 	startRedis               bool
 	startCluster             int
 	replication, rulesPath   string
+	dataDir                  string
 	tls                      *tlsFlags
+
+	// stages, set when freqringSeeds started a cluster, is where its nodes
+	// report each stage of their calls.
+	stages *bench.Stages
 }
 
 // benchFlags holds the flags of freqring bench, as parsed. The define
@@ -142,6 +147,7 @@ func (f *benchFlags) defineTargets(fs *flag.FlagSet) {
 	fs.BoolVar(&f.startRedis, "start-redis", false, "start a local redis-server on 127.0.0.1 for the run (Debian's redis-server), instead of using --redis")
 	fs.IntVar(&f.startCluster, "start-cluster", 0, "start a local freqring cluster of this many nodes in this process, instead of using --addr")
 	fs.StringVar(&f.replication, "replication", "sync", "with --start-cluster: the cluster's replication, sync, async or off")
+	fs.StringVar(&f.dataDir, "data-dir", "", "with --start-cluster: node NAME keeps its WAL (fsynced before each reply) and snapshots in DIR/NAME (default: memory-only nodes)")
 	fs.StringVar(&f.rulesPath, "rules", "", "rules file (default: the embedded rules); its domain's rules drive Redis and the oracle")
 	fs.StringVar(&f.domain, "domain", "default", "domain of every check")
 	fs.StringVar(&f.policy, "fail", "open", "freqring client failure policy: open or closed")
@@ -206,11 +212,14 @@ func (f *benchFlags) runMessages(ctx context.Context, rs *rules.Set, d *window.D
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var reports []*bench.Report
 	for _, name := range strings.Split(f.targets, ",") {
+		f.stages = nil
 		t, end, err := f.messageTarget(ctx, name, rs, d, fp, logger, stdout)
 		if err != nil {
 			return nil, err
 		}
-		r, err := bench.Run(ctx, t, cfg)
+		run := cfg
+		run.Stages = f.stages
+		r, err := bench.Run(ctx, t, run)
 		t.Close()
 		if end != nil {
 			end()
@@ -291,8 +300,10 @@ func (f *benchTargetFlags) freqringSeeds(ctx context.Context, rs *rules.Set, log
 	if err != nil {
 		return nil, nil, nil, usagef("--replication %q is not one of sync, async, off", f.replication)
 	}
-	lc, err := nodetest.Start(ctx, nodetest.Config{Size: f.startCluster, Rules: rs, NamePrefix: "bench-",
-		Node:   func(cfg *node.Config) { cfg.Replication = repl },
+	f.stages = new(bench.Stages)
+	obs := newStageObserver(f.stages)
+	lc, err := nodetest.Start(ctx, nodetest.Config{Size: f.startCluster, Rules: rs, NamePrefix: "bench-", DataDir: f.dataDir,
+		Node:   func(cfg *node.Config) { cfg.Replication, cfg.Observer = repl, obs },
 		Gossip: &gossip.Config{BindAddr: "127.0.0.1"}, Logger: logger})
 	if err != nil {
 		return nil, nil, nil, err
@@ -301,6 +312,37 @@ func (f *benchTargetFlags) freqringSeeds(ctx context.Context, rs *rules.Set, log
 	fmt.Fprintf(stdout, "started a local cluster of %d nodes: %s\n", f.startCluster, strings.Join(seeds, ", "))
 	return seeds, dial, func() { lc.Close() }, nil
 }
+
+// stageObserver is a node.Observer that gives each stage's time to its
+// bench histogram; its other hooks do nothing. Safe for concurrent use.
+type stageObserver [][]*bench.StageHistogram // by node.Call, then node.Stage
+
+// newStageObserver returns a stageObserver of a histogram in s per stage
+// of each call.
+func newStageObserver(s *bench.Stages) stageObserver {
+	var o stageObserver
+	for _, c := range node.Calls() {
+		var hs []*bench.StageHistogram
+		for _, st := range node.StagesOf(c) {
+			if grow := int(st) + 1 - len(hs); grow > 0 {
+				hs = append(hs, make([]*bench.StageHistogram, grow)...)
+			}
+			hs[st] = s.Add(c.String(), st.String())
+		}
+		o = append(o, hs)
+	}
+	return o
+}
+
+func (o stageObserver) Stage(c node.Call, s node.Stage, d time.Duration) {
+	if int(c) < len(o) && int(s) < len(o[c]) && o[c][s] != nil {
+		o[c][s].Observe(d)
+	}
+}
+func (o stageObserver) CheckDone(int, time.Duration) {}
+func (o stageObserver) Fsync(time.Duration)          {}
+func (o stageObserver) Snapshot(time.Duration)       {}
+func (o stageObserver) Recovery(time.Duration)       {}
 
 // redisAddress returns the address of the Redis to bench: --redis or, with
 // --start-redis, that of a redis-server it starts, announced on stdout; end

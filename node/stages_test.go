@@ -1,0 +1,106 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/node"
+	"github.com/freqring/freqring/node/nodetest"
+)
+
+// stageRecorder is an Observer that keeps every stage observation. Safe for
+// concurrent use.
+type stageRecorder struct {
+	mu     sync.Mutex
+	stages map[string][]time.Duration // by "call/stage"
+}
+
+func (o *stageRecorder) CheckDone(int, time.Duration) {}
+func (o *stageRecorder) Fsync(time.Duration)          {}
+func (o *stageRecorder) Snapshot(time.Duration)       {}
+func (o *stageRecorder) Recovery(time.Duration)       {}
+func (o *stageRecorder) Stage(c node.Call, s node.Stage, d time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.stages[c.String()+"/"+s.String()] = append(o.stages[c.String()+"/"+s.String()], d)
+}
+
+// observed returns the names of the stages observed, sorted, and fails t
+// if one lasted less than 0 or longer than limit.
+func (o *stageRecorder) observed(t *testing.T, node string, limit time.Duration) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var names []string
+	for name, ds := range o.stages {
+		names = append(names, name)
+		for _, d := range ds {
+			if d < 0 || d > limit {
+				t.Errorf("%s: stage %s lasted %v, outside [0, %v]", node, name, d, limit)
+			}
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// TestStagesTimed checks a batch over gRPC through one node of two with
+// WALs: the entry node reports every stage of a check that forwards part of
+// its batch and replicates the rest, the other the stages of the forward it
+// answered and of the replication it took; each lasts from 0 to the call's
+// timeout.
+func TestStagesTimed(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	recs := map[string]*stageRecorder{}
+	c, err := nodetest.Start(ctx, nodetest.Config{Size: 2, DataDir: t.TempDir(), Node: func(cfg *node.Config) {
+		rec := &stageRecorder{stages: map[string][]time.Duration{}}
+		mu.Lock()
+		recs[cfg.Name] = rec
+		mu.Unlock()
+		cfg.Observer = rec
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	entry, other := c.Members()[0], c.Members()[1]
+	var rcps []string
+	for i := range 40 {
+		rcps = append(rcps, fmt.Sprintf("+86137%08d", i))
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := pb.NewLimiterClient(dialNode(t, entry.Addr)).Check(cctx, &pb.CheckRequest{Recipients: rcps})
+	if err != nil || len(resp.Errors) > 0 {
+		t.Fatalf("check: %v %v", err, resp.GetErrors())
+	}
+	// The other node's answer to the forward and its ack to the
+	// replication reached the entry node; the entry's own ack of the
+	// forward's replication reached the other node before it answered.
+	want := map[*nodetest.Member][]string{
+		entry: {"check/backup", "check/decode", "check/forward", "check/judge", "check/persist", "check/queue", "check/respond", "check/store",
+			"check/wal_fsync", "check/wal_queue", "check/wal_write", "replicate/apply", "replicate/respond", "replicate/wal_fsync", "replicate/wal_queue", "replicate/wal_write"},
+		other: {"forward/backup", "forward/decode", "forward/judge", "forward/persist", "forward/queue", "forward/respond", "forward/store",
+			"forward/wal_fsync", "forward/wal_queue", "forward/wal_write", "replicate/apply", "replicate/respond", "replicate/wal_fsync", "replicate/wal_queue", "replicate/wal_write"},
+	}
+	for m, names := range want {
+		// respond is observed once the response is on its way: the
+		// caller may see it first.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got := recs[m.Name].observed(t, m.Name, 10*time.Second)
+			if slices.Equal(got, names) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s observed stages\n%v\nwant\n%v", m.Name, got, names)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
