@@ -48,8 +48,6 @@ func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*
 	if err := n.admit(ctx, req); err != nil {
 		return nil, err
 	}
-	t := n.announce()
-	defer t.cancel()
 	r := n.clus.Load().ring()
 	b := decode(req, n.view.Load(), r)
 	defer b.put()
@@ -59,6 +57,14 @@ func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*
 	var err error
 	remote := n.judge(b, r, false)
 	b.st.lap(StageJudge)
+	// The WAL's group commit waits for announced appends: a call whose
+	// items all go elsewhere announces none, or it would hold every commit
+	// back for as long as its forwards take.
+	var t *walTicket
+	if b.decidesHere() {
+		t = n.announce()
+		defer t.cancel()
+	}
 	if remote {
 		resp, err = n.route(ctx, b, r, t)
 	} else {

@@ -387,3 +387,13 @@ func (n *Node) judge(b *batch, r *ring.Ring, forwarded bool) (remote bool) {
 	}
 	return remote
 }
+
+// decidesHere reports whether judge left any item of b to this node.
+func (b *batch) decidesHere() bool {
+	for i := range b.items {
+		if b.items[i].where == decidedHere {
+			return true
+		}
+	}
+	return false
+}

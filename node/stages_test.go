@@ -104,3 +104,39 @@ func TestStagesTimed(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardingCheckHoldsNoGroupCommit: a check whose items all belong to
+// another node announces no WAL append, so that its node's group commits
+// (here, of the sends it takes as that node's backup) do not wait for it
+// while its forward is in flight.
+func TestForwardingCheckHoldsNoGroupCommit(t *testing.T) {
+	ctx := context.Background()
+	c, err := nodetest.Start(ctx, nodetest.Config{Size: 2, InMemory: true, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	entry, owner := c.Members()[0], c.Members()[1]
+	r := entry.Node.Ring()
+	var theirs []string
+	for i := 0; len(theirs) < 20; i++ {
+		rcp := fmt.Sprintf("+86138%08d", i)
+		if r.PartitionOwner(r.PartitionString(rcp)).Name == owner.Name {
+			theirs = append(theirs, rcp)
+		}
+	}
+	before := entry.Node.Stats().WAL
+	for _, rcp := range theirs {
+		resp, err := c.Check(ctx, entry, &pb.CheckRequest{Recipients: []string{rcp}})
+		if err != nil || len(resp.Errors) > 0 || !resp.Admitted[0] {
+			t.Fatalf("check %s: %v %v", rcp, err, resp.GetErrors())
+		}
+	}
+	after := entry.Node.Stats().WAL
+	if after.Appends-before.Appends < int64(len(theirs)) {
+		t.Fatalf("the entry node, the owner's backup, appended %d records for %d sends", after.Appends-before.Appends, len(theirs))
+	}
+	if waits := after.GroupWaits - before.GroupWaits; waits != 0 {
+		t.Fatalf("%d group commits waited for appends the forwarding checks announced", waits)
+	}
+}
