@@ -12,6 +12,7 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/api/wire"
 	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/window"
 )
@@ -72,13 +73,17 @@ type pass struct {
 
 	admitted, denied, failed, refunds int64
 	tally                             tally
+
+	// durability is the strongest of the domains whose sends the call
+	// recorded (rules.DurabilityFsync first): what persist waits for.
+	durability rules.Durability
 }
 
 // newPass starts decide's pass over answers idx of b: with a WAL, the
 // items the failed log cannot take fail now; with a WAL or replication, the
 // call enters the walFlight before any store change.
 func (n *Node) newPass(b *batch, idx []int, r *ring.Ring, t *walTicket) *pass {
-	p := &pass{n: n, b: b, idx: idx, cnt: len(b.items), r: r, t: t}
+	p := &pass{n: n, b: b, idx: idx, cnt: len(b.items), r: r, t: t, durability: rules.DurabilityAsync}
 	if idx != nil {
 		p.cnt = len(idx)
 	}

@@ -91,15 +91,16 @@ func (d *durable) close() error {
 	return err
 }
 
-// appendWAL makes the sends of one Check durable before it replies, with
-// the append its ticket announced; with no send to log, it withdraws it.
-func (n *Node) appendWAL(ctx context.Context, enc *walEncoder, t *walTicket) (wal.Commit, error) {
+// appendWAL writes the sends of one Check to the WAL before it replies,
+// and with fsync (under wal.SyncBatch) waits for their fsync, with the
+// append its ticket announced; with no send to log, it withdraws it.
+func (n *Node) appendWAL(ctx context.Context, enc *walEncoder, t *walTicket, fsync bool) (wal.Commit, error) {
 	if enc.n == 0 {
 		t.cancel()
 		return wal.Commit{}, nil
 	}
 	t.used = true
-	return t.log.AppendExpected(ctx, enc.bytes())
+	return t.log.AppendExpected(ctx, enc.bytes(), fsync)
 }
 
 // snapshot writes a snapshot and reads it back to verify it. Then it
@@ -537,7 +538,7 @@ func (n *Node) takeBack(ctx context.Context, payload []byte, r *ring.Ring) int {
 		n.log.Error("BUG: a WAL payload this node encoded does not decode", "err", err)
 	}
 	if rs != nil && len(rs.backups) > 0 {
-		n.replicate(context.WithoutCancel(ctx), r, rs)
+		n.replicate(context.WithoutCancel(ctx), r, rs, n.cfg.Replication == ReplicationAsync)
 		for _, rb := range rs.backups {
 			if rb.err != nil {
 				n.log.Warn("a backup did not take back sends its owner's WAL did not take: it counts them until they expire", "backup", rb.member.Name, "sends", len(rb.sends), "err", rb.err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -580,15 +581,44 @@ func TestPeersAreChecked(t *testing.T) {
 // replication (AsyncBound 4): the oracle may find over-admissions, at most
 // the bound per partition the dead node owned, and as many forgotten sends.
 func TestAsyncReplicationBound(t *testing.T) {
+	testKillWithin(t, "", func(cfg *node.Config) { cfg.Replication = node.ReplicationAsync }, true)
+}
+
+// TestDurabilityClassesSurviveOwnerKill kills a node under load, with WALs,
+// once for each durability a domain can name (the node's replication
+// sync): fsync and replicated lose and over-admit nothing; async at most
+// AsyncBound (4) sends per partition the dead node owned.
+func TestDurabilityClassesSurviveOwnerKill(t *testing.T) {
+	for _, d := range []rules.Durability{rules.DurabilityFsync, rules.DurabilityReplicated, rules.DurabilityAsync} {
+		t.Run(d.String(), func(t *testing.T) {
+			testKillWithin(t, d.String(), func(cfg *node.Config) { cfg.DataDir = filepath.Join(t.TempDir(), cfg.Name) }, d == rules.DurabilityAsync)
+		})
+	}
+}
+
+// testKillWithin kills one of three in-memory nodes under 32 senders, on
+// churnRules with the domain's durability (none: the node's), cfg adjusted
+// by adjust, and audits every send admitted: with bounded, at most
+// AsyncBound (4) over-admitted and forgotten per partition the dead node
+// owned; otherwise none.
+func testKillWithin(t *testing.T, durability string, adjust func(cfg *node.Config), bounded bool) {
 	const bound = 4
-	rs, err := rules.Parse("churn", []byte(churnRules))
+	yaml := churnRules
+	if durability != "" {
+		yaml = strings.Replace(yaml, "  - name: default\n", "  - name: default\n    durability: "+durability+"\n", 1)
+	}
+	rs, err := rules.Parse("churn", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if durability != "" && rs.Durability("default").String() != durability {
+		t.Fatalf("the rules name durability %v, want %s", rs.Durability("default"), durability)
 	}
 	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 3, Rules: rs, InMemory: true,
 		Node: func(cfg *node.Config) {
 			cfg.SweepInterval, cfg.ForgetDeadAfter = -1, time.Second
-			cfg.Replication, cfg.AsyncBound = node.ReplicationAsync, bound
+			cfg.AsyncBound = bound
+			adjust(cfg)
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -619,7 +649,10 @@ func TestAsyncReplicationBound(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	v, forgotten, _ := auditLoad(t, rs, s, rec, population)
-	limit := bound * owned
+	limit := 0
+	if bounded {
+		limit = bound * owned
+	}
 	t.Logf("%d admitted, %d over-admitted, %d forgotten; bound %d (%d per partition, %d partitions on the dead node)",
 		len(rec.sends), len(v), forgotten, limit, bound, owned)
 	if len(v) > limit || forgotten > limit {

@@ -126,9 +126,18 @@ type Config struct {
 	// Replication says whether an admitted send is on its partition's
 	// backup before the reply; the zero value is ReplicationSync.
 	Replication Replication
-	// AsyncBound is, with ReplicationAsync, the most sends of one partition
-	// that may be admitted and not yet on its backup; 0 means 64.
+	// AsyncBound is, with ReplicationAsync or for a domain of
+	// rules.DurabilityAsync, the most sends of one partition that may be
+	// admitted and not yet on its backup; 0 means 64.
 	AsyncBound int
+	// Durability is that of the domains whose rules name none
+	// (rules.Set.Durability): what their admitted sends reach before the
+	// answer goes out. The zero value means rules.DurabilityFsync. Sync
+	// and Replication can only lower it: under wal.SyncInterval or
+	// SyncNone no answer waits for an fsync, under ReplicationAsync none
+	// waits for a backup beyond AsyncBound, and under ReplicationOff there
+	// is no backup (docs/durability.md).
+	Durability rules.Durability
 	// ForgetDeadAfter is how long a member that vanished without leaving
 	// still counts toward the cluster's size, of which a node needs a
 	// majority in its ring to decide; 0 means 1 minute. A network partition
@@ -266,6 +275,9 @@ func (c *Config) fill() {
 	if c.AsyncBound == 0 {
 		c.AsyncBound = 64
 	}
+	if c.Durability == rules.DurabilityDefault {
+		c.Durability = rules.DurabilityFsync
+	}
 	c.Limits.fill()
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = ShutdownGrace
@@ -296,6 +308,9 @@ func (c *Config) validate() error {
 	}
 	if c.AsyncBound < 1 || c.AsyncBound > 1<<20 {
 		return fmt.Errorf("node: AsyncBound %d out of range [1, %d]", c.AsyncBound, 1<<20)
+	}
+	if c.Durability > rules.DurabilityAsync {
+		return fmt.Errorf("node: Durability %d is not one of fsync (1), replicated (2), async (3)", c.Durability)
 	}
 	if unroutable(c.AdvertiseAddr) {
 		return fmt.Errorf("node: AdvertiseAddr %q is a wildcard no client or peer can dial: give this host's address (--advertise HOST:PORT), or none to advertise its routable address", c.AdvertiseAddr)
@@ -431,6 +446,9 @@ type domainView struct {
 	variants []*domainView
 	exempt   bool   // a variant of an exempt override: its keys are admitted unchecked, still recorded
 	override string // the variant's override name; "" for the domain itself
+	// durability is what the domain's recorded sends reach before their
+	// answer: the rules', or Config.Durability.
+	durability rules.Durability
 }
 
 // forKey returns the view that decides recipient rcp: its override's
@@ -502,12 +520,13 @@ func (n *Node) bind(rs *rules.Set) *view {
 			ruleNames[i] = r.Name
 		}
 		dc, rcs := n.decisions.domain(name, ruleNames)
-		dv := &domainView{d: b.Base, ref: n.store.Bind(b.Base), proto: domainProto(d), counters: dc, rules: rcs, ruleNames: ruleNames}
+		dur := cmp.Or(rs.Durability(name), n.cfg.Durability)
+		dv := &domainView{d: b.Base, ref: n.store.Bind(b.Base), proto: domainProto(d), counters: dc, rules: rcs, ruleNames: ruleNames, durability: dur}
 		if len(b.Overrides) > 0 {
 			dv.over = b
 			for _, o := range b.Overrides {
 				dv.variants = append(dv.variants, &domainView{d: o.Domain, ref: n.store.Bind(o.Domain), proto: dv.proto, counters: dc, rules: rcs,
-					ruleNames: ruleNames, exempt: o.Exempt, override: o.Name})
+					ruleNames: ruleNames, exempt: o.Exempt, override: o.Name, durability: dur})
 			}
 		}
 		v.domains[name] = dv

@@ -10,6 +10,7 @@ import (
 
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/api/wire"
+	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/wal"
 )
@@ -52,6 +53,7 @@ func (p *pass) record(j int, x *item, sb *store.BatchItem) {
 		return // denied, or a peek: nothing recorded
 	}
 	p.b.sends = append(p.b.sends, s)
+	p.durability = min(p.durability, x.dv.durability)
 }
 
 // persist makes the call's recorded sends durable and replicated before it
@@ -74,9 +76,10 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 		defer n.releaseReplicaSet(rs)
 		if len(rs.backups) > 0 {
 			replicated = make(chan struct{})
+			async := n.cfg.Replication == ReplicationAsync || p.durability == rules.DurabilityAsync
 			go func() {
 				defer close(replicated)
-				n.replicate(ctx, p.r, rs)
+				n.replicate(ctx, p.r, rs, async)
 				st.since(StageBackup, start)
 			}()
 		}
@@ -90,7 +93,7 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 		// caller has left (a deadline), or a crash would forget what the
 		// node counts now.
 		var c wal.Commit
-		c, walErr = n.appendWAL(context.WithoutCancel(ctx), enc, p.t)
+		c, walErr = n.appendWAL(context.WithoutCancel(ctx), enc, p.t, p.durability == rules.DurabilityFsync)
 		st.commit(c)
 	}
 	if replicated != nil {

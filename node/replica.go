@@ -147,23 +147,24 @@ func (rs *replicaSet) add(r *ring.Ring, p, j int, s walSend) {
 	rb.items = append(rb.items, j)
 }
 
-// replicate sends each backup its sends and waits for them all (async: for
-// those whose partitions have more than AsyncBound sends unacknowledged).
+// replicate sends each backup its sends and waits for them all; with
+// async (ReplicationAsync, or sends of domains of rules.DurabilityAsync)
+// only for those whose partitions have more than AsyncBound sends
+// unacknowledged.
 // The sends of concurrent batches for one backup share a Replicate call
 // (replicator).
-func (n *Node) replicate(ctx context.Context, r *ring.Ring, rs *replicaSet) {
+func (n *Node) replicate(ctx context.Context, r *ring.Ring, rs *replicaSet, async bool) {
 	type wait struct {
 		rb *replicaBatch
 		c  *replCall
 	}
 	var waits []wait
-	async := n.cfg.Replication == ReplicationAsync
 	var notAfter int64 // the caller's deadline: a backup that reads the call later records nothing
 	if dl, ok := ctx.Deadline(); ok && !async {
 		notAfter = dl.UnixMilli()
 	}
 	for _, rb := range rs.backups {
-		c := n.replicatorFor(rb.member).join(r.Epoch(), rb.sends, rb.parts, notAfter)
+		c := n.replicatorFor(rb.member).join(r.Epoch(), rb.sends, rb.parts, notAfter, async)
 		if async {
 			over := false
 			for _, p := range rb.parts {
@@ -214,8 +215,11 @@ type replCall struct {
 	notAfter int64
 	enc      walEncoder
 	counts   map[int]int64 // sends per partition, for Node.unacked
-	done     chan struct{} // closed when err is set
-	err      error
+	// async says that a batch of the call may not wait for it (async
+	// replication): a failed call is tried again a while.
+	async bool
+	done  chan struct{} // closed when err is set
+	err   error
 }
 
 // replicatorFor returns the replicator of backup m.
@@ -239,7 +243,7 @@ func (n *Node) replicatorFor(m ring.Member) *replicator {
 // join adds sends (of partitions parts), whose caller waits until unix ms
 // notAfter (0: no deadline), to a call under epoch and returns it. The
 // sends count as unacknowledged until the call succeeds.
-func (rp *replicator) join(epoch uint64, sends []walSend, parts []int, notAfter int64) *replCall {
+func (rp *replicator) join(epoch uint64, sends []walSend, parts []int, notAfter int64, async bool) *replCall {
 	rp.mu.Lock()
 	c := rp.next
 	if c == nil || c.epoch != epoch {
@@ -254,6 +258,7 @@ func (rp *replicator) join(epoch uint64, sends []walSend, parts []int, notAfter 
 	if notAfter != 0 && (c.notAfter == 0 || notAfter < c.notAfter) {
 		c.notAfter = notAfter
 	}
+	c.async = c.async || async
 	// One growth for the batch's sends (about 35 bytes each with a content
 	// and a request id), not one per doubling.
 	c.enc.sends = slices.Grow(c.enc.sends, len(sends)*walSendTypicalBytes)
@@ -283,7 +288,7 @@ func (rp *replicator) send(c *replCall) {
 		// Async: the callers were answered; keep trying a while (their sends
 		// stay unacknowledged meanwhile, which holds later batches to the
 		// bound). A new backup is filled whole, which resets the count.
-		for try := 0; c.err != nil && rp.n.cfg.Replication == ReplicationAsync && try < 10; try++ {
+		for try := 0; c.err != nil && c.async && try < 10; try++ {
 			select {
 			case <-rp.n.moverCtx.Done():
 			case <-time.After(100 * time.Millisecond):
@@ -593,14 +598,16 @@ func (sc *replicatedScratch) release() {
 }
 
 // logReplicated appends what recordReplicated returned to the WAL and waits
-// until it is durable; nil does nothing. If the append fails, the sends are
+// until it is written (the sync loop fsyncs it within Config.SyncInterval:
+// the owner's durability is its own disk and this node's copy); nil does
+// nothing. If the append fails, the sends are
 // taken back from the store, which then agrees with the WAL, and the owner
 // fails the items. st observes the append's steps.
 func (n *Node) logReplicated(ctx context.Context, enc *walEncoder, st *stageTimer) error {
 	if enc == nil {
 		return nil
 	}
-	c, err := n.dur.log.AppendCommit(context.WithoutCancel(ctx), enc.bytes())
+	c, err := n.dur.log.AppendCommit(context.WithoutCancel(ctx), enc.bytes(), false)
 	st.commit(c)
 	if err != nil {
 		n.takeBack(ctx, enc.bytes(), nil)

@@ -13,21 +13,22 @@ import (
 	"github.com/freqring/freqring/node/nodetest"
 )
 
-// fsyncGate is an Observer that, once armed, holds every WAL fsync of its
-// node until opened: the node's Appends wait meanwhile.
-type fsyncGate struct {
+// walGate is an Observer that, once armed, holds every replicated append
+// of its node, as a backup, as its WAL write returns (the stage wal_write
+// of a replicate call), until opened: the backup's ack waits meanwhile.
+type walGate struct {
 	armed atomic.Bool
 	hit   chan struct{} // a value when an fsync waits at the gate
 	once  sync.Once
 	open  chan struct{} // closed by release
 }
 
-func (g *fsyncGate) CheckDone(int, time.Duration)               {}
-func (g *fsyncGate) Snapshot(time.Duration)                     {}
-func (g *fsyncGate) Recovery(time.Duration)                     {}
-func (g *fsyncGate) Stage(node.Call, node.Stage, time.Duration) {}
-func (g *fsyncGate) Fsync(time.Duration) {
-	if !g.armed.Load() {
+func (g *walGate) CheckDone(int, time.Duration) {}
+func (g *walGate) Snapshot(time.Duration)       {}
+func (g *walGate) Recovery(time.Duration)       {}
+func (g *walGate) Fsync(time.Duration)          {}
+func (g *walGate) Stage(c node.Call, s node.Stage, _ time.Duration) {
+	if !g.armed.Load() || c != node.CallReplicate || s != node.StageWALWrite {
 		return
 	}
 	select {
@@ -36,11 +37,11 @@ func (g *fsyncGate) Fsync(time.Duration) {
 	}
 	<-g.open
 }
-func (g *fsyncGate) release() { g.once.Do(func() { close(g.open) }) }
+func (g *walGate) release() { g.once.Do(func() { close(g.open) }) }
 
-// gatedPair starts two durable nodes, the backup's fsyncs behind gate, and
+// gatedPair starts two durable nodes, the backup's WAL behind gate, and
 // returns them and a recipient the owner owns (the backup backs it).
-func gatedPair(t *testing.T, gate *fsyncGate) (owner, backup *nodetest.Member, rcp string) {
+func gatedPair(t *testing.T, gate *walGate) (owner, backup *nodetest.Member, rcp string) {
 	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 2, DataDir: t.TempDir(),
 		Node: func(cfg *node.Config) {
 			if cfg.Name == "node-0" {
@@ -97,9 +98,10 @@ func wantAdmitted(t *testing.T, what string, a answer) {
 // TestReplicatedSendIsDurableBeforeItsAnswer holds back the WAL of a
 // partition's backup: with sync replication, the owner must not answer a
 // check admitted there until the backup's WAL has the send (its ack on the
-// replication stream waits for the append).
+// replication stream waits for the append's write; the backup fsyncs it
+// within its sync interval, docs/durability.md).
 func TestReplicatedSendIsDurableBeforeItsAnswer(t *testing.T) {
-	gate := &fsyncGate{hit: make(chan struct{}, 1), open: make(chan struct{})}
+	gate := &walGate{hit: make(chan struct{}, 1), open: make(chan struct{})}
 	owner, _, rcp := gatedPair(t, gate)
 	gate.armed.Store(true)
 	done := checkAsync(owner, rcp)
@@ -120,7 +122,7 @@ func TestReplicatedSendIsDurableBeforeItsAnswer(t *testing.T) {
 // a replicated send back: its replication stream ends only after that call
 // is answered, so the owner's check is admitted, not failed.
 func TestReplicationStreamDrainsAtShutdown(t *testing.T) {
-	gate := &fsyncGate{hit: make(chan struct{}, 1), open: make(chan struct{})}
+	gate := &walGate{hit: make(chan struct{}, 1), open: make(chan struct{})}
 	owner, backup, rcp := gatedPair(t, gate)
 	gate.armed.Store(true)
 	done := checkAsync(owner, rcp)

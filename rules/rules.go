@@ -34,8 +34,10 @@ type Set struct {
 	source  string // file name, or "embedded defaults"
 	domains map[string]*window.Domain
 	names   []string // sorted
-	hash    uint64   // see Hash
-	fileSum uint64   // checksum of the file's bytes, for Watch
+	// durability holds the domains that name theirs.
+	durability map[string]Durability
+	hash       uint64 // see Hash
+	fileSum    uint64 // checksum of the file's bytes, for Watch
 	// overrides are the file's overrides, in file order, each valid.
 	overrides []Override
 	// envoy is the file's envoy section, sorted by name; nil without one
@@ -98,9 +100,10 @@ type overrideSpec struct {
 }
 
 type domainSpec struct {
-	Name   string     `yaml:"name"`
-	Shadow bool       `yaml:"shadow"` // every rule of the domain is a shadow
-	Rules  []ruleSpec `yaml:"rules"`
+	Name       string     `yaml:"name"`
+	Shadow     bool       `yaml:"shadow"`     // every rule of the domain is a shadow
+	Durability string     `yaml:"durability"` // ParseDurability; "" is the node's default
+	Rules      []ruleSpec `yaml:"rules"`
 }
 
 type ruleSpec struct {
@@ -190,6 +193,16 @@ func Parse(source string, data []byte) (*Set, error) {
 		d, err := window.NewDomain(ds.Name, rules)
 		if err != nil {
 			return nil, fail(line(dn), "%s", strings.TrimPrefix(err.Error(), "window: "))
+		}
+		dur, err := ParseDurability(ds.Durability)
+		if err != nil {
+			return nil, fail(fieldLine(dn, "durability"), "domain %q: %v", ds.Name, err)
+		}
+		if dur != DurabilityDefault {
+			if rs.durability == nil {
+				rs.durability = map[string]Durability{}
+			}
+			rs.durability[ds.Name] = dur
 		}
 		rs.domains[ds.Name] = d
 		rs.names = append(rs.names, ds.Name)
@@ -386,6 +399,19 @@ func (rs *Set) digest() uint64 {
 			if r.Calendar != window.CalendarNone {
 				b = append(b, byte(r.Calendar))
 				b = appendString(b, r.Zone)
+			}
+		}
+	}
+	if len(rs.durability) > 0 {
+		// Only when a domain names its durability: other sets hash as
+		// before durability existed. Nodes that disagree on it decide
+		// alike but promise different things; the hash tells them apart.
+		b = append(b, "durability"...)
+		b = binary.AppendUvarint(b, uint64(len(rs.durability)))
+		for _, name := range rs.names {
+			if d := rs.durability[name]; d != DurabilityDefault {
+				b = appendString(b, name)
+				b = append(b, byte(d))
 			}
 		}
 	}

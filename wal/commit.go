@@ -12,6 +12,7 @@ type batch struct {
 	buf     []byte  // framed records
 	n       int     // records in buf
 	sync    bool    // fsync after writing, whatever the policy (Sync)
+	durable bool    // an append waits for an fsync (under SyncBatch)
 	rotate  bool    // cut a new segment after writing (Rotate)
 	recover bool    // bring a failed log back before writing (Recover)
 	res     *result // shared by everyone waiting on this batch; nil until the first
@@ -65,13 +66,17 @@ func (l *Log) nudge() {
 // AppendExpected is AppendCommit for a caller that announced it with
 // Expect: the announcement ends when the record joins the batch, or when it
 // fails.
-func (l *Log) AppendExpected(ctx context.Context, payload []byte) (Commit, error) {
-	return l.append(ctx, payload, true)
+func (l *Log) AppendExpected(ctx context.Context, payload []byte, durable bool) (Commit, error) {
+	return l.append(ctx, payload, true, durable)
 }
 
 // AppendCommit is Append, and tells how long each step of the wait took.
-func (l *Log) AppendCommit(ctx context.Context, payload []byte) (Commit, error) {
-	return l.append(ctx, payload, false)
+// Under SyncBatch, a durable append returns once its batch is fsynced, as
+// Append does; one that is not returns once the batch is written to the
+// OS, and the sync loop fsyncs it within Options.SyncInterval (as under
+// SyncInterval). Under the other policies durable changes nothing.
+func (l *Log) AppendCommit(ctx context.Context, payload []byte, durable bool) (Commit, error) {
+	return l.append(ctx, payload, false, durable)
 }
 
 // Commit is where an appended record went, and what its Append waited
@@ -85,7 +90,7 @@ type Commit struct {
 	// Write is the batch's write(2).
 	Write time.Duration
 	// Fsync is the batch's fsync; 0 when the batch was not fsynced (the
-	// policy is not SyncBatch).
+	// policy is not SyncBatch, or no append of the batch was durable).
 	Fsync time.Duration
 }
 
@@ -101,11 +106,11 @@ type Commit struct {
 // a full batch when Close is called returns ErrClosed and is not written.
 // After a write or fsync error every Append returns that error.
 func (l *Log) Append(ctx context.Context, payload []byte) (Position, error) {
-	c, err := l.append(ctx, payload, false)
+	c, err := l.append(ctx, payload, false, true)
 	return c.Position, err
 }
 
-func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Commit, error) {
+func (l *Log) append(ctx context.Context, payload []byte, expected, durable bool) (Commit, error) {
 	joined := false
 	if expected {
 		defer func() {
@@ -157,6 +162,7 @@ func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Commit
 	rel := int64(len(b.buf))
 	b.buf = appendRecord(b.buf, recData, payload)
 	b.n++
+	b.durable = b.durable || durable
 	if expected {
 		joined = true
 		l.expected.Add(-1)
@@ -178,6 +184,12 @@ func (l *Log) append(ctx context.Context, payload []byte, expected bool) (Commit
 		c.Fsync = res.synced.Sub(res.wrote)
 	}
 	return c, nil
+}
+
+// fsyncs reports whether flushing b fsyncs it: a Sync, or a durable append
+// under SyncBatch. Called with mu held.
+func (l *Log) fsyncs(b *batch) bool {
+	return b.sync || (l.opts.Sync == SyncBatch && b.durable)
 }
 
 // Sync writes every record queued before the call and fsyncs the active
@@ -238,8 +250,9 @@ func (l *Log) flushLoop() {
 		// Group commit: when other callers have announced Appends, gather
 		// for GroupWait before writing, so that one write and one fsync
 		// serve them all (PostgreSQL's commit_delay with commit_siblings).
-		// A lone caller never waits.
-		if wait := l.opts.GroupWait; wait > 0 && l.expected.Load() > 0 && !l.closed {
+		// A lone caller never waits, nor does a batch that will not be
+		// fsynced: a write alone costs less than the wait.
+		if wait := l.opts.GroupWait; wait > 0 && l.expected.Load() > 0 && !l.closed && l.fsyncs(l.pending) {
 			if timer == nil {
 				timer = time.NewTimer(wait)
 			} else {
@@ -277,7 +290,7 @@ func (l *Log) flushLoop() {
 		}
 		l.flush(b, closing, sticky)
 
-		b.n, b.sync, b.rotate, b.recover, b.res = 0, false, false, false, nil
+		b.n, b.sync, b.durable, b.rotate, b.recover, b.res = 0, false, false, false, false, nil
 		if cap(b.buf) > 2*l.opts.MaxBatchBytes {
 			b.buf = nil // after a huge record; do not keep the memory
 		}

@@ -16,7 +16,8 @@ const (
 	// It is the zero value and the default.
 	SyncBatch SyncPolicy = iota
 	// SyncInterval returns from Append after write(2); a background loop
-	// fsyncs every Options.SyncInterval when anything was written.
+	// fsyncs every Options.SyncInterval when anything was written. Under
+	// SyncBatch, an append that is not durable (AppendCommit) is treated so.
 	SyncInterval
 	// SyncNone never fsyncs appended records, except on Sync, Rotate
 	// (the sealed segment) and Close.
@@ -44,17 +45,18 @@ type Options struct {
 	Dir           string        // directory of the segment files; required, created if missing
 	SegmentBytes  int64         // rotate after a batch that brings the segment to this size; 0 means 64 MiB
 	Sync          SyncPolicy    // 0 means SyncBatch
-	SyncInterval  time.Duration // fsync period under SyncInterval; 0 means 10ms
+	SyncInterval  time.Duration // fsync period under SyncInterval, and of appends that are not durable under SyncBatch; 0 means 10ms
 	MaxBatchBytes int           // Appends wait while the pending batch holds this much; 0 means 4 MiB
 	// PrepareAfter is how full the active segment gets, in bytes, before a
 	// background preparer zeroes the next segment, so that an idle or newly
 	// started log spends neither disk nor I/O on a spare. 0 means half of
 	// SegmentBytes; negative means at once.
 	PrepareAfter int64
-	// GroupWait is how long the flusher, holding a batch while other
-	// callers have announced Appends (Expect), gathers more before it writes
-	// (and fsyncs) the batch; a full batch ends it early. 0 means 1ms,
-	// negative never waits. With no announcement pending, it never waits.
+	// GroupWait is how long the flusher, holding a batch it will fsync
+	// while other callers have announced Appends (Expect), gathers more
+	// before it writes and fsyncs the batch; a full batch ends it early. 0
+	// means 1ms, negative never waits. With no announcement pending, or a
+	// batch it will only write, it never waits.
 	GroupWait time.Duration
 	// PlainFsync makes segment fsyncs call fsync(2) on the calling
 	// goroutine. Otherwise, where the kernel allows io_uring (Linux 5.4 or
@@ -237,6 +239,7 @@ type Log struct {
 	failed   atomic.Bool             // err is set
 	active   atomic.Pointer[os.File] // f, for the sync loop
 	written  atomic.Int64            // bytes written since Open, for the sync loop
+	synced   atomic.Int64            // of them, bytes known fsynced (or sealed by a rotation)
 	expected atomic.Int64            // Appends announced by Expect and not yet made
 
 	quit        chan struct{} // closed by Close to stop the sync loop and the preparer
@@ -298,7 +301,7 @@ func Open(opts Options) (*Log, error) {
 	}
 	l.active.Store(l.f)
 	go l.flushLoop()
-	if opts.Sync == SyncInterval {
+	if opts.Sync != SyncNone { // SyncBatch: for appends that are not durable
 		l.syncerDone = make(chan struct{})
 		tick, stop := opts.NewTicker(opts.SyncInterval)
 		go l.syncLoop(tick, stop)

@@ -1035,7 +1035,7 @@ func TestGroupWaitGathersAnnouncedAppends(t *testing.T) {
 		for i := range n {
 			wg.Go(func() {
 				time.Sleep(time.Duration(i) * 100 * time.Microsecond) // arrivals spread over 0.7 ms
-				if _, err := l.AppendExpected(context.Background(), []byte{byte(i)}); err != nil {
+				if _, err := l.AppendExpected(context.Background(), []byte{byte(i)}, true); err != nil {
 					t.Error(err)
 				}
 			})
@@ -1060,7 +1060,7 @@ func TestGroupWaitGathersAnnouncedAppends(t *testing.T) {
 		l.Expect()
 		start = time.Now()
 		l.Expect()
-		if _, err := l.AppendExpected(context.Background(), []byte("z")); err != nil {
+		if _, err := l.AppendExpected(context.Background(), []byte("z"), true); err != nil {
 			t.Fatal(err)
 		}
 		if took := time.Since(start); took != 5*time.Millisecond {
@@ -1082,7 +1082,7 @@ func TestAppendCommitTimesItsSteps(t *testing.T) {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		c, err := l.AppendCommit(context.Background(), []byte("second"))
+		c, err := l.AppendCommit(context.Background(), []byte("second"), true)
 		took := time.Since(start)
 		if err != nil {
 			t.Fatal(err)
@@ -1096,5 +1096,40 @@ func TestAppendCommitTimesItsSteps(t *testing.T) {
 		if (c.Fsync > 0) != (policy == SyncBatch) {
 			t.Errorf("%v: fsync %v", policy, c.Fsync)
 		}
+	}
+}
+
+// TestAppendNotDurable: under SyncBatch, an append that is not durable
+// returns after its write, with no fsync, and the sync loop fsyncs it at
+// its next tick; a durable one returns after its batch's fsync, and leaves
+// the loop nothing to do.
+func TestAppendNotDurable(t *testing.T) {
+	ticks := make(chan time.Time)
+	l := openT(t, Options{Dir: t.TempDir(), NewTicker: func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }})
+	fsyncs := func() int64 { return l.Stats().Fsyncs }
+	base := fsyncs()
+	c, err := l.AppendCommit(context.Background(), []byte("lazy"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Fsync != 0 || fsyncs() != base {
+		t.Fatalf("an append that is not durable waited for an fsync (%v; fsyncs %d -> %d)", c.Fsync, base, fsyncs())
+	}
+	ticks <- time.Now() // taken by the loop once it waits again...
+	ticks <- time.Now() // ...so the first tick's fsync is done
+	if fsyncs() != base+1 {
+		t.Fatalf("the sync loop made %d fsyncs for the lazy append, want 1", fsyncs()-base)
+	}
+	c, err = l.AppendCommit(context.Background(), []byte("durable"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Fsync <= 0 || fsyncs() != base+2 {
+		t.Fatalf("a durable append: fsync %v, fsyncs %d, want one more", c.Fsync, fsyncs()-base)
+	}
+	ticks <- time.Now()
+	ticks <- time.Now()
+	if fsyncs() != base+2 {
+		t.Fatalf("the sync loop fsynced what the flusher had: %d fsyncs, want 2", fsyncs()-base)
 	}
 }

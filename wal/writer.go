@@ -42,11 +42,14 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 			}
 		}
 	}
-	if err == nil && (b.sync || closing || (l.opts.Sync == SyncBatch && len(b.buf) > 0)) {
+	if err == nil && (b.sync || closing || (l.opts.Sync == SyncBatch && b.durable && len(b.buf) > 0)) {
+		w := l.written.Load()
 		serr := l.fsync(l.f)
 		synced = time.Now()
 		if serr != nil {
 			err = fmt.Errorf("wal: fsync %s: %w", segmentName(l.seq), serr)
+		} else {
+			l.synced.Store(w) // the sync loop has nothing to do for it
 		}
 	}
 	if err != nil && sticky == nil {
@@ -187,7 +190,6 @@ func (l *Log) countFsync(d time.Duration) {
 func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 	defer close(l.syncerDone)
 	defer stop()
-	var synced int64
 	for {
 		select {
 		case <-l.quit:
@@ -197,7 +199,7 @@ func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 		// Load written before the file: writes counted in w went to f, or to
 		// a segment that rotation fsynced before closing it.
 		w := l.written.Load()
-		if w == synced {
+		if w == l.synced.Load() {
 			continue
 		}
 		if l.failed.Load() {
@@ -206,13 +208,13 @@ func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 		f := l.active.Load()
 		if err := l.fsync(f); err != nil {
 			if errors.Is(err, os.ErrClosed) {
-				synced = w // rotated or closed meanwhile; both fsync first
+				l.synced.Store(w) // rotated or closed meanwhile; both fsync first
 				continue
 			}
 			l.fail(fmt.Errorf("wal: fsync %s: %w", filepath.Base(f.Name()), err))
 			continue
 		}
-		synced = w
+		l.synced.Store(w)
 	}
 }
 

@@ -79,7 +79,7 @@ type benchTargetFlags struct {
 	startRedis               bool
 	startCluster             int
 	replication, rulesPath   string
-	dataDir                  string
+	dataDir, durability      string
 	tls                      *tlsFlags
 
 	// stages, set when freqringSeeds started a cluster, is where its nodes
@@ -147,6 +147,7 @@ func (f *benchFlags) defineTargets(fs *flag.FlagSet) {
 	fs.BoolVar(&f.startRedis, "start-redis", false, "start a local redis-server on 127.0.0.1 for the run (Debian's redis-server), instead of using --redis")
 	fs.IntVar(&f.startCluster, "start-cluster", 0, "start a local freqring cluster of this many nodes in this process, instead of using --addr")
 	fs.StringVar(&f.replication, "replication", "sync", "with --start-cluster: the cluster's replication, sync, async or off")
+	fs.StringVar(&f.durability, "durability", "fsync", "with --start-cluster: the durability of its domains, fsync, replicated or async (docs/durability.md); without --data-dir, only whether a reply waits for the backup")
 	fs.StringVar(&f.dataDir, "data-dir", "", "with --start-cluster: node NAME keeps its WAL (fsynced before each reply) and snapshots in DIR/NAME (default: memory-only nodes)")
 	fs.StringVar(&f.rulesPath, "rules", "", "rules file (default: the embedded rules); its domain's rules drive Redis and the oracle")
 	fs.StringVar(&f.domain, "domain", "default", "domain of every check")
@@ -300,10 +301,14 @@ func (f *benchTargetFlags) freqringSeeds(ctx context.Context, rs *rules.Set, log
 	if err != nil {
 		return nil, nil, nil, usagef("--replication %q is not one of sync, async, off", f.replication)
 	}
+	dur, err := rules.ParseDurability(f.durability)
+	if err != nil || dur == rules.DurabilityDefault {
+		return nil, nil, nil, usagef("--durability %q is not one of fsync, replicated, async", f.durability)
+	}
 	f.stages = new(bench.Stages)
 	obs := newStageObserver(f.stages)
 	lc, err := nodetest.Start(ctx, nodetest.Config{Size: f.startCluster, Rules: rs, NamePrefix: "bench-", DataDir: f.dataDir,
-		Node:   func(cfg *node.Config) { cfg.Replication, cfg.Observer = repl, obs },
+		Node:   func(cfg *node.Config) { cfg.Replication, cfg.Durability, cfg.Observer = repl, dur, obs },
 		Gossip: &gossip.Config{BindAddr: "127.0.0.1"}, Logger: logger})
 	if err != nil {
 		return nil, nil, nil, err

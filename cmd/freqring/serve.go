@@ -63,7 +63,7 @@ type serveFlags struct {
 	auth                                    *authFlags
 
 	// storage
-	dataDir, syncPolicy                             string
+	dataDir, syncPolicy, durability                 string
 	syncInterval, snapInterval                      time.Duration
 	snapBytes                                       int64
 	plainFsync, heapSlabs, skipCorrupt, dropRemoved bool
@@ -129,8 +129,9 @@ func (f *serveFlags) define(fs *flag.FlagSet) {
 // the store's memory.
 func (f *serveFlags) defineStorage(fs *flag.FlagSet) {
 	fs.StringVar(&f.dataDir, "data-dir", "", "directory of the write-ahead log and snapshots (default: memory only, a restart forgets every send)")
-	fs.StringVar(&f.syncPolicy, "sync", "batch", "WAL fsync policy: batch (fsync before each reply), interval (every --sync-interval), none (leave it to the OS)")
-	fs.DurationVar(&f.syncInterval, "sync-interval", 10*time.Millisecond, "fsync period with --sync interval")
+	fs.StringVar(&f.syncPolicy, "sync", "batch", "WAL fsync policy: batch (a reply of a domain of durability fsync waits for its fsync), interval (no reply waits for an fsync), none (leave it to the OS)")
+	fs.DurationVar(&f.syncInterval, "sync-interval", 10*time.Millisecond, "fsync period of what no reply waited for (--sync interval, and domains that are not of durability fsync)")
+	fs.StringVar(&f.durability, "durability", "fsync", "durability of the domains whose rules name none: fsync (a reply waits for the WAL's fsync and the backup), replicated (for the WAL's write and the backup; each fsyncs within --sync-interval) or async (for the WAL's write; the backup follows within --async-bound); --sync and --replication can only lower it (docs/durability.md)")
 	fs.BoolVar(&f.plainFsync, "plain-fsync", false, "fsync the WAL with fsync(2) instead of through an io_uring (used where the kernel allows one; it keeps the waiting goroutine off a CPU)")
 	fs.BoolVar(&f.heapSlabs, "heap-slabs", false, "keep the store's records on the Go heap instead of memory the store maps for transparent huge pages (which decide 2-3x faster and restart faster with tens of millions of recipients where the kernel's mode is madvise)")
 	fs.DurationVar(&f.snapInterval, "snapshot-interval", time.Minute, "longest time between snapshots (negative: only on shutdown and by size)")
@@ -148,7 +149,7 @@ func (f *serveFlags) defineCluster(fs *flag.FlagSet) {
 	fs.StringVar(&f.gossipAdv, "gossip-advertise", "", "gossip host:port peers reach this node at (default: the bind address)")
 	fs.StringVar(&f.join, "join", "", "comma-separated seeds to join: host:port of peers' gossip, or DNS names resolving to several")
 	fs.StringVar(&f.replication, "replication", "sync", "replication of admitted sends to their partition's backup: sync (on the backup before the reply; one crash over-admits nothing), async (replies while at most --async-bound sends of a partition are unacknowledged; a crash over-admits at most that many per partition) or off")
-	fs.IntVar(&f.asyncBound, "async-bound", 64, "with --replication async: sends of one partition that may be admitted before their backup has them")
+	fs.IntVar(&f.asyncBound, "async-bound", 64, "with --replication async, and for domains of durability async: sends of one partition that may be admitted before their backup has them")
 	fs.DurationVar(&f.rejoin, "rejoin-interval", gossip.DefaultRejoinInterval, "how often to join the seeds again, to heal a split cluster (negative disables)")
 	fs.DurationVar(&f.maxClockSkew, "max-clock-skew", gossip.DefaultMaxClockSkew, "how far this node's clock may be from most members' before it leaves the ring and owns nothing until it is back within (windows are exact to within it; negative: measure only)")
 }
@@ -285,6 +286,10 @@ func (f *serveFlags) nodeConfig(policy wal.SyncPolicy, budget int64, logger *slo
 	if err != nil {
 		return node.Config{}, nil, usagef("replication %q is not one of sync, async, off", f.replication)
 	}
+	dur, err := rules.ParseDurability(f.durability)
+	if err != nil || dur == rules.DurabilityDefault {
+		return node.Config{}, nil, usagef("--durability %q is not one of fsync, replicated, async", f.durability)
+	}
 	if f.maxStreams < 1 || f.maxStreams > 1<<20 {
 		return node.Config{}, nil, usagef("--max-streams %d out of range [1, %d]", f.maxStreams, 1<<20)
 	}
@@ -295,7 +300,7 @@ func (f *serveFlags) nodeConfig(policy wal.SyncPolicy, budget int64, logger *slo
 	}
 	nc := node.Config{
 		Limits: lim, ShutdownGrace: f.grace,
-		Replication: repl, AsyncBound: f.asyncBound,
+		Replication: repl, AsyncBound: f.asyncBound, Durability: dur,
 		Rules: rs, SweepInterval: f.sweep, Logger: logger,
 		DataDir: f.dataDir, Sync: policy, SyncInterval: f.syncInterval, PlainFsync: f.plainFsync, HeapSlabs: f.heapSlabs,
 		SnapshotInterval: f.snapInterval, SnapshotWALBytes: f.snapBytes, SkipCorrupt: f.skipCorrupt,
