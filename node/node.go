@@ -132,7 +132,9 @@ type Config struct {
 	AsyncBound int
 	// Durability is that of the domains whose rules name none
 	// (rules.Set.Durability): what their admitted sends reach before the
-	// answer goes out. The zero value means rules.DurabilityFsync. Sync
+	// answer goes out. The zero value means rules.DurabilityReplicated
+	// (rules.DurabilityFsync for sends with no backup: a node alone, or
+	// ReplicationOff). Sync
 	// and Replication can only lower it: under wal.SyncInterval or
 	// SyncNone no answer waits for an fsync, under ReplicationAsync none
 	// waits for a backup beyond AsyncBound, and under ReplicationOff there
@@ -276,7 +278,7 @@ func (c *Config) fill() {
 		c.AsyncBound = 64
 	}
 	if c.Durability == rules.DurabilityDefault {
-		c.Durability = rules.DurabilityFsync
+		c.Durability = rules.DurabilityReplicated
 	}
 	c.Limits.fill()
 	if c.ShutdownGrace == 0 {

@@ -93,7 +93,7 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 		// caller has left (a deadline), or a crash would forget what the
 		// node counts now.
 		var c wal.Commit
-		c, walErr = n.appendWAL(context.WithoutCancel(ctx), enc, p.t, p.durability == rules.DurabilityFsync)
+		c, walErr = n.appendWAL(context.WithoutCancel(ctx), enc, p.t, p.waitsForFsync())
 		st.commit(c)
 	}
 	if replicated != nil {
@@ -113,6 +113,14 @@ func (p *pass) persist(ctx context.Context) (*pb.CheckResponse, error) {
 		}
 	}
 	return p.resp, nil
+}
+
+// waitsForFsync reports whether the call's answer waits for its WAL
+// append's fsync: for a domain of durability fsync, and for one of
+// replicated when the sends have no backup to hold them (a node alone, or
+// replication off), which would leave the page cache the only other copy.
+func (p *pass) waitsForFsync() bool {
+	return p.durability == rules.DurabilityFsync || p.durability == rules.DurabilityReplicated && !p.replicating
 }
 
 // failReopened fails the answers whose send was decided from a record its

@@ -16,7 +16,8 @@ const (
 	// backup (in its store, written to its WAL).
 	DurabilityFsync
 	// DurabilityReplicated: written on the owner and held by the backup;
-	// each fsyncs within its --sync-interval.
+	// each fsyncs within its --sync-interval. Sends with no backup (a node
+	// alone, or replication off) wait for the owner's fsync instead.
 	DurabilityReplicated
 	// DurabilityAsync: written on the owner; the backup follows, at most
 	// --async-bound sends of a partition behind.

@@ -303,7 +303,11 @@ func Open(opts Options) (*Log, error) {
 	go l.flushLoop()
 	if opts.Sync != SyncNone { // SyncBatch: for appends that are not durable
 		l.syncerDone = make(chan struct{})
-		tick, stop := opts.NewTicker(opts.SyncInterval)
+		every := opts.SyncInterval
+		if opts.Sync == SyncBatch {
+			every /= 2 // see syncLoop
+		}
+		tick, stop := opts.NewTicker(every)
 		go l.syncLoop(tick, stop)
 	}
 	if !opts.noSpare {

@@ -1101,8 +1101,8 @@ func TestAppendCommitTimesItsSteps(t *testing.T) {
 
 // TestAppendNotDurable: under SyncBatch, an append that is not durable
 // returns after its write, with no fsync, and the sync loop fsyncs it at
-// its next tick; a durable one returns after its batch's fsync, and leaves
-// the loop nothing to do.
+// its second tick (it ticks at half the interval); a durable one returns
+// after its batch's fsync, and leaves the loop nothing to do.
 func TestAppendNotDurable(t *testing.T) {
 	ticks := make(chan time.Time)
 	l := openT(t, Options{Dir: t.TempDir(), NewTicker: func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }})
@@ -1115,8 +1115,9 @@ func TestAppendNotDurable(t *testing.T) {
 	if c.Fsync != 0 || fsyncs() != base {
 		t.Fatalf("an append that is not durable waited for an fsync (%v; fsyncs %d -> %d)", c.Fsync, base, fsyncs())
 	}
-	ticks <- time.Now() // taken by the loop once it waits again...
-	ticks <- time.Now() // ...so the first tick's fsync is done
+	ticks <- time.Now() // the write came after the tick before: not yet due
+	ticks <- time.Now() // due: fsynced
+	ticks <- time.Now() // taken by the loop once it waits again, so the second tick's fsync is done
 	if fsyncs() != base+1 {
 		t.Fatalf("the sync loop made %d fsyncs for the lazy append, want 1", fsyncs()-base)
 	}
@@ -1131,5 +1132,26 @@ func TestAppendNotDurable(t *testing.T) {
 	ticks <- time.Now()
 	if fsyncs() != base+2 {
 		t.Fatalf("the sync loop fsynced what the flusher had: %d fsyncs, want 2", fsyncs()-base)
+	}
+}
+
+// TestSyncLoopLeavesCoveredWritesAlone: under SyncBatch, what a durable
+// append's fsync covered (its own record and a lazy one written before it)
+// is not fsynced again by the sync loop.
+func TestSyncLoopLeavesCoveredWritesAlone(t *testing.T) {
+	ticks := make(chan time.Time)
+	l := openT(t, Options{Dir: t.TempDir(), NewTicker: func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }})
+	base := l.Stats().Fsyncs
+	ctx := context.Background()
+	for _, durable := range []bool{false, true} {
+		if _, err := l.AppendCommit(ctx, []byte("x"), durable); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 4 {
+		ticks <- time.Now()
+	}
+	if got := l.Stats().Fsyncs - base; got != 1 {
+		t.Fatalf("%d fsyncs, want the durable append's 1", got)
 	}
 }

@@ -186,10 +186,17 @@ func (l *Log) countFsync(d time.Duration) {
 }
 
 // syncLoop fsyncs the active segment on every tick when anything was written
-// since the last fsync. Close stops it and waits for it.
+// since the last fsync (under SyncBatch, on every other tick at most, what
+// durable appends' fsyncs did not cover). Close stops it and waits for it.
 func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 	defer close(l.syncerDone)
 	defer stop()
+	// Under SyncBatch the loop ticks at half the interval and fsyncs only
+	// what was written before the tick before (due) and no durable
+	// append's fsync has covered since: under load, those fsyncs cover
+	// everything, and the loop's would only hold them up.
+	lazy := l.opts.Sync == SyncBatch
+	var due int64
 	for {
 		select {
 		case <-l.quit:
@@ -199,9 +206,11 @@ func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 		// Load written before the file: writes counted in w went to f, or to
 		// a segment that rotation fsynced before closing it.
 		w := l.written.Load()
-		if w == l.synced.Load() {
+		if synced := l.synced.Load(); w == synced || lazy && synced >= due {
+			due = w
 			continue
 		}
+		due = w
 		if l.failed.Load() {
 			continue // Recover seals the failed segment; appends go to a new one
 		}
