@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,81 +144,3 @@ func TestForwardingCheckHoldsNoGroupCommit(t *testing.T) {
 		t.Fatalf("%d group commits waited for appends the forwarding checks announced", waits)
 	}
 }
-
-// TestReplicatedDurabilityNeedsNoFsync: in a cluster of two with WALs, an
-// owner answers a check of a domain of durability replicated while every
-// fsync of both nodes is held back (the backup holds the send), and one of
-// durability fsync only once its fsync is done.
-func TestReplicatedDurabilityNeedsNoFsync(t *testing.T) {
-	for _, tc := range []struct {
-		durability string
-		waits      bool
-	}{{"replicated", false}, {"fsync", true}} {
-		t.Run(tc.durability, func(t *testing.T) {
-			yaml := "domains:\n- name: d\n  durability: " + tc.durability + "\n  rules:\n  - {name: r, scope: recipient, limit: 5, window: 1m}\n"
-			rs, err := rules.Parse("t", []byte(yaml))
-			if err != nil {
-				t.Fatal(err)
-			}
-			gate := &fsyncHold{open: make(chan struct{})}
-			c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 2, InMemory: true, DataDir: t.TempDir(), Rules: rs,
-				Node: func(cfg *node.Config) { cfg.Observer = gate }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
-			t.Cleanup(gate.release) // before Close
-			waitSettled(t, c)
-			owner := c.Members()[0]
-			r := owner.Node.Ring()
-			rcp := ""
-			for i := 0; rcp == ""; i++ {
-				if s := fmt.Sprintf("+86139%08d", i); r.OwnerString(s).Name == owner.Name {
-					rcp = s
-				}
-			}
-			gate.armed.Store(true)
-			done := make(chan error, 1)
-			go func() {
-				resp, err := owner.Node.Check(context.Background(), &pb.CheckRequest{Recipients: []string{rcp}, Domains: []string{"d"}})
-				if err == nil && (len(resp.Errors) > 0 || !resp.Admitted[0]) {
-					err = fmt.Errorf("check: %v", resp)
-				}
-				done <- err
-			}()
-			if tc.waits {
-				select {
-				case err := <-done:
-					t.Fatalf("answered (%v) while the WAL's fsync was held back", err)
-				case <-time.After(300 * time.Millisecond): // a wrong answer comes at once; a right one never
-				}
-				gate.release()
-			}
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("no answer in 10 s: the check waits for an fsync held back")
-			}
-		})
-	}
-}
-
-// fsyncHold is an Observer that, once armed, holds every WAL fsync until
-// released.
-type fsyncHold struct {
-	stageRecorder
-	armed atomic.Bool
-	open  chan struct{}
-	once  sync.Once
-}
-
-func (h *fsyncHold) Fsync(time.Duration) {
-	if h.armed.Load() {
-		<-h.open
-	}
-}
-func (h *fsyncHold) Stage(node.Call, node.Stage, time.Duration) {}
-func (h *fsyncHold) release()                                   { h.once.Do(func() { close(h.open) }) }
