@@ -244,7 +244,8 @@ type Log struct {
 
 	quit        chan struct{} // closed by Close to stop the sync loop and the preparer
 	flusherDone chan struct{} // closed when the flusher has exited
-	syncerDone  chan struct{} // closed when the sync loop has exited; nil without SyncInterval
+	syncerDone  chan struct{} // closed when the sync loop has exited; nil without one (SyncNone)
+	unsynced    chan struct{} // cap 1: the flusher wrote a batch it did not fsync, for an idle sync loop
 	prepDone    chan struct{} // closed when the preparer has exited; nil without one (noSpare)
 	closeErr    error         // the flusher's final flush, fsync and close; read after flusherDone
 
@@ -303,12 +304,13 @@ func Open(opts Options) (*Log, error) {
 	go l.flushLoop()
 	if opts.Sync != SyncNone { // SyncBatch: for appends that are not durable
 		l.syncerDone = make(chan struct{})
+		l.unsynced = make(chan struct{}, 1)
 		every := opts.SyncInterval
 		if opts.Sync == SyncBatch {
 			every /= 2 // see syncLoop
 		}
 		tick, stop := opts.NewTicker(every)
-		go l.syncLoop(tick, stop)
+		go l.syncLoop(every, tick, stop)
 	}
 	if !opts.noSpare {
 		l.prepDone = make(chan struct{})

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -1154,4 +1155,37 @@ func TestSyncLoopLeavesCoveredWritesAlone(t *testing.T) {
 	if got := l.Stats().Fsyncs - base; got != 1 {
 		t.Fatalf("%d fsyncs, want the durable append's 1", got)
 	}
+}
+
+// TestSyncLoopSleepsWhenIdle: after syncIdleTicks ticks with nothing to
+// fsync the sync loop stops its ticker; the next write that is not
+// fsynced starts it again, and is fsynced.
+func TestSyncLoopSleepsWhenIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ticks := make(chan time.Time)
+		var started, stopped atomic.Int64
+		l := openT(t, Options{Dir: t.TempDir(), Sync: SyncInterval, NewTicker: func(time.Duration) (<-chan time.Time, func()) {
+			started.Add(1)
+			return ticks, func() { stopped.Add(1) }
+		}})
+		synctest.Wait()
+		for range syncIdleTicks {
+			ticks <- time.Time{}
+		}
+		synctest.Wait()
+		if started.Load() != 1 || stopped.Load() != 1 {
+			t.Fatalf("after %d idle ticks: %d tickers started, %d stopped; want 1 and 1", syncIdleTicks, started.Load(), stopped.Load())
+		}
+		base := l.Stats().Fsyncs
+		appendT(t, l, "wakes it")
+		synctest.Wait()
+		if started.Load() != 2 {
+			t.Fatalf("a write did not start the ticker again (%d started)", started.Load())
+		}
+		ticks <- time.Time{}
+		synctest.Wait()
+		if got := l.Stats().Fsyncs - base; got != 1 {
+			t.Fatalf("%d fsyncs after the woken loop's tick, want 1", got)
+		}
+	})
 }

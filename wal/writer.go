@@ -51,6 +51,11 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 		} else {
 			l.synced.Store(w) // the sync loop has nothing to do for it
 		}
+	} else if err == nil && len(b.buf) > 0 && l.unsynced != nil {
+		select { // wake an idle sync loop
+		case l.unsynced <- struct{}{}:
+		default:
+		}
 	}
 	if err != nil && sticky == nil {
 		l.fail(err)
@@ -185,12 +190,18 @@ func (l *Log) countFsync(d time.Duration) {
 	}
 }
 
+// syncIdleTicks is how many ticks with nothing to fsync the sync loop waits
+// before it stops its ticker until the next write: an idle log costs no
+// wake-ups.
+const syncIdleTicks = 100
+
 // syncLoop fsyncs the active segment on every tick when anything was written
 // since the last fsync (under SyncBatch, on every other tick at most, what
 // durable appends' fsyncs did not cover). Close stops it and waits for it.
-func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
+func (l *Log) syncLoop(every time.Duration, tick <-chan time.Time, stop func()) {
 	defer close(l.syncerDone)
-	defer stop()
+	defer func() { stop() }()
+	idle := 0 // ticks in a row with nothing to fsync
 	// Under SyncBatch the loop ticks at half the interval and fsyncs only
 	// what was written before the tick before (due) and no durable
 	// append's fsync has covered since: under load, those fsyncs cover
@@ -206,7 +217,26 @@ func (l *Log) syncLoop(tick <-chan time.Time, stop func()) {
 		// Load written before the file: writes counted in w went to f, or to
 		// a segment that rotation fsynced before closing it.
 		w := l.written.Load()
-		if synced := l.synced.Load(); w == synced || lazy && synced >= due {
+		synced := l.synced.Load()
+		if w == synced {
+			if idle++; idle >= syncIdleTicks {
+				// Idle: no ticks until the flusher writes a batch it does
+				// not fsync.
+				stop()
+				stop = func() {}
+				select {
+				case <-l.quit:
+					return
+				case <-l.unsynced:
+				}
+				tick, stop = l.opts.NewTicker(every)
+				idle = 0
+			}
+			due = w
+			continue
+		}
+		idle = 0
+		if lazy && synced >= due {
 			due = w
 			continue
 		}
