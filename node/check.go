@@ -43,6 +43,9 @@ func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*
 		defer func() { n.cfg.Observer.CheckDone(len(req.Recipients), time.Since(start)) }()
 	}
 	st := n.startStages(CallCheck, ctx)
+	if !reroute {
+		st.restart() // the request's unmarshal was the first call's
+	}
 	// Admitted first: a call that reaches a node still in Open (a peer of an
 	// in-process cluster can) must not read its WAL before recovery ends.
 	if err := n.admit(ctx, req); err != nil {
