@@ -94,6 +94,7 @@
 //	overrides.go  admin overrides: the Admin service, overrides.json, the pull from peers (syncOverrides)
 //	memlimit.go   the memory limit: the store's budget, refusals at it, the item gate
 //	observe.go    the Observer hooks (timings for metrics), decision counters by domain, rule and code, Serving
+//	stages.go     each call's stages timed for Observer.Stage: the timer a call carries, the gRPC hooks of arrival and respond
 //	walrec.go     the WAL payload of one Check
 //	usage.go      usage statistics: what decide counts, the Usage RPC, the DATA_DIR/usage file
 //	server.go     the gRPC services, health (and its liveness service), reflection, Serve
