@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/freqring/freqring/ring"
+	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/wal"
 	"github.com/freqring/freqring/window"
 )
@@ -517,13 +518,7 @@ func (n *Node) takeBack(ctx context.Context, payload []byte, r *ring.Ring) int {
 			return nil
 		}
 		p := n.store.PartitionOf(s.key)
-		var err error
-		if s.refund {
-			_, _, err = n.store.Record(p, dv.ref, s.key, s.tag, s.at, windowItem(s), s.id, now)
-		} else {
-			_, _, err = n.store.Unrecord(p, dv.ref, s.key, s.tag, s.at, windowItem(s), s.id, 0, now)
-		}
-		if err != nil {
+		if err := n.undo(p, dv.ref, s.key, s.tag, s.at, windowItem(s), s.id, s.refund, now); err != nil {
 			n.log.Error("taking back a send the WAL did not take failed: memory counts it until it expires", "partition", p, "at", s.at, "err", err)
 			return nil
 		}
@@ -546,6 +541,19 @@ func (n *Node) takeBack(ctx context.Context, payload []byte, r *ring.Ring) int {
 		}
 	}
 	return undone
+}
+
+// undo takes back in the store a send recorded at at (store.Unrecord,
+// which also makes a retry of its request id a new attempt), or, for a
+// refund, records the refunded send again.
+func (n *Node) undo(p int, ref store.Ref, key uint64, tag uint16, at int64, it window.Item, id uint64, refund bool, now int64) error {
+	var err error
+	if refund {
+		_, _, err = n.store.Record(p, ref, key, tag, at, it, id, now)
+	} else {
+		_, _, err = n.store.Unrecord(p, ref, key, tag, at, it, id, 0, now)
+	}
+	return err
 }
 
 // walFlight tells when the calls whose sends are in the store but not yet

@@ -481,14 +481,9 @@ func (n *Node) undoReplicated(sc *replicatedScratch) {
 		if x.Err != nil || x.Dup {
 			continue
 		}
-		var err error
-		if x.Refund {
-			_, _, err = n.store.Record(x.Part, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, now)
-		} else {
-			_, _, err = n.store.Unrecord(x.Part, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, 0, now)
-			if err == nil && x.Replaced != 0 {
-				_, _, err = n.store.Record(x.Part, x.Ref, x.Key, x.Tag, x.Replaced, x.Item, x.ID, now)
-			}
+		err := n.undo(x.Part, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, x.Refund, now)
+		if err == nil && !x.Refund && x.Replaced != 0 { // the send it replaced, back
+			_, _, err = n.store.Record(x.Part, x.Ref, x.Key, x.Tag, x.Replaced, x.Item, x.ID, now)
 		}
 		if err != nil {
 			n.log.Error("taking back a replicated send refused after it was recorded failed: this backup counts it until it expires", "partition", x.Part, "at", x.At, "err", err)
