@@ -58,13 +58,13 @@ func (n *Node) check(ctx context.Context, req *pb.CheckRequest, reroute bool) (*
 	b.st.lap(StageDecode)
 	var resp *pb.CheckResponse
 	var err error
-	remote := n.judge(b, r, false)
+	remote, local := n.judge(b, r, false)
 	b.st.lap(StageJudge)
 	// The WAL's group commit waits for announced appends: a call whose
 	// items all go elsewhere announces none, or it would hold every commit
 	// back for as long as its forwards take.
 	var t *walTicket
-	if b.decidesHere() {
+	if local {
 		t = n.announce()
 		defer t.cancel()
 	}

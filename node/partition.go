@@ -354,8 +354,8 @@ const (
 // owns it under r. A call routes only if some member other than this one
 // is in r; otherwise everything is decided here, where a closed partition
 // (the store's fence) fails as moving. It reports whether any item is
-// forwarded.
-func (n *Node) judge(b *batch, r *ring.Ring, forwarded bool) (remote bool) {
+// forwarded (remote), and whether any is decided here (local).
+func (n *Node) judge(b *batch, r *ring.Ring, forwarded bool) (remote, local bool) {
 	self := n.cfg.Name
 	// A ring of one other member (this node left out of it, or seeing only
 	// that member for a moment) owns everything elsewhere: this node
@@ -373,6 +373,7 @@ func (n *Node) judge(b *batch, r *ring.Ring, forwarded bool) (remote bool) {
 		switch {
 		case routes && x.owner.Name != self:
 			x.where, remote = forwardedTo, true
+			continue
 		case !majority:
 			if noMajority == nil {
 				noMajority = &itemError{code: codes.Unavailable, msg: fmt.Sprintf("node %s sees %d members, not a majority of the cluster: it decides nothing until the cluster heals; retry", self, r.Len())}
@@ -384,16 +385,7 @@ func (n *Node) judge(b *batch, r *ring.Ring, forwarded bool) (remote bool) {
 		default:
 			x.where = decidedHere
 		}
+		local = true // every case but the first decides here
 	}
-	return remote
-}
-
-// decidesHere reports whether judge left any item of b to this node.
-func (b *batch) decidesHere() bool {
-	for i := range b.items {
-		if b.items[i].where == decidedHere {
-			return true
-		}
-	}
-	return false
+	return remote, local
 }
