@@ -187,7 +187,8 @@ func (l *Log) append(ctx context.Context, payload []byte, expected, durable bool
 }
 
 // fsyncs reports whether flushing b fsyncs it: a Sync, or a durable append
-// under SyncBatch. Called with mu held.
+// under SyncBatch. Called with mu held, or by the flusher on the batch it
+// took.
 func (l *Log) fsyncs(b *batch) bool {
 	return b.sync || (l.opts.Sync == SyncBatch && b.durable)
 }

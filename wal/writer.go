@@ -42,7 +42,7 @@ func (l *Log) flush(b *batch, closing bool, sticky error) {
 			}
 		}
 	}
-	if err == nil && (b.sync || closing || (l.opts.Sync == SyncBatch && b.durable && len(b.buf) > 0)) {
+	if err == nil && (closing || l.fsyncs(b) && (b.sync || len(b.buf) > 0)) {
 		w := l.written.Load()
 		serr := l.fsync(l.f)
 		synced = time.Now()
