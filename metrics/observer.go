@@ -59,11 +59,8 @@ func NewObserver() *Observer {
 			"Wall time of recovery at start: loading the snapshot and replaying the WAL.", SnapshotBuckets),
 	}
 	for _, c := range node.Calls() {
-		var obs []prometheus.Observer // by stage
+		obs := make([]prometheus.Observer, node.NumStages) // by stage
 		for _, s := range node.StagesOf(c) {
-			if grow := int(s) + 1 - len(obs); grow > 0 {
-				obs = append(obs, make([]prometheus.Observer, grow)...)
-			}
 			obs[s] = o.stageSeconds.WithLabelValues(c.String(), s.String())
 		}
 		o.stages = append(o.stages, obs)
@@ -89,7 +86,7 @@ func (o *Observer) Recovery(d time.Duration) { o.recoverySeconds.Observe(d.Secon
 // Stage observes one stage of a call; a stage the call does not report
 // (node.StagesOf) is dropped.
 func (o *Observer) Stage(c node.Call, s node.Stage, d time.Duration) {
-	if int(c) < len(o.stages) && int(s) < len(o.stages[c]) {
+	if int(c) < len(o.stages) && int(s) < node.NumStages {
 		if h := o.stages[c][s]; h != nil {
 			h.Observe(d.Seconds())
 		}

@@ -92,6 +92,10 @@ const (
 	numStages
 )
 
+// NumStages is the number of Stages: the length of a table indexed by
+// Stage.
+const NumStages = int(numStages)
+
 var stageNames = [numStages]string{"queue", "decode", "judge", "forward", "store", "wal_queue", "wal_write", "wal_fsync", "backup", "persist", "apply", "respond"}
 
 // String returns the stage's name as a metric label, such as wal_fsync.

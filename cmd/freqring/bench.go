@@ -327,11 +327,8 @@ type stageObserver [][]*bench.StageHistogram // by node.Call, then node.Stage
 func newStageObserver(s *bench.Stages) stageObserver {
 	var o stageObserver
 	for _, c := range node.Calls() {
-		var hs []*bench.StageHistogram
+		hs := make([]*bench.StageHistogram, node.NumStages) // by stage
 		for _, st := range node.StagesOf(c) {
-			if grow := int(st) + 1 - len(hs); grow > 0 {
-				hs = append(hs, make([]*bench.StageHistogram, grow)...)
-			}
 			hs[st] = s.Add(c.String(), st.String())
 		}
 		o = append(o, hs)
@@ -340,7 +337,7 @@ func newStageObserver(s *bench.Stages) stageObserver {
 }
 
 func (o stageObserver) Stage(c node.Call, s node.Stage, d time.Duration) {
-	if int(c) < len(o) && int(s) < len(o[c]) && o[c][s] != nil {
+	if int(c) < len(o) && int(s) < node.NumStages && o[c][s] != nil {
 		o[c][s].Observe(d)
 	}
 }
