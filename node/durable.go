@@ -212,12 +212,24 @@ const snapshotDuty = 10
 // snapshotDue reports whether a snapshot is due, the last one having
 // started age ago and taken took, the WAL having grown by grown bytes since:
 // when the WAL grew by walBytes or interval passed (each if positive), and
-// snapshots stay within 1/snapshotDuty of the time.
-func snapshotDue(interval time.Duration, walBytes, grown int64, age, took time.Duration) bool {
-	if age < snapshotDuty*took {
+// snapshots stay within 1/snapshotDuty of the time and the WAL grew by at
+// least least bytes (snapshotLeast).
+func snapshotDue(interval time.Duration, walBytes, least, grown int64, age, took time.Duration) bool {
+	if age < snapshotDuty*took || grown < least {
 		return false
 	}
 	return (walBytes > 0 && grown >= walBytes) || (interval > 0 && age >= interval && grown > 0)
+}
+
+// snapshotLeast returns the WAL bytes that must be written before a
+// snapshot follows one of size bytes, so that snapshots write at most ratio
+// times the WAL's bytes (Config.SnapshotWALRatio): size/ratio, 0 for a
+// ratio that is not positive.
+func snapshotLeast(size int64, ratio float64) int64 {
+	if ratio <= 0 {
+		return 0
+	}
+	return int64(float64(size) / ratio)
 }
 
 // durableLoop brings a failed WAL back, takes snapshots and expires WAL
@@ -242,8 +254,9 @@ func (n *Node) durableChores() {
 	age := time.Duration(now - d.snapAt)
 	took := d.snapTook
 	retry := now >= d.retryAt
+	least := snapshotLeast(d.snapSize, n.cfg.SnapshotWALRatio)
 	d.mu.Unlock()
-	if retry && snapshotDue(n.cfg.SnapshotInterval, n.cfg.SnapshotWALBytes, grown, age, took) {
+	if retry && snapshotDue(n.cfg.SnapshotInterval, n.cfg.SnapshotWALBytes, least, grown, age, took) {
 		n.trySnapshot()
 	}
 	if err := n.retain(); err != nil {

@@ -395,27 +395,108 @@ func TestDecidedSendsReachTheWALAfterTheCallerLeaves(t *testing.T) {
 	}
 }
 
+func TestSnapshotLeast(t *testing.T) {
+	for _, tc := range []struct {
+		size  int64
+		ratio float64
+		want  int64
+	}{
+		{12_700_000_000, 3, 4_233_333_333},
+		{127 << 20, 3, 127 << 20 / 3},
+		{0, 3, 0},
+		{12_700_000_000, -1, 0},
+	} {
+		if got := snapshotLeast(tc.size, tc.ratio); got != tc.want {
+			t.Errorf("snapshotLeast(%d, %v) = %d, want %d", tc.size, tc.ratio, got, tc.want)
+		}
+	}
+}
+
 func TestSnapshotDue(t *testing.T) {
 	const mib = 1 << 20
 	for _, tc := range []struct {
 		name     string
 		interval time.Duration
 		walBytes int64
+		least    int64
 		grown    int64
 		age      time.Duration
 		took     time.Duration
 		want     bool
 	}{
-		{"wal grew", time.Minute, 64 * mib, 64 * mib, time.Second, 50 * time.Millisecond, true},
-		{"interval passed", time.Minute, 64 * mib, 1, time.Minute, 50 * time.Millisecond, true},
-		{"interval passed, nothing new", time.Minute, 64 * mib, 0, time.Minute, 0, false},
-		{"neither", time.Minute, 64 * mib, mib, 30 * time.Second, 0, false},
-		{"wal grew, the last snapshot took 25 s", time.Minute, 64 * mib, 700 * mib, 3 * time.Minute, 25 * time.Second, false},
-		{"then ten times its duration passed", time.Minute, 64 * mib, 900 * mib, 250 * time.Second, 25 * time.Second, true},
-		{"disabled", -1, -1, 900 * mib, time.Hour, 0, false},
+		{"wal grew", time.Minute, 64 * mib, 0, 64 * mib, time.Second, 50 * time.Millisecond, true},
+		{"interval passed", time.Minute, 64 * mib, 0, 1, time.Minute, 50 * time.Millisecond, true},
+		{"interval passed, nothing new", time.Minute, 64 * mib, 0, 0, time.Minute, 0, false},
+		{"neither", time.Minute, 64 * mib, 0, mib, 30 * time.Second, 0, false},
+		{"wal grew, the last snapshot took 25 s", time.Minute, 64 * mib, 0, 700 * mib, 3 * time.Minute, 25 * time.Second, false},
+		{"then ten times its duration passed", time.Minute, 64 * mib, 0, 900 * mib, 250 * time.Second, 25 * time.Second, true},
+		{"disabled", -1, -1, 0, 900 * mib, time.Hour, 0, false},
+		{"interval passed, the WAL short of a third of the last snapshot", time.Minute, 64 * mib, 4000 * mib, 3000 * mib, time.Hour, 25 * time.Second, false},
+		{"the WAL grew by a third of the last snapshot", time.Minute, 64 * mib, 4000 * mib, 4000 * mib, time.Hour, 25 * time.Second, true},
 	} {
-		if got := snapshotDue(tc.interval, tc.walBytes, tc.grown, tc.age, tc.took); got != tc.want {
+		if got := snapshotDue(tc.interval, tc.walBytes, tc.least, tc.grown, tc.age, tc.took); got != tc.want {
 			t.Errorf("%s: snapshotDue = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestSnapshotWaitsForTheWALRatio runs the node's own loops on synctest's
+// fake clock: once the interval has passed, a snapshot still waits until
+// the WAL has grown by a third of the last snapshot's size, and no longer;
+// with the cap off it does not wait.
+func TestSnapshotWaitsForTheWALRatio(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ratio float64
+		early bool // a snapshot before the WAL grew by a third of the last one
+	}{{"default ratio", 0, false}, {"no cap", -1, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			synctest.Test(t, func(t *testing.T) {
+				cfg := durableConfig(t, dir, nil) // the system clock: fake inside the bubble
+				cfg.SnapshotInterval = time.Minute
+				cfg.SnapshotWALRatio = tc.ratio
+				a := openNode(t, cfg)
+				defer crash(t, a)
+				next := 0
+				send := func(n int) { // n new recipients, one send each
+					req := &pb.CheckRequest{}
+					for range n {
+						req.Recipients = append(req.Recipients, fmt.Sprintf("+1%010d", next))
+						next++
+					}
+					if _, err := a.Check(context.Background(), req); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for range 100 {
+					send(100)
+				}
+				if err := a.snapshot(); err != nil {
+					t.Fatal(err)
+				}
+				size, taken := a.dur.snapSize, a.snapshots.Load()
+				grown := func() int64 { return a.dur.log.Stats().Bytes - a.dur.snapBytes }
+				for grown() < size/6 {
+					send(10)
+				}
+				time.Sleep(2 * time.Minute) // the durable loop ticks meanwhile
+				synctest.Wait()
+				if got := a.snapshots.Load() - taken; (got > 0) != tc.early {
+					t.Fatalf("%d snapshots after the WAL grew by %d of the last one's %d bytes; want one: %v", got, grown(), size, tc.early)
+				}
+				if tc.early {
+					return
+				}
+				for grown() < size/3 {
+					send(10)
+				}
+				time.Sleep(2 * time.Second)
+				synctest.Wait()
+				if got := a.snapshots.Load() - taken; got != 1 {
+					t.Fatalf("%d snapshots once the WAL grew by a third of the last one's %d bytes, want 1", got, size)
+				}
+			})
+		})
 	}
 }

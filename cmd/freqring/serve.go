@@ -66,6 +66,7 @@ type serveFlags struct {
 	dataDir, syncPolicy, durability                 string
 	syncInterval, snapInterval                      time.Duration
 	snapBytes                                       int64
+	snapRatio                                       float64
 	plainFsync, heapSlabs, skipCorrupt, dropRemoved bool
 
 	// cluster
@@ -136,6 +137,7 @@ func (f *serveFlags) defineStorage(fs *flag.FlagSet) {
 	fs.BoolVar(&f.heapSlabs, "heap-slabs", false, "keep the store's records on the Go heap instead of memory the store maps for transparent huge pages (which decide 2-3x faster and restart faster with tens of millions of recipients where the kernel's mode is madvise)")
 	fs.DurationVar(&f.snapInterval, "snapshot-interval", time.Minute, "longest time between snapshots (negative: only on shutdown and by size)")
 	fs.Int64Var(&f.snapBytes, "snapshot-wal-bytes", 64<<20, "take a snapshot once the WAL has grown this many bytes (negative disables)")
+	fs.Float64Var(&f.snapRatio, "snapshot-wal-ratio", 3, "write at most this many times the WAL's bytes in snapshots: a snapshot waits until the WAL has grown by the last one's size over this ratio (negative: no cap; a large store restarts faster, at many times the disk writes)")
 	fs.BoolVar(&f.skipCorrupt, "skip-corrupt", false, "start past damaged WAL records (skipping only the damaged bytes, keeping the intact records after them) or, when no snapshot is intact, from the WAL alone, logging what is skipped, instead of refusing")
 	fs.BoolVar(&f.dropRemoved, "drop-removed-domains", false, "drop for good the recovered history of domains the rules no longer have, instead of refusing to start")
 }
@@ -303,7 +305,7 @@ func (f *serveFlags) nodeConfig(policy wal.SyncPolicy, budget int64, logger *slo
 		Replication: repl, AsyncBound: f.asyncBound, Durability: dur,
 		Rules: rs, SweepInterval: f.sweep, Logger: logger,
 		DataDir: f.dataDir, Sync: policy, SyncInterval: f.syncInterval, PlainFsync: f.plainFsync, HeapSlabs: f.heapSlabs,
-		SnapshotInterval: f.snapInterval, SnapshotWALBytes: f.snapBytes, SkipCorrupt: f.skipCorrupt,
+		SnapshotInterval: f.snapInterval, SnapshotWALBytes: f.snapBytes, SnapshotWALRatio: f.snapRatio, SkipCorrupt: f.skipCorrupt,
 		Name: f.name, AdvertiseAddr: f.advertise, MaxMemory: budget,
 	}
 	nc.DropRemovedDomains = f.dropRemoved

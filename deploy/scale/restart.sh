@@ -14,7 +14,8 @@
 #   PORT=17170      the node's gRPC port on 127.0.0.1
 #   ADMIN_PORT=17171 the node's admin HTTP port (/metrics) on 127.0.0.1
 #   BENCH=15s       bench duration (0: no bench, no snapshot while serving)
-#   SNAP_EVERY=5s   the node's --snapshot-interval during the run
+#   SNAP_EVERY=5s   the node's --snapshot-interval during the run (with
+#                   --snapshot-wal-ratio -1, so that snapshots come that often)
 #   SEED=1          synth seed
 #   KEEP=1          keep the data directory afterwards (default: remove it)
 #   REUSE=1         restart from the data directory a KEEP=1 run left in WORK
@@ -53,7 +54,7 @@ fi
 
 echo "== restart: freqring serve --data-dir $data (log: $log)"
 start=$(date +%s.%N)
-"$bin" serve --data-dir "$data" --listen "$addr" --admin-listen "127.0.0.1:$admin_port" --snapshot-interval "$snap_every" ${SERVE_FLAGS:-} >"$log" 2>&1 &
+"$bin" serve --data-dir "$data" --listen "$addr" --admin-listen "127.0.0.1:$admin_port" --snapshot-interval "$snap_every" --snapshot-wal-ratio -1 ${SERVE_FLAGS:-} >"$log" 2>&1 &
 pid=$!
 stop_node() {
 	if kill -0 "$pid" 2>/dev/null; then
