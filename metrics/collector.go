@@ -131,6 +131,8 @@ var (
 		"Rules reloads, by result: ok (applied) or failed (refused; the old rules stay).", "result")
 	descRefunds = desc("freqring_refunds_total",
 		"Sends returned by request id (refunds).")
+	descExplains = desc("freqring_explains_total",
+		"Recipient lookups (Explain: the gRPC API, GET /v1/explain, the console) callers made through this node; each is also logged with its caller.")
 	descMarkedDown = desc("freqring_members_marked_down_total",
 		"Members this node took out of its ring because their gRPC address refused connections (their process is gone), ahead of gossip's failure detection.")
 	descClockOffset = desc("freqring_clock_offset_seconds",
@@ -151,7 +153,7 @@ var allDescs = []*prometheus.Desc{
 	descDomainHeap, descDomainExpired, descDomainMoved, descDomainCompacted, descDomainUnreadable, descDomainCollisions, descStoreHeld, descStoreMapped, descStoreFree, descStoreLimit, descStoreRefused, descStoreRefusedGrowth, descStoreOvershoots, descGateWaits,
 	descWALAppends, descWALBytes, descWALBatches, descWALFsyncs, descWALRotations, descSnapshots,
 	descSnapshotFailures, descWALFailed, descWALFailures, descWALRecoveries, descRefusedCalls,
-	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descStaleRefusals, descReacquired, descLateRequests, descReopenedFailures, descReplicationLag, descReloads, descRefunds, descMarkedDown, descClockOffset, descClockSkewed, descGossipBad,
+	descReplicated, descReplicateCalls, descReplicateUnaryCalls, descReplicationFailures, descWithdrawnSends, descStaleRefusals, descReacquired, descLateRequests, descReopenedFailures, descReplicationLag, descReloads, descRefunds, descExplains, descMarkedDown, descClockOffset, descClockSkewed, descGossipBad,
 	descGossipWarnings, descGossipWarningsNotLogged,
 }
 
@@ -249,6 +251,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descReloads, s.Reloads, "ok")
 	counter(descReloads, s.ReloadFailures, "failed")
 	counter(descRefunds, s.Refunds)
+	counter(descExplains, s.Explains)
 	counter(descMarkedDown, s.Gossip.MarkedDown)
 	gauge(descClockOffset, s.Clock.Offset.Seconds())
 	gauge(descClockSkewed, b2f(s.Clock.Skewed))

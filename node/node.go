@@ -425,6 +425,7 @@ type Node struct {
 	// reloads, reloadFailures and refunds back Stats.Reloads,
 	// Stats.ReloadFailures and Stats.Refunds.
 	reloads, reloadFailures, refunds atomic.Int64
+	explains                         atomic.Int64 // Stats.Explains
 }
 
 // view is a rule set bound to the node's store: what a Check reads, through
@@ -614,11 +615,14 @@ type Stats struct {
 	// Reloads and ReloadFailures count rules reloads applied and refused;
 	// Refunds counts sends returned by request id.
 	Reloads, ReloadFailures, Refunds int64
-	WAL                              wal.Stats
-	Gossip                           gossip.Stats // zero without Config.Cluster
-	Domains                          []DomainStats
-	Partitions                       []int64 // records per ring partition, all domains
-	Open                             []bool  // per ring partition: open here (this node decides for it)
+	// Explains counts the recipient lookups (Explain) callers made through
+	// this node; each is logged with its caller.
+	Explains   int64
+	WAL        wal.Stats
+	Gossip     gossip.Stats // zero without Config.Cluster
+	Domains    []DomainStats
+	Partitions []int64 // records per ring partition, all domains
+	Open       []bool  // per ring partition: open here (this node decides for it)
 	// Memory is the store's heap account: bytes held, its limit
 	// (StoreBudget(Config.MaxMemory)), items refused at it (each a
 	// RESOURCE_EXHAUSTED item error, also counted in Failed): for new
@@ -710,7 +714,7 @@ func (n *Node) Stats() Stats {
 	s := Stats{Checks: n.checks.Load(), Admitted: n.admitted.Load(), Denied: n.denied.Load(), Failed: n.failed.Load(),
 		ForwardedOut: n.forwardedOut.Load(), ForwardedIn: n.forwardedIn.Load(), Snapshots: n.snapshots.Load(),
 		FailedByCode: n.decisions.failedByCode(), Duplicates: n.decisions.duplicates.Load(),
-		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(),
+		Reloads: n.reloads.Load(), ReloadFailures: n.reloadFailures.Load(), Refunds: n.refunds.Load(), Explains: n.explains.Load(),
 		Memory: n.store.Memory(), Serving: n.Serving(), GateWaits: n.gate.waited(),
 		ReplicatedSends: n.replicated.Load(), ReplicationFailures: n.replicationFailures.Load(), WithdrawnSends: n.withdrawn.Load(),
 		StaleRefusals: n.staleRefusals.Load(), Reacquired: n.reacquired.Load(), LateRequests: n.lateRequests.Load(),

@@ -17,7 +17,7 @@ import (
 // Peer is what one node asks of another: the calls of the Peer service of
 // api/freqring/v1 (its generated client's method set, so that a gRPC
 // connection's clients are a Peer as they are: grpcPeer), the Admin
-// service's ListOverrides and the Limiter's Status, over gRPC or in memory
+// service's ListOverrides and the Limiter's Status and Explain, over gRPC or in memory
 // (localPeer). The receiving side of each is peerServer's method of the
 // same name (peerrpc.go). Errors are gRPC statuses; call options apply to
 // gRPC only.
@@ -39,6 +39,9 @@ type Peer interface {
 	ListOverrides(ctx context.Context, req *pb.OverrideListRequest, opts ...grpc.CallOption) (*pb.OverrideListResponse, error)
 	// Status asks the peer who it is (Node.Status, on the Limiter service).
 	Status(ctx context.Context, req *pb.StatusRequest, opts ...grpc.CallOption) (*pb.StatusResponse, error)
+	// Explain asks the peer, a recipient's owner, to explain it
+	// (Node.Explain, on the Limiter service).
+	Explain(ctx context.Context, req *pb.ExplainRequest, opts ...grpc.CallOption) (*pb.ExplainResponse, error)
 }
 
 // MaxPeerResponseBytes bounds a peer's answer (an Acquire carries partition
@@ -269,4 +272,10 @@ func localCall[Req, Resp proto.Message](p localPeer, ctx context.Context, req Re
 		return zero, err
 	}
 	return resp, nil
+}
+
+func (p localPeer) Explain(ctx context.Context, req *pb.ExplainRequest, _ ...grpc.CallOption) (*pb.ExplainResponse, error) {
+	return localCall(p, ctx, req, func(s peerServer, ctx context.Context, req *pb.ExplainRequest) (*pb.ExplainResponse, error) {
+		return s.n.Explain(ctx, req)
+	})
 }

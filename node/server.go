@@ -61,6 +61,10 @@ func (s limiterServer) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.Usa
 	return s.n.Usage(ctx, req)
 }
 
+func (s limiterServer) Explain(ctx context.Context, req *pb.ExplainRequest) (*pb.ExplainResponse, error) {
+	return s.n.Explain(ctx, req)
+}
+
 // adminServer adapts a Node to the Admin service.
 type adminServer struct {
 	pb.UnimplementedAdminServer

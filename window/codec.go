@@ -64,6 +64,10 @@ func (s *state) reset(tag uint16) {
 // a limit.
 func contentFP(h uint64) uint32 { return uint32(h ^ h>>32) }
 
+// ContentFingerprint returns the fingerprint a record keeps of the content
+// hash h (Explain's Logged.Content).
+func ContentFingerprint(h uint64) uint32 { return contentFP(h) }
+
 // pad is the slack after the last byte of a stream that bitReader and
 // bitWriter may touch: every run of fixed-size fields between two overrun
 // checks is shorter than 8*pad-64 bits.

@@ -2841,6 +2841,479 @@ func (x *UsageRule) GetWouldDeny() int64 {
 	return 0
 }
 
+type ExplainRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Recipient string                 `protobuf:"bytes,1,opt,name=recipient,proto3" json:"recipient,omitempty"`
+	// "" means the default domain.
+	Domain string `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
+	// The content of the next message, hashed as Check hashes it; or its
+	// hash in content_hash. With neither, content rules list the sends of
+	// every content and do not judge.
+	Content     []byte `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
+	ContentHash uint64 `protobuf:"varint,4,opt,name=content_hash,json=contentHash,proto3" json:"content_hash,omitempty"`
+	// Sends the next message would count as; 0 means 1.
+	Cost uint32 `protobuf:"varint,5,opt,name=cost,proto3" json:"cost,omitempty"`
+	// Set by a node that forwards the call to the recipient's owner, which
+	// then answers from what it holds and never forwards it again.
+	Forwarded     bool `protobuf:"varint,6,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainRequest) Reset() {
+	*x = ExplainRequest{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainRequest) ProtoMessage() {}
+
+func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
+func (*ExplainRequest) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ExplainRequest) GetRecipient() string {
+	if x != nil {
+		return x.Recipient
+	}
+	return ""
+}
+
+func (x *ExplainRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *ExplainRequest) GetContent() []byte {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+func (x *ExplainRequest) GetContentHash() uint64 {
+	if x != nil {
+		return x.ContentHash
+	}
+	return 0
+}
+
+func (x *ExplainRequest) GetCost() uint32 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+func (x *ExplainRequest) GetForwarded() bool {
+	if x != nil {
+		return x.Forwarded
+	}
+	return false
+}
+
+type ExplainResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Recipient string                 `protobuf:"bytes,1,opt,name=recipient,proto3" json:"recipient,omitempty"`
+	Domain    string                 `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
+	// The node that answered: the recipient's owner.
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// The time explained, unix milliseconds: the owner's clock, or the
+	// recipient's newest send if that is later.
+	NowMs int64 `protobuf:"varint,4,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	// A send of the request's cost would be admitted now.
+	Admitted bool `protobuf:"varint,5,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	// The binding rule: of the rules that deny, the one with the longest
+	// retry; "" when admitted.
+	DeniedBy string `protobuf:"bytes,6,opt,name=denied_by,json=deniedBy,proto3" json:"denied_by,omitempty"`
+	// When a send would next be admitted, unix ms, if nothing else is sent:
+	// now_ms when admitted, 0 when never (its cost exceeds a limit).
+	NextAdmittedMs int64 `protobuf:"varint,7,opt,name=next_admitted_ms,json=nextAdmittedMs,proto3" json:"next_admitted_ms,omitempty"`
+	// The override in force for this recipient, "" for none; exempt when it
+	// exempts the recipient (admitted unchecked, still recorded).
+	Override string `protobuf:"bytes,8,opt,name=override,proto3" json:"override,omitempty"`
+	Exempt   bool   `protobuf:"varint,9,opt,name=exempt,proto3" json:"exempt,omitempty"`
+	// One per rule of the domain, in the domain's order.
+	Rules []*ExplainRule `protobuf:"bytes,10,rep,name=rules,proto3" json:"rules,omitempty"`
+	// The explained content's fingerprint (as in ExplainSend), 0 for none.
+	ContentFingerprint uint32 `protobuf:"varint,11,opt,name=content_fingerprint,json=contentFingerprint,proto3" json:"content_fingerprint,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ExplainResponse) Reset() {
+	*x = ExplainResponse{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainResponse) ProtoMessage() {}
+
+func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
+func (*ExplainResponse) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ExplainResponse) GetRecipient() string {
+	if x != nil {
+		return x.Recipient
+	}
+	return ""
+}
+
+func (x *ExplainResponse) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *ExplainResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ExplainResponse) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
+func (x *ExplainResponse) GetAdmitted() bool {
+	if x != nil {
+		return x.Admitted
+	}
+	return false
+}
+
+func (x *ExplainResponse) GetDeniedBy() string {
+	if x != nil {
+		return x.DeniedBy
+	}
+	return ""
+}
+
+func (x *ExplainResponse) GetNextAdmittedMs() int64 {
+	if x != nil {
+		return x.NextAdmittedMs
+	}
+	return 0
+}
+
+func (x *ExplainResponse) GetOverride() string {
+	if x != nil {
+		return x.Override
+	}
+	return ""
+}
+
+func (x *ExplainResponse) GetExempt() bool {
+	if x != nil {
+		return x.Exempt
+	}
+	return false
+}
+
+func (x *ExplainResponse) GetRules() []*ExplainRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+func (x *ExplainResponse) GetContentFingerprint() uint32 {
+	if x != nil {
+		return x.ContentFingerprint
+	}
+	return 0
+}
+
+type ExplainRule struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Scope     string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`         // "recipient" or "recipient+content"
+	Algorithm string                 `protobuf:"bytes,3,opt,name=algorithm,proto3" json:"algorithm,omitempty"` // "sliding-log", "token-bucket", ...
+	// The limit in force (the override's when it sets one).
+	Limit    uint32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	WindowMs int64  `protobuf:"varint,5,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	Shadow   bool   `protobuf:"varint,6,opt,name=shadow,proto3" json:"shadow,omitempty"` // evaluated and reported, never denies
+	// False for a content rule when the request names no content.
+	Judged    bool   `protobuf:"varint,7,opt,name=judged,proto3" json:"judged,omitempty"`
+	Used      uint32 `protobuf:"varint,8,opt,name=used,proto3" json:"used,omitempty"`
+	Remaining uint32 `protobuf:"varint,9,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// Milliseconds until this rule admits the send; 0 when it does, -1
+	// when it never will (a shadow rule whose limit is below the cost).
+	RetryAfterMs int64 `protobuf:"varint,10,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	// A sliding-log rule's sends in its window, oldest first (a send of
+	// cost k appears k times); for a content rule those of the request's
+	// content, or of every content when it names none.
+	Sends []*ExplainSend `protobuf:"bytes,11,rep,name=sends,proto3" json:"sends,omitempty"`
+	// A counting rule's state, by name (see docs/api.md#explain).
+	State         []*ExplainValue `protobuf:"bytes,12,rep,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainRule) Reset() {
+	*x = ExplainRule{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainRule) ProtoMessage() {}
+
+func (x *ExplainRule) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainRule.ProtoReflect.Descriptor instead.
+func (*ExplainRule) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ExplainRule) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ExplainRule) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *ExplainRule) GetAlgorithm() string {
+	if x != nil {
+		return x.Algorithm
+	}
+	return ""
+}
+
+func (x *ExplainRule) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ExplainRule) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *ExplainRule) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
+func (x *ExplainRule) GetJudged() bool {
+	if x != nil {
+		return x.Judged
+	}
+	return false
+}
+
+func (x *ExplainRule) GetUsed() uint32 {
+	if x != nil {
+		return x.Used
+	}
+	return 0
+}
+
+func (x *ExplainRule) GetRemaining() uint32 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *ExplainRule) GetRetryAfterMs() int64 {
+	if x != nil {
+		return x.RetryAfterMs
+	}
+	return 0
+}
+
+func (x *ExplainRule) GetSends() []*ExplainSend {
+	if x != nil {
+		return x.Sends
+	}
+	return nil
+}
+
+func (x *ExplainRule) GetState() []*ExplainValue {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+type ExplainSend struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	AtMs  int64                  `protobuf:"varint,1,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"` // unix ms
+	// For a content rule, the fingerprint the node keeps of the content's
+	// hash; 0 for a recipient rule.
+	ContentFingerprint uint32 `protobuf:"varint,2,opt,name=content_fingerprint,json=contentFingerprint,proto3" json:"content_fingerprint,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ExplainSend) Reset() {
+	*x = ExplainSend{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainSend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainSend) ProtoMessage() {}
+
+func (x *ExplainSend) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainSend.ProtoReflect.Descriptor instead.
+func (*ExplainSend) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ExplainSend) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+func (x *ExplainSend) GetContentFingerprint() uint32 {
+	if x != nil {
+		return x.ContentFingerprint
+	}
+	return 0
+}
+
+type ExplainValue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         float64                `protobuf:"fixed64,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainValue) Reset() {
+	*x = ExplainValue{}
+	mi := &file_freqring_v1_freqring_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainValue) ProtoMessage() {}
+
+func (x *ExplainValue) ProtoReflect() protoreflect.Message {
+	mi := &file_freqring_v1_freqring_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainValue.ProtoReflect.Descriptor instead.
+func (*ExplainValue) Descriptor() ([]byte, []int) {
+	return file_freqring_v1_freqring_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ExplainValue) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ExplainValue) GetValue() float64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
 var File_freqring_v1_freqring_proto protoreflect.FileDescriptor
 
 const file_freqring_v1_freqring_proto_rawDesc = "" +
@@ -3074,7 +3547,47 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06denied\x18\x02 \x01(\x03R\x06denied\x12\x1d\n" +
 	"\n" +
-	"would_deny\x18\x03 \x01(\x03R\twouldDeny*W\n" +
+	"would_deny\x18\x03 \x01(\x03R\twouldDeny\"\xb5\x01\n" +
+	"\x0eExplainRequest\x12\x1c\n" +
+	"\trecipient\x18\x01 \x01(\tR\trecipient\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x18\n" +
+	"\acontent\x18\x03 \x01(\fR\acontent\x12!\n" +
+	"\fcontent_hash\x18\x04 \x01(\x04R\vcontentHash\x12\x12\n" +
+	"\x04cost\x18\x05 \x01(\rR\x04cost\x12\x1c\n" +
+	"\tforwarded\x18\x06 \x01(\bR\tforwarded\"\xea\x02\n" +
+	"\x0fExplainResponse\x12\x1c\n" +
+	"\trecipient\x18\x01 \x01(\tR\trecipient\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x15\n" +
+	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\x12\x1a\n" +
+	"\badmitted\x18\x05 \x01(\bR\badmitted\x12\x1b\n" +
+	"\tdenied_by\x18\x06 \x01(\tR\bdeniedBy\x12(\n" +
+	"\x10next_admitted_ms\x18\a \x01(\x03R\x0enextAdmittedMs\x12\x1a\n" +
+	"\boverride\x18\b \x01(\tR\boverride\x12\x16\n" +
+	"\x06exempt\x18\t \x01(\bR\x06exempt\x12.\n" +
+	"\x05rules\x18\n" +
+	" \x03(\v2\x18.freqring.v1.ExplainRuleR\x05rules\x12/\n" +
+	"\x13content_fingerprint\x18\v \x01(\rR\x12contentFingerprint\"\xf1\x02\n" +
+	"\vExplainRule\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x1c\n" +
+	"\talgorithm\x18\x03 \x01(\tR\talgorithm\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\x12\x1b\n" +
+	"\twindow_ms\x18\x05 \x01(\x03R\bwindowMs\x12\x16\n" +
+	"\x06shadow\x18\x06 \x01(\bR\x06shadow\x12\x16\n" +
+	"\x06judged\x18\a \x01(\bR\x06judged\x12\x12\n" +
+	"\x04used\x18\b \x01(\rR\x04used\x12\x1c\n" +
+	"\tremaining\x18\t \x01(\rR\tremaining\x12$\n" +
+	"\x0eretry_after_ms\x18\n" +
+	" \x01(\x03R\fretryAfterMs\x12.\n" +
+	"\x05sends\x18\v \x03(\v2\x18.freqring.v1.ExplainSendR\x05sends\x12/\n" +
+	"\x05state\x18\f \x03(\v2\x19.freqring.v1.ExplainValueR\x05state\"S\n" +
+	"\vExplainSend\x12\x13\n" +
+	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\x12/\n" +
+	"\x13content_fingerprint\x18\x02 \x01(\rR\x12contentFingerprint\"8\n" +
+	"\fExplainValue\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value*W\n" +
 	"\x04Mode\x12\x19\n" +
 	"\x15MODE_CHECK_AND_RECORD\x10\x00\x12\r\n" +
 	"\tMODE_PEEK\x10\x01\x12\x14\n" +
@@ -3082,7 +3595,7 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\vMODE_REFUND\x10\x03*:\n" +
 	"\tUsageZone\x12\x12\n" +
 	"\x0eUSAGE_ZONE_UTC\x10\x00\x12\x19\n" +
-	"\x15USAGE_ZONE_CONFIGURED\x10\x012\xd7\x03\n" +
+	"\x15USAGE_ZONE_CONFIGURED\x10\x012\x9d\x04\n" +
 	"\aLimiter\x12>\n" +
 	"\x05Check\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12H\n" +
 	"\vCheckStream\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse(\x010\x01\x12>\n" +
@@ -3090,7 +3603,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x04Ring\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse\x12B\n" +
 	"\tWatchRing\x12\x18.freqring.v1.RingRequest\x1a\x19.freqring.v1.RingResponse0\x01\x12A\n" +
 	"\x06Status\x12\x1a.freqring.v1.StatusRequest\x1a\x1b.freqring.v1.StatusResponse\x12>\n" +
-	"\x05Usage\x12\x19.freqring.v1.UsageRequest\x1a\x1a.freqring.v1.UsageResponse2\xf7\x03\n" +
+	"\x05Usage\x12\x19.freqring.v1.UsageRequest\x1a\x1a.freqring.v1.UsageResponse\x12D\n" +
+	"\aExplain\x12\x1b.freqring.v1.ExplainRequest\x1a\x1c.freqring.v1.ExplainResponse2\xf7\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.freqring.v1.CheckRequest\x1a\x1a.freqring.v1.CheckResponse\x12D\n" +
 	"\aAcquire\x12\x1b.freqring.v1.AcquireRequest\x1a\x1c.freqring.v1.AcquireResponse\x12D\n" +
@@ -3117,7 +3631,7 @@ func file_freqring_v1_freqring_proto_rawDescGZIP() []byte {
 }
 
 var file_freqring_v1_freqring_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_freqring_v1_freqring_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_freqring_v1_freqring_proto_goTypes = []any{
 	(Mode)(0),                      // 0: freqring.v1.Mode
 	(UsageZone)(0),                 // 1: freqring.v1.UsageZone
@@ -3158,18 +3672,23 @@ var file_freqring_v1_freqring_proto_goTypes = []any{
 	(*UsageResponse)(nil),          // 36: freqring.v1.UsageResponse
 	(*UsageDay)(nil),               // 37: freqring.v1.UsageDay
 	(*UsageRule)(nil),              // 38: freqring.v1.UsageRule
-	nil,                            // 39: freqring.v1.Override.LimitsEntry
-	nil,                            // 40: freqring.v1.CheckResponse.DomainsEntry
+	(*ExplainRequest)(nil),         // 39: freqring.v1.ExplainRequest
+	(*ExplainResponse)(nil),        // 40: freqring.v1.ExplainResponse
+	(*ExplainRule)(nil),            // 41: freqring.v1.ExplainRule
+	(*ExplainSend)(nil),            // 42: freqring.v1.ExplainSend
+	(*ExplainValue)(nil),           // 43: freqring.v1.ExplainValue
+	nil,                            // 44: freqring.v1.Override.LimitsEntry
+	nil,                            // 45: freqring.v1.CheckResponse.DomainsEntry
 }
 var file_freqring_v1_freqring_proto_depIdxs = []int32{
-	39, // 0: freqring.v1.Override.limits:type_name -> freqring.v1.Override.LimitsEntry
+	44, // 0: freqring.v1.Override.limits:type_name -> freqring.v1.Override.LimitsEntry
 	2,  // 1: freqring.v1.OverrideSetRequest.override:type_name -> freqring.v1.Override
 	2,  // 2: freqring.v1.OverrideSetResponse.override:type_name -> freqring.v1.Override
 	2,  // 3: freqring.v1.OverrideListResponse.overrides:type_name -> freqring.v1.Override
 	2,  // 4: freqring.v1.OverrideListResponse.deleted:type_name -> freqring.v1.Override
 	0,  // 5: freqring.v1.CheckRequest.modes:type_name -> freqring.v1.Mode
 	12, // 6: freqring.v1.CheckResponse.errors:type_name -> freqring.v1.ItemError
-	40, // 7: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
+	45, // 7: freqring.v1.CheckResponse.domains:type_name -> freqring.v1.CheckResponse.DomainsEntry
 	11, // 8: freqring.v1.CheckResponse.failed:type_name -> freqring.v1.RequestError
 	14, // 9: freqring.v1.Domain.rules:type_name -> freqring.v1.Rule
 	18, // 10: freqring.v1.RingResponse.members:type_name -> freqring.v1.Member
@@ -3180,46 +3699,51 @@ var file_freqring_v1_freqring_proto_depIdxs = []int32{
 	1,  // 15: freqring.v1.UsageRequest.zone:type_name -> freqring.v1.UsageZone
 	37, // 16: freqring.v1.UsageResponse.days:type_name -> freqring.v1.UsageDay
 	38, // 17: freqring.v1.UsageDay.rules:type_name -> freqring.v1.UsageRule
-	13, // 18: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
-	9,  // 19: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
-	9,  // 20: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
-	15, // 21: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
-	16, // 22: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
-	16, // 23: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
-	20, // 24: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
-	35, // 25: freqring.v1.Limiter.Usage:input_type -> freqring.v1.UsageRequest
-	9,  // 26: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
-	24, // 27: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
-	26, // 28: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
-	28, // 29: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
-	28, // 30: freqring.v1.Peer.ReplicateStream:input_type -> freqring.v1.ReplicateRequest
-	31, // 31: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
-	33, // 32: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
-	3,  // 33: freqring.v1.Admin.SetOverride:input_type -> freqring.v1.OverrideSetRequest
-	5,  // 34: freqring.v1.Admin.DeleteOverride:input_type -> freqring.v1.OverrideDeleteRequest
-	7,  // 35: freqring.v1.Admin.ListOverrides:input_type -> freqring.v1.OverrideListRequest
-	10, // 36: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
-	10, // 37: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
-	23, // 38: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
-	17, // 39: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
-	17, // 40: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
-	21, // 41: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
-	36, // 42: freqring.v1.Limiter.Usage:output_type -> freqring.v1.UsageResponse
-	10, // 43: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
-	25, // 44: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
-	27, // 45: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
-	30, // 46: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
-	29, // 47: freqring.v1.Peer.ReplicateStream:output_type -> freqring.v1.ReplicateAck
-	32, // 48: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
-	34, // 49: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
-	4,  // 50: freqring.v1.Admin.SetOverride:output_type -> freqring.v1.OverrideSetResponse
-	6,  // 51: freqring.v1.Admin.DeleteOverride:output_type -> freqring.v1.OverrideDeleteResponse
-	8,  // 52: freqring.v1.Admin.ListOverrides:output_type -> freqring.v1.OverrideListResponse
-	36, // [36:53] is the sub-list for method output_type
-	19, // [19:36] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	41, // 18: freqring.v1.ExplainResponse.rules:type_name -> freqring.v1.ExplainRule
+	42, // 19: freqring.v1.ExplainRule.sends:type_name -> freqring.v1.ExplainSend
+	43, // 20: freqring.v1.ExplainRule.state:type_name -> freqring.v1.ExplainValue
+	13, // 21: freqring.v1.CheckResponse.DomainsEntry.value:type_name -> freqring.v1.Domain
+	9,  // 22: freqring.v1.Limiter.Check:input_type -> freqring.v1.CheckRequest
+	9,  // 23: freqring.v1.Limiter.CheckStream:input_type -> freqring.v1.CheckRequest
+	15, // 24: freqring.v1.Limiter.Rules:input_type -> freqring.v1.RulesRequest
+	16, // 25: freqring.v1.Limiter.Ring:input_type -> freqring.v1.RingRequest
+	16, // 26: freqring.v1.Limiter.WatchRing:input_type -> freqring.v1.RingRequest
+	20, // 27: freqring.v1.Limiter.Status:input_type -> freqring.v1.StatusRequest
+	35, // 28: freqring.v1.Limiter.Usage:input_type -> freqring.v1.UsageRequest
+	39, // 29: freqring.v1.Limiter.Explain:input_type -> freqring.v1.ExplainRequest
+	9,  // 30: freqring.v1.Peer.Forward:input_type -> freqring.v1.CheckRequest
+	24, // 31: freqring.v1.Peer.Acquire:input_type -> freqring.v1.AcquireRequest
+	26, // 32: freqring.v1.Peer.Release:input_type -> freqring.v1.ReleaseRequest
+	28, // 33: freqring.v1.Peer.Replicate:input_type -> freqring.v1.ReplicateRequest
+	28, // 34: freqring.v1.Peer.ReplicateStream:input_type -> freqring.v1.ReplicateRequest
+	31, // 35: freqring.v1.Peer.Fill:input_type -> freqring.v1.FillRequest
+	33, // 36: freqring.v1.Peer.Handback:input_type -> freqring.v1.HandbackRequest
+	3,  // 37: freqring.v1.Admin.SetOverride:input_type -> freqring.v1.OverrideSetRequest
+	5,  // 38: freqring.v1.Admin.DeleteOverride:input_type -> freqring.v1.OverrideDeleteRequest
+	7,  // 39: freqring.v1.Admin.ListOverrides:input_type -> freqring.v1.OverrideListRequest
+	10, // 40: freqring.v1.Limiter.Check:output_type -> freqring.v1.CheckResponse
+	10, // 41: freqring.v1.Limiter.CheckStream:output_type -> freqring.v1.CheckResponse
+	23, // 42: freqring.v1.Limiter.Rules:output_type -> freqring.v1.RulesResponse
+	17, // 43: freqring.v1.Limiter.Ring:output_type -> freqring.v1.RingResponse
+	17, // 44: freqring.v1.Limiter.WatchRing:output_type -> freqring.v1.RingResponse
+	21, // 45: freqring.v1.Limiter.Status:output_type -> freqring.v1.StatusResponse
+	36, // 46: freqring.v1.Limiter.Usage:output_type -> freqring.v1.UsageResponse
+	40, // 47: freqring.v1.Limiter.Explain:output_type -> freqring.v1.ExplainResponse
+	10, // 48: freqring.v1.Peer.Forward:output_type -> freqring.v1.CheckResponse
+	25, // 49: freqring.v1.Peer.Acquire:output_type -> freqring.v1.AcquireResponse
+	27, // 50: freqring.v1.Peer.Release:output_type -> freqring.v1.ReleaseResponse
+	30, // 51: freqring.v1.Peer.Replicate:output_type -> freqring.v1.ReplicateResponse
+	29, // 52: freqring.v1.Peer.ReplicateStream:output_type -> freqring.v1.ReplicateAck
+	32, // 53: freqring.v1.Peer.Fill:output_type -> freqring.v1.FillResponse
+	34, // 54: freqring.v1.Peer.Handback:output_type -> freqring.v1.HandbackResponse
+	4,  // 55: freqring.v1.Admin.SetOverride:output_type -> freqring.v1.OverrideSetResponse
+	6,  // 56: freqring.v1.Admin.DeleteOverride:output_type -> freqring.v1.OverrideDeleteResponse
+	8,  // 57: freqring.v1.Admin.ListOverrides:output_type -> freqring.v1.OverrideListResponse
+	40, // [40:58] is the sub-list for method output_type
+	22, // [22:40] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_freqring_v1_freqring_proto_init() }
@@ -3233,7 +3757,7 @@ func file_freqring_v1_freqring_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_freqring_v1_freqring_proto_rawDesc), len(file_freqring_v1_freqring_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   39,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

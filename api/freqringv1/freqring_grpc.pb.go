@@ -29,6 +29,7 @@ const (
 	Limiter_WatchRing_FullMethodName   = "/freqring.v1.Limiter/WatchRing"
 	Limiter_Status_FullMethodName      = "/freqring.v1.Limiter/Status"
 	Limiter_Usage_FullMethodName       = "/freqring.v1.Limiter/Usage"
+	Limiter_Explain_FullMethodName     = "/freqring.v1.Limiter/Explain"
 )
 
 // LimiterClient is the client API for Limiter service.
@@ -78,6 +79,15 @@ type LimiterClient interface {
 	// merged), as `freqring stats` does. A bad request (days out of range)
 	// fails with INVALID_ARGUMENT naming the field.
 	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
+	// Explain says why a recipient's next send would be admitted or denied:
+	// for each rule of its domain, what it counts now (a sliding-log rule its
+	// sends with their times and content fingerprints, a counting rule its
+	// state), used and remaining, the binding rule, when a send would next be
+	// admitted, and the override in force. Read-only: it records nothing and
+	// is not counted as a check. Answered by the recipient's owner: any node
+	// forwards it there. A bad request fails with INVALID_ARGUMENT naming the
+	// field; a partition moving between owners with UNAVAILABLE (retry).
+	Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error)
 }
 
 type limiterClient struct {
@@ -170,6 +180,16 @@ func (c *limiterClient) Usage(ctx context.Context, in *UsageRequest, opts ...grp
 	return out, nil
 }
 
+func (c *limiterClient) Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainResponse)
+	err := c.cc.Invoke(ctx, Limiter_Explain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LimiterServer is the server API for Limiter service.
 // All implementations must embed UnimplementedLimiterServer
 // for forward compatibility.
@@ -217,6 +237,15 @@ type LimiterServer interface {
 	// merged), as `freqring stats` does. A bad request (days out of range)
 	// fails with INVALID_ARGUMENT naming the field.
 	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
+	// Explain says why a recipient's next send would be admitted or denied:
+	// for each rule of its domain, what it counts now (a sliding-log rule its
+	// sends with their times and content fingerprints, a counting rule its
+	// state), used and remaining, the binding rule, when a send would next be
+	// admitted, and the override in force. Read-only: it records nothing and
+	// is not counted as a check. Answered by the recipient's owner: any node
+	// forwards it there. A bad request fails with INVALID_ARGUMENT naming the
+	// field; a partition moving between owners with UNAVAILABLE (retry).
+	Explain(context.Context, *ExplainRequest) (*ExplainResponse, error)
 	mustEmbedUnimplementedLimiterServer()
 }
 
@@ -247,6 +276,9 @@ func (UnimplementedLimiterServer) Status(context.Context, *StatusRequest) (*Stat
 }
 func (UnimplementedLimiterServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
+}
+func (UnimplementedLimiterServer) Explain(context.Context, *ExplainRequest) (*ExplainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Explain not implemented")
 }
 func (UnimplementedLimiterServer) mustEmbedUnimplementedLimiterServer() {}
 func (UnimplementedLimiterServer) testEmbeddedByValue()                 {}
@@ -377,6 +409,24 @@ func _Limiter_Usage_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Limiter_Explain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExplainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).Explain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_Explain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).Explain(ctx, req.(*ExplainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Limiter_ServiceDesc is the grpc.ServiceDesc for Limiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -403,6 +453,10 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Usage",
 			Handler:    _Limiter_Usage_Handler,
+		},
+		{
+			MethodName: "Explain",
+			Handler:    _Limiter_Explain_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
