@@ -20,8 +20,11 @@ import (
 	"github.com/freqring/freqring/api/wire"
 )
 
-// CheckPath is the endpoint's path.
+// CheckPath is the check endpoint's path.
 const CheckPath = "/v1/check"
+
+// ExplainPath is the explain endpoint's path (explain.go).
+const ExplainPath = "/v1/explain"
 
 // DefaultMaxBodyBytes is the largest body accepted when
 // Config.MaxBodyBytes is 0: 1 MiB.
@@ -41,6 +44,12 @@ type Checker interface {
 // comment.
 type Config struct {
 	Checker Checker // required
+	// Explainer answers GET /v1/explain; nil answers it 404.
+	Explainer Explainer
+	// Caller, if set, names who makes a request in the context the
+	// Explainer gets, for its log of recipient lookups (node.WithCaller):
+	// the client's address.
+	Caller func(ctx context.Context, who string) context.Context
 	// Serving reports whether the node serves; while it does not, every
 	// request is answered 503. nil means always.
 	Serving func() bool
@@ -59,7 +68,8 @@ type Config struct {
 	BodyTimeout time.Duration
 }
 
-// Handler serves POST /v1/check. It is safe for concurrent use.
+// Handler serves POST /v1/check and GET /v1/explain. It is safe for
+// concurrent use.
 type Handler struct {
 	cfg Config
 }
@@ -153,8 +163,12 @@ const (
 )
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == ExplainPath && h.cfg.Explainer != nil {
+		h.serveExplain(w, r)
+		return
+	}
 	if r.URL.Path != CheckPath {
-		writeProblem(w, http.StatusNotFound, TypeNoRoute, fmt.Sprintf("path %q: the only endpoint is POST %s", r.URL.Path, CheckPath))
+		writeProblem(w, http.StatusNotFound, TypeNoRoute, fmt.Sprintf("path %q: the endpoints are POST %s and GET %s", r.URL.Path, CheckPath, ExplainPath))
 		return
 	}
 	if r.Method != http.MethodPost {

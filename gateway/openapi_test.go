@@ -202,3 +202,82 @@ func TestOpenAPIMatchesHandler(t *testing.T) {
 		}
 	}
 }
+
+// explainFunc is an Explainer that answers with a function.
+type explainFunc func(*pb.ExplainRequest) (*pb.ExplainResponse, error)
+
+func (f explainFunc) Explain(_ context.Context, req *pb.ExplainRequest) (*pb.ExplainResponse, error) {
+	return f(req)
+}
+
+// TestOpenAPIExplainMatchesHandler does for GET /v1/explain what
+// TestOpenAPIMatchesHandler does for POST /v1/check: every status the
+// handler sends is documented with its content type and headers, and
+// every documented status is sent.
+func TestOpenAPIExplainMatchesHandler(t *testing.T) {
+	raw, err := os.ReadFile("openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc openAPI
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	op, ok := doc.Paths[gateway.ExplainPath]["get"]
+	if !ok {
+		t.Fatalf("openapi.yaml has no get of %s", gateway.ExplainPath)
+	}
+	ok200 := explainFunc(func(r *pb.ExplainRequest) (*pb.ExplainResponse, error) {
+		return &pb.ExplainResponse{Recipient: r.Recipient, Domain: "default", NowMs: t0, Admitted: true, NextAdmittedMs: t0,
+			Rules: []*pb.ExplainRule{{Name: "r", Scope: "recipient", Algorithm: "sliding-log", Limit: 2, WindowMs: 60_000, Judged: true, Used: 1, Remaining: 1,
+				Sends: []*pb.ExplainSend{{AtMs: t0 - 5}}}}}, nil
+	})
+	fails := func(c codes.Code) explainFunc {
+		return func(*pb.ExplainRequest) (*pb.ExplainResponse, error) { return nil, status.Error(c, "failed") }
+	}
+	sent := map[string]bool{}
+	for _, sc := range []struct {
+		name, method, query string
+		ex                  explainFunc
+		serving             bool
+	}{
+		{"explained", "GET", "recipient=a", ok200, true},
+		{"bad query", "GET", "recipient=a&cost=x", ok200, true},
+		{"invalid", "GET", "recipient=a", fails(codes.InvalidArgument), true},
+		{"method", "POST", "recipient=a", ok200, true},
+		{"internal", "GET", "recipient=a", fails(codes.Internal), true},
+		{"moving", "GET", "recipient=a", fails(codes.Unavailable), true},
+		{"not serving", "GET", "recipient=a", ok200, false},
+	} {
+		serving := sc.serving
+		h, err := gateway.New(gateway.Config{Checker: checkFunc(nil), Explainer: sc.ex, Serving: func() bool { return serving }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(sc.method, gateway.ExplainPath+"?"+sc.query, nil))
+		code := strconv.Itoa(rec.Code)
+		sent[code] = true
+		resp, ok := op.Responses[code]
+		if !ok {
+			t.Errorf("%s: status %s is not in openapi.yaml", sc.name, code)
+			continue
+		}
+		if ct := rec.Header().Get("Content-Type"); resp.Content[ct] == nil {
+			t.Errorf("%s: status %s with Content-Type %s, documented %v", sc.name, code, ct, slices.Sorted(maps.Keys(resp.Content)))
+		}
+		for name := range rec.Header() {
+			if _, ok := resp.Headers[name]; !ok && name != "Content-Type" && name != "Content-Length" {
+				t.Errorf("%s: status %s sends header %s, not documented", sc.name, code, name)
+			}
+		}
+		if !json.Valid(rec.Body.Bytes()) {
+			t.Errorf("%s: body is not JSON: %s", sc.name, rec.Body)
+		}
+	}
+	for code := range op.Responses {
+		if !sent[code] {
+			t.Errorf("openapi.yaml documents status %s, which no scenario of the handler sends", code)
+		}
+	}
+}

@@ -493,7 +493,7 @@ func takesAddr(args []string) bool {
 		return false
 	}
 	switch args[0] {
-	case "check", "status", "stats", "override":
+	case "check", "explain", "status", "stats", "override":
 		return !slices.Contains(args, "--")
 	}
 	return false

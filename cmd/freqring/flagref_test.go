@@ -17,7 +17,7 @@ var update = flag.Bool("update", false, "rewrite the generated flag reference in
 // flagCommands are the command lines whose flags the reference lists, in
 // its order. Each is run with -h to get its flag set.
 var flagCommands = [][]string{
-	{"serve"}, {"check"}, {"status"}, {"stats"},
+	{"serve"}, {"check"}, {"explain"}, {"status"}, {"stats"},
 	{"override", "set"}, {"override", "delete"}, {"override", "list"},
 	{"cluster"}, {"bench"}, {"synth"},
 }

@@ -57,7 +57,7 @@ func startHTTPGateway(addr string, n *node.Node, hf *httpFlags, tc *tls.Config, 
 	if *hf.bodyTimeout <= 0 {
 		return nil, usagef("--http-body-timeout %v is not positive", *hf.bodyTimeout)
 	}
-	h, err := gateway.New(gateway.Config{Checker: n, Serving: n.Serving, LegacyHeaders: *hf.legacy, BodyTimeout: *hf.bodyTimeout})
+	h, err := gateway.New(gateway.Config{Checker: n, Explainer: n, Caller: node.WithCaller, Serving: n.Serving, LegacyHeaders: *hf.legacy, BodyTimeout: *hf.bodyTimeout})
 	if err != nil {
 		return nil, err
 	}

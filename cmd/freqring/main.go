@@ -32,6 +32,7 @@ const usage = `freqring: exact sliding-window frequency limits for message recip
 Usage:
   freqring serve [flags]                 run a node
   freqring check [flags] RECIPIENT...    ask a node whether messages may go out
+  freqring explain [flags] RECIPIENT     why a recipient's next message would be admitted or denied
   freqring status [flags]                show the ring and each member
   freqring stats [flags]                 usage statistics per day and domain, summed over the cluster
   freqring override set|delete|list      change or list overrides on every member
@@ -62,6 +63,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = serve(ctx, args[1:], stdout, stderr)
 	case "check":
 		err = check(ctx, args[1:], stdout, stderr)
+	case "explain":
+		err = explain(ctx, args[1:], stdout, stderr)
 	case "rules":
 		err = rulesCmd(args[1:], stdout, stderr)
 	case "status":
