@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -155,9 +156,15 @@ func WithCaller(ctx context.Context, who string) context.Context {
 	return context.WithValue(ctx, whoKey{}, who)
 }
 
+// CallerHeader is the gRPC metadata key in which a front end that calls
+// the cluster on a user's behalf (the console) names that user; CallerOf
+// reports it beside the call's own address.
+const CallerHeader = "freqring-caller"
+
 // CallerOf returns who makes a call: the name WithCaller gave ctx, else the
 // verified member a peer call's signature names, else the gRPC peer's
-// address, else "in-process".
+// address (after the CallerHeader's name, if the call carries one), else
+// "in-process".
 func CallerOf(ctx context.Context) string {
 	if who, ok := ctx.Value(whoKey{}).(string); ok {
 		return who
@@ -165,8 +172,12 @@ func CallerOf(ctx context.Context) string {
 	if name := callerOf(ctx); name != "" {
 		return "member " + name
 	}
+	addr := "in-process"
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		return p.Addr.String()
+		addr = p.Addr.String()
 	}
-	return "in-process"
+	if v := metadata.ValueFromIncomingContext(ctx, CallerHeader); len(v) > 0 {
+		return v[0] + " via " + addr
+	}
+	return addr
 }

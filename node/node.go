@@ -426,6 +426,7 @@ type Node struct {
 	// Stats.ReloadFailures and Stats.Refunds.
 	reloads, reloadFailures, refunds atomic.Int64
 	explains                         atomic.Int64 // Stats.Explains
+	lastReload                       atomic.Pointer[lastReload]
 }
 
 // view is a rule set bound to the node's store: what a Check reads, through
@@ -817,6 +818,12 @@ const SweepSlack = time.Minute
 // partition lock: about 100 µs.
 const sweepBudget = 2048
 
+// Name returns the node's name (Config.Name).
+func (n *Node) Name() string { return n.cfg.Name }
+
+// Addr returns the gRPC address the node advertises (Config.AdvertiseAddr).
+func (n *Node) Addr() string { return n.cfg.AdvertiseAddr }
+
 // Status answers the Status RPC.
 func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
 	s := n.Stats()
@@ -828,6 +835,11 @@ func (n *Node) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, e
 		MemoryRefusals:   s.Memory.Refused, StoreBytes: s.Memory.HeldBytes, StoreLimitBytes: s.Memory.MaxBytes,
 		RulesReloads: s.Reloads, RulesReloadFailures: s.ReloadFailures,
 		ClockOffsetMs: s.Clock.Offset.Milliseconds(), ClockSkewed: s.Clock.Skewed,
+	}
+	rs := n.RuleSet()
+	resp.RulesHash, resp.RulesSource = fmt.Sprintf("%016x", rs.Hash()), rs.Source()
+	if r := n.lastReload.Load(); r != nil {
+		resp.LastReloadMs, resp.LastReloadError = r.atMs, r.err
 	}
 	resp.RingEpoch = s.Ring.Epoch
 	resp.PartitionsOwned, resp.PartitionsMoving, resp.PartitionsBacked = uint32(s.Ring.Owned), uint32(s.Ring.Moving), uint32(s.Ring.Backed)

@@ -157,7 +157,7 @@ func writeFileAtomic(dir, name string, b []byte) error {
 
 // overrideOf converts an Admin request's override.
 func overrideOf(p *pb.Override) rules.Override {
-	o := rules.Override{Name: p.Name, Domain: p.Domain, Recipients: p.Recipients, Prefixes: p.Prefixes, Exempt: p.Exempt, Version: p.Version}
+	o := rules.Override{Name: p.Name, Domain: p.Domain, Recipients: p.Recipients, Prefixes: p.Prefixes, Exempt: p.Exempt, Version: p.Version, SetBy: p.SetBy}
 	if len(p.Limits) > 0 {
 		o.Limits = make(map[string]int, len(p.Limits))
 		for k, v := range p.Limits {
@@ -173,7 +173,7 @@ func overrideOf(p *pb.Override) rules.Override {
 
 // overrideProto converts an override for a response.
 func overrideProto(o rules.Override, source string) *pb.Override {
-	p := &pb.Override{Name: o.Name, Domain: o.Domain, Recipients: o.Recipients, Prefixes: o.Prefixes, Exempt: o.Exempt, Version: o.Version, Source: source}
+	p := &pb.Override{Name: o.Name, Domain: o.Domain, Recipients: o.Recipients, Prefixes: o.Prefixes, Exempt: o.Exempt, Version: o.Version, Source: source, SetBy: o.SetBy}
 	if len(o.Limits) > 0 {
 		p.Limits = make(map[string]uint32, len(o.Limits))
 		for k, v := range o.Limits {
@@ -193,6 +193,7 @@ func (n *Node) SetOverride(ctx context.Context, req *pb.OverrideSetRequest) (*pb
 		return nil, status.Error(codes.InvalidArgument, "override: missing")
 	}
 	o := overrideOf(req.Override)
+	o.SetBy = CallerOf(ctx) // the node says who, not the caller
 	if o.Version == 0 {
 		o.Version = n.nowMs()
 	}
@@ -229,7 +230,7 @@ func (n *Node) SetOverride(ctx context.Context, req *pb.OverrideSetRequest) (*pb
 	if err := n.commitOverrides(next, tombs, rs); err != nil {
 		return nil, err
 	}
-	n.log.Info("admin override set", "override", o.Name, "domain", o.Domain, "recipients", len(o.Recipients), "prefixes", len(o.Prefixes), "limits", o.Limits, "exempt", o.Exempt)
+	n.log.Info("admin override set", "override", o.Name, "set_by", o.SetBy, "domain", o.Domain, "recipients", len(o.Recipients), "prefixes", len(o.Prefixes), "limits", o.Limits, "exempt", o.Exempt)
 	return &pb.OverrideSetResponse{Node: n.cfg.Name, Override: overrideProto(o, "admin")}, nil
 }
 

@@ -52,6 +52,7 @@ func (n *Node) Reload(ctx context.Context, rs *rules.Set) error {
 	n.reloadMu.Lock()
 	defer n.reloadMu.Unlock()
 	start := time.Now()
+	n.noteReload(nil)
 	old := n.view.Load()
 	if rs.Hash() == old.rules.Hash() {
 		n.reloads.Add(1)
@@ -73,7 +74,7 @@ func (n *Node) Reload(ctx context.Context, rs *rules.Set) error {
 	if len(held) > 0 {
 		err := fmt.Errorf("%w: %s lacks %s; keep the domains until their records expire, then reload again",
 			ErrRemovedDomains, rs.Source(), strings.Join(held, ", "))
-		n.ReloadFailed(err)
+		n.ReloadFailed(err) // notes it
 		return err
 	}
 	for _, name := range rs.Names() {
@@ -108,8 +109,24 @@ func (n *Node) Reload(ctx context.Context, rs *rules.Set) error {
 // Reload: its rules file did not parse or validate (err names file:line and
 // the field). The node keeps its rules.
 func (n *Node) ReloadFailed(err error) {
+	n.noteReload(err)
 	n.reloadFailures.Add(1)
 	n.log.Error("rules reload failed: keeping the rules in force", "rules", n.view.Load().rules.Source(), "err", err)
+}
+
+// lastReload is the outcome of the last rules reload tried (Status).
+type lastReload struct {
+	atMs int64  // unix ms, node clock
+	err  string // "" when applied
+}
+
+// noteReload notes a reload tried now, failed with err or not.
+func (n *Node) noteReload(err error) {
+	r := &lastReload{atMs: n.nowMs()}
+	if err != nil {
+		r.err = err.Error()
+	}
+	n.lastReload.Store(r)
 }
 
 // agreement is what this node publishes in gossip under rules rs.

@@ -334,6 +334,25 @@ func (g *guard) member(ctx context.Context, method string) (context.Context, boo
 	return ctx, false, "the Peer service is for cluster members: the call is not signed with the cluster keys (--cluster-keys)"
 }
 
+// AdminToken reports whether tok is one of the node's admin tokens
+// (Config.AdminTokens, compared in constant time): false when it has none,
+// whatever Config.InsecureAdmin says. The console asks it before changing
+// overrides. Safe for concurrent use.
+func (n *Node) AdminToken(tok string) bool {
+	return n.guard.adminTokens != nil && n.guard.tokenMatches(tok)
+}
+
+// tokenMatches reports whether tok is one of g's admin tokens.
+func (g *guard) tokenMatches(tok string) bool {
+	sum := sha256.Sum256([]byte(tok))
+	ok := false
+	for _, k := range g.adminTokens.Keys() {
+		want := sha256.Sum256(k)
+		ok = subtle.ConstantTimeCompare(sum[:], want[:]) == 1 || ok
+	}
+	return ok
+}
+
 // operator reports whether the call comes from an operator, and if not,
 // why not.
 func (g *guard) operator(ctx context.Context) (bool, string) {
@@ -341,12 +360,8 @@ func (g *guard) operator(ctx context.Context) (bool, string) {
 		return true, ""
 	}
 	if tok, ok := bearer(ctx); ok && g.adminTokens != nil {
-		sum := sha256.Sum256([]byte(tok))
-		for _, k := range g.adminTokens.Keys() {
-			want := sha256.Sum256(k)
-			if subtle.ConstantTimeCompare(sum[:], want[:]) == 1 {
-				return true, ""
-			}
+		if g.tokenMatches(tok) {
+			return true, ""
 		}
 		return false, "the bearer token is not one of this node's admin tokens (--admin-token-file)"
 	}

@@ -37,6 +37,9 @@ type Override struct {
 	// Version orders overrides that claim the same key: the newer wins.
 	// Admin overrides carry their set time (unix ms); rules-file ones 0.
 	Version int64
+	// SetBy names who set an admin override (the console's user, or the
+	// address of the SetOverride call's client); "" for rules-file ones.
+	SetBy string `json:",omitempty"`
 }
 
 // OverrideError is a malformed override. Field names the field at fault

@@ -154,8 +154,11 @@ type Override struct {
 	// Orders overrides that claim the same key (the newer wins): the set time
 	// in unix ms; 0 in a SetOverride means the node's clock. Rules-file
 	// overrides have 0.
-	Version       int64  `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
-	Source        string `protobuf:"bytes,8,opt,name=source,proto3" json:"source,omitempty"` // in lists: "admin" or "file"
+	Version int64  `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
+	Source  string `protobuf:"bytes,8,opt,name=source,proto3" json:"source,omitempty"` // in lists: "admin" or "file"
+	// Who set an admin override: the console's user, or the address of the
+	// SetOverride call's client; set by the node, "" for rules-file ones.
+	SetBy         string `protobuf:"bytes,9,opt,name=set_by,json=setBy,proto3" json:"set_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -242,6 +245,13 @@ func (x *Override) GetVersion() int64 {
 func (x *Override) GetSource() string {
 	if x != nil {
 		return x.Source
+	}
+	return ""
+}
+
+func (x *Override) GetSetBy() string {
+	if x != nil {
+		return x.SetBy
 	}
 	return ""
 }
@@ -1549,9 +1559,17 @@ type StatusResponse struct {
 	ClockOffsetMs int64 `protobuf:"varint,30,opt,name=clock_offset_ms,json=clockOffsetMs,proto3" json:"clock_offset_ms,omitempty"`
 	// The node's clock is beyond --max-clock-skew of most members': it is
 	// out of the ring and owns nothing until it is back within.
-	ClockSkewed   bool `protobuf:"varint,31,opt,name=clock_skewed,json=clockSkewed,proto3" json:"clock_skewed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ClockSkewed bool `protobuf:"varint,31,opt,name=clock_skewed,json=clockSkewed,proto3" json:"clock_skewed,omitempty"`
+	// The rules in force: their hash (16 hex digits, as gossip compares
+	// them) and their source (a file path, or "embedded defaults").
+	RulesHash   string `protobuf:"bytes,32,opt,name=rules_hash,json=rulesHash,proto3" json:"rules_hash,omitempty"`
+	RulesSource string `protobuf:"bytes,33,opt,name=rules_source,json=rulesSource,proto3" json:"rules_source,omitempty"`
+	// The last rules reload tried since start, unix ms (0: none), and why it
+	// failed ("" when it was applied).
+	LastReloadMs    int64  `protobuf:"varint,34,opt,name=last_reload_ms,json=lastReloadMs,proto3" json:"last_reload_ms,omitempty"`
+	LastReloadError string `protobuf:"bytes,35,opt,name=last_reload_error,json=lastReloadError,proto3" json:"last_reload_error,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1799,6 +1817,34 @@ func (x *StatusResponse) GetClockSkewed() bool {
 		return x.ClockSkewed
 	}
 	return false
+}
+
+func (x *StatusResponse) GetRulesHash() string {
+	if x != nil {
+		return x.RulesHash
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetRulesSource() string {
+	if x != nil {
+		return x.RulesSource
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetLastReloadMs() int64 {
+	if x != nil {
+		return x.LastReloadMs
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLastReloadError() string {
+	if x != nil {
+		return x.LastReloadError
+	}
+	return ""
 }
 
 type DomainStatus struct {
@@ -3318,7 +3364,7 @@ var File_freqring_v1_freqring_proto protoreflect.FileDescriptor
 
 const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\n" +
-	"\x1afreqring/v1/freqring.proto\x12\vfreqring.v1\"\xb2\x02\n" +
+	"\x1afreqring/v1/freqring.proto\x12\vfreqring.v1\"\xc9\x02\n" +
 	"\bOverride\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x1e\n" +
@@ -3329,7 +3375,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x06limits\x18\x05 \x03(\v2!.freqring.v1.Override.LimitsEntryR\x06limits\x12\x16\n" +
 	"\x06exempt\x18\x06 \x01(\bR\x06exempt\x12\x18\n" +
 	"\aversion\x18\a \x01(\x03R\aversion\x12\x16\n" +
-	"\x06source\x18\b \x01(\tR\x06source\x1a9\n" +
+	"\x06source\x18\b \x01(\tR\x06source\x12\x15\n" +
+	"\x06set_by\x18\t \x01(\tR\x05setBy\x1a9\n" +
 	"\vLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"G\n" +
@@ -3429,7 +3476,8 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\x0fpartition_count\x18\x01 \x01(\rR\x0epartitionCount\x12-\n" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12\x12\n" +
 	"\x04load\x18\x03 \x01(\x01R\x04load\"\x0f\n" +
-	"\rStatusRequest\"\x9b\t\n" +
+	"\rStatusRequest\"\xaf\n" +
+	"\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1d\n" +
@@ -3464,7 +3512,12 @@ const file_freqring_v1_freqring_proto_rawDesc = "" +
 	"\rrules_reloads\x18\x1c \x01(\x03R\frulesReloads\x122\n" +
 	"\x15rules_reload_failures\x18\x1d \x01(\x03R\x13rulesReloadFailures\x12&\n" +
 	"\x0fclock_offset_ms\x18\x1e \x01(\x03R\rclockOffsetMs\x12!\n" +
-	"\fclock_skewed\x18\x1f \x01(\bR\vclockSkewed\"{\n" +
+	"\fclock_skewed\x18\x1f \x01(\bR\vclockSkewed\x12\x1d\n" +
+	"\n" +
+	"rules_hash\x18  \x01(\tR\trulesHash\x12!\n" +
+	"\frules_source\x18! \x01(\tR\vrulesSource\x12$\n" +
+	"\x0elast_reload_ms\x18\" \x01(\x03R\flastReloadMs\x12*\n" +
+	"\x11last_reload_error\x18# \x01(\tR\x0flastReloadError\"{\n" +
 	"\fDomainStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1e\n" +

@@ -25,23 +25,36 @@ const DefaultAdminListen = "127.0.0.1:9090"
 
 // adminFlags are the admin listener's flags.
 type adminFlags struct {
-	listen *string
-	pprof  *bool
-	tls    *bool
+	listen  *string
+	pprof   *bool
+	tls     *bool
+	console *string
 }
 
 // addAdminFlags defines the admin flags on fs; perNode says the address is
 // node 0's and node i listens on its port + i (cluster).
 func addAdminFlags(fs *flag.FlagSet, perNode bool) *adminFlags {
-	listenHelp := `admin HTTP address: /metrics (Prometheus), /livez, /readyz and, with --admin-pprof, /debug/pprof/; "" or "off" disables it`
+	listenHelp := `admin HTTP address: the console (/), /metrics (Prometheus), /livez, /readyz and, with --admin-pprof, /debug/pprof/; "" or "off" disables it`
 	if perNode {
-		listenHelp = `admin HTTP address of node 0 (/metrics, /livez, /readyz); node i listens on its port + i; "" or "off" disables them`
+		listenHelp = `admin HTTP address of node 0 (the console at /, /metrics, /livez, /readyz); node i listens on its port + i; "" or "off" disables them`
 	}
 	return &adminFlags{
-		listen: fs.String("admin-listen", DefaultAdminListen, listenHelp),
-		pprof:  fs.Bool("admin-pprof", false, "also serve /debug/pprof/ on the admin listener (CPU and heap profiles: keep the listener on a trusted network)"),
-		tls:    fs.Bool("admin-tls", false, "serve the admin listener over TLS with the gRPC listener's --tls-cert and --tls-key (reloaded as they change); no client certificate is asked for"),
+		listen:  fs.String("admin-listen", DefaultAdminListen, listenHelp),
+		pprof:   fs.Bool("admin-pprof", false, "also serve /debug/pprof/ on the admin listener (CPU and heap profiles: keep the listener on a trusted network)"),
+		console: fs.String("admin-console", "on", "serve the web console at / on the admin listener (docs/console.md): on, or off to remove it; changing overrides from it needs an admin token (--admin-token-file)"),
+		tls:     fs.Bool("admin-tls", false, "serve the admin listener over TLS with the gRPC listener's --tls-cert and --tls-key (reloaded as they change); no client certificate is asked for"),
 	}
+}
+
+// consoleOn reports whether --admin-console asks for the console.
+func (f *adminFlags) consoleOn() (bool, error) {
+	switch *f.console {
+	case "on":
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, usagef("--admin-console %q is not one of on, off", *f.console)
 }
 
 // enabled reports whether an admin listener is wanted.
@@ -67,9 +80,9 @@ func (f *adminFlags) addr(i int) (string, error) {
 }
 
 // adminHandler serves g at /metrics, 200 at /livez while the process
-// runs, 200 at /readyz while ready() (else 503, naming the causes) and, with withPprof,
-// /debug/pprof/.
-func adminHandler(g prometheus.Gatherer, ready func() bool, withPprof bool) http.Handler {
+// runs, 200 at /readyz while ready() (else 503, naming the causes), with
+// withPprof /debug/pprof/, and the console (nil: none) at every other path.
+func adminHandler(g prometheus.Gatherer, ready func() bool, withPprof bool, con http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
@@ -88,6 +101,9 @@ func adminHandler(g prometheus.Gatherer, ready func() bool, withPprof bool) http
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
+	if con != nil {
+		mux.Handle("/", con)
 	}
 	return mux
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os/signal"
 	"sync"
 	"syscall"
@@ -110,6 +111,7 @@ type clusterNodes struct {
 	adminAddrs    []string // node i's admin address; nil when the admin listeners are off
 	adminTLS      *tls.Config
 	pprof         bool
+	console       bool // serve the console on each admin listener
 
 	mu        sync.Mutex                   // guards observers
 	observers map[string]*metrics.Observer // by node name: a restarted node keeps its histograms
@@ -124,6 +126,9 @@ func (f *clusterFlags) clusterNodes(logger *slog.Logger) (*clusterNodes, error) 
 	}
 	cn := &clusterNodes{nt: nt, insecureAdmin: *f.auth.insecureAdmin, logger: logger, pprof: *f.admin.pprof,
 		observers: map[string]*metrics.Observer{}}
+	if cn.console, err = f.admin.consoleOn(); err != nil {
+		return nil, err
+	}
 	if cn.adminTLS, err = f.admin.serverTLS(f.tls, logger); err != nil {
 		return nil, err
 	}
@@ -172,15 +177,33 @@ func (cn *clusterNodes) observer(name string) *metrics.Observer {
 // the listeners started, the last first; it is not nil, even with an error.
 func (cn *clusterNodes) startAdmins(lc *nodetest.Cluster, stdout io.Writer) (stop func(), err error) {
 	var admins []*adminServer
+	var consoles []func()
 	stop = func() {
 		for i := len(admins) - 1; i >= 0; i-- {
 			admins[i].stop()
+		}
+		for _, c := range consoles {
+			c()
 		}
 	}
 	for i, m := range lc.Members() {
 		admin := ""
 		if cn.adminAddrs != nil {
-			a, err := startAdmin(cn.adminAddrs[i], adminHandler(metrics.NewRegistry(m.Node, cn.observer(m.Name)), m.Node.Serving, cn.pprof), cn.adminTLS, cn.logger)
+			var con http.Handler
+			if cn.console {
+				h, closeConsole, err := newConsole(m.Node, m.Name, cn.nt.dial, cn.logger)
+				if err != nil {
+					return stop, err
+				}
+				con = h
+				defer func() {
+					if err != nil {
+						closeConsole()
+					}
+				}()
+				consoles = append(consoles, closeConsole)
+			}
+			a, err := startAdmin(cn.adminAddrs[i], adminHandler(metrics.NewRegistry(m.Node, cn.observer(m.Name)), m.Node.Serving, cn.pprof, con), cn.adminTLS, cn.logger)
 			if err != nil {
 				return stop, err
 			}

@@ -184,6 +184,9 @@ type secrets struct {
 	keyring    *gossip.Keyring // nil without cluster keys
 	tokensPath string
 	tokens     *tokenFile // nil without --admin-token-file
+	// dial is how the node's own clients (the console's calls to members)
+	// reach nodes: TLS when the node serves it.
+	dial []grpc.DialOption
 }
 
 // serveSecurity applies the TLS flags, the cluster keys and the admin
@@ -227,6 +230,7 @@ func serveSecurity(cfg *node.Config, tf *tlsFlags, af *authFlags, log *slog.Logg
 		return sec, err
 	}
 	nt.apply(cfg)
+	sec.dial = nt.dial
 	if cfg.Cluster != nil && cfg.PeerKeys == nil && !cfg.PeerMTLS && !cfg.InsecurePeers {
 		return sec, usagef("%s", strings.TrimPrefix(node.ErrNoPeerAuth.Error(), "node: "))
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -227,6 +228,9 @@ func (f *serveFlags) setup(stderr io.Writer) (*serveSetup, error) {
 			return nil, err
 		}
 	}
+	if _, err := f.admin.consoleOn(); err != nil {
+		return nil, err
+	}
 	if *f.http.rls {
 		p.nc.Services = append(p.nc.Services, registerRLS(logger))
 	}
@@ -400,7 +404,16 @@ func (f *serveFlags) startListeners(n *node.Node, p *serveSetup) (stop func(), e
 		}
 	}
 	if p.adminAddr != "" {
-		admin, err := startAdmin(p.adminAddr, adminHandler(metrics.NewRegistry(n, p.obs), n.Serving, *f.admin.pprof), p.adminTLS, p.logger)
+		var con http.Handler
+		if on, _ := f.admin.consoleOn(); on { // checked in setup
+			h, closeConsole, err := newConsole(n, n.Name(), p.sec.dial, p.logger)
+			if err != nil {
+				return stop, err
+			}
+			con = h
+			stops = append(stops, func() error { closeConsole(); return nil })
+		}
+		admin, err := startAdmin(p.adminAddr, adminHandler(metrics.NewRegistry(n, p.obs), n.Serving, *f.admin.pprof, con), p.adminTLS, p.logger)
 		if err != nil {
 			return stop, err
 		}
