@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
@@ -30,8 +31,12 @@ type consoleBackend struct {
 	conns map[string]*grpc.ClientConn // by member address
 }
 
-// newConsole returns the console of n, whose members it dials with dial.
+// newConsole returns the console of n, whose members it dials with dial
+// (nil: plaintext).
 func newConsole(n *node.Node, name string, dial []grpc.DialOption, log *slog.Logger) (*console.Handler, func(), error) {
+	if len(dial) == 0 {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
 	dial = append(slices.Clone(dial), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(statsRecvBytes)))
 	b := &consoleBackend{n: n, dial: dial, timeout: 5 * time.Second, conns: map[string]*grpc.ClientConn{}}
 	h, err := console.New(console.Config{Backend: b, Node: name, Log: log})
