@@ -14,6 +14,7 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/node/nodetest"
+	"github.com/freqring/freqring/rules"
 	"github.com/freqring/freqring/window"
 )
 
@@ -127,5 +128,56 @@ func TestExplainBadRequest(t *testing.T) {
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Explain(%v) = %v, want INVALID_ARGUMENT %q", tc.req, err, tc.want)
 		}
+	}
+}
+
+// TestExplainStateAndOverride: a counting rule's state and a recipient's
+// override reach Explain's answer: a GCRA rule's theoretical arrival time
+// moves on by its emission interval per send, and an exempt recipient is
+// named with its override, admitted whatever its rules count.
+func TestExplainStateAndOverride(t *testing.T) {
+	rs, err := rules.Parse("t", []byte(`domains:
+- name: api
+  rules:
+  - {name: burst, algorithm: gcra, limit: 60, window: 1m, capacity: 2}
+overrides:
+- {name: ops, domain: api, recipients: ["ops"], exempt: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nodetest.Start(context.Background(), nodetest.Config{Size: 1, InMemory: true, Rules: rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	n := c.Members()[0].Node
+	for _, rcp := range []string{"app", "app", "ops", "ops", "ops"} {
+		if _, err := n.Check(context.Background(), &pb.CheckRequest{Recipients: []string{rcp}, Domains: []string{"api"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	app, err := n.Explain(context.Background(), &pb.ExplainRequest{Recipient: "app", Domain: "api"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := map[string]float64{}
+	for _, v := range app.Rules[0].State {
+		st[v.Name] = v.Value
+	}
+	// Two sends a second apart at most: the TAT is 2 s (two emission
+	// intervals) ahead of the first, so at least 1 s ahead of now.
+	if ahead := int64(st["tat_unix_ms"]) - app.NowMs; st["burst"] != 2 || st["emission_interval_ms"] != 1000 || ahead < 1000 || ahead > 2000 {
+		t.Fatalf("state %v at %d (TAT %d ms ahead): want burst 2, emission interval 1000 ms, TAT 1-2 s ahead", st, app.NowMs, ahead)
+	}
+	if app.Admitted || app.DeniedBy != "burst" || app.Override != "" {
+		t.Fatalf("app: %v, want denied by burst (its 2 sends fill the burst)", app)
+	}
+	ops, err := n.Explain(context.Background(), &pb.ExplainRequest{Recipient: "ops", Domain: "api"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ops.Admitted || ops.Override != "ops" || !ops.Exempt || ops.Rules[0].Used != 2 {
+		t.Fatalf("ops: %v, want admitted, exempt under override ops, its burst full", ops)
 	}
 }

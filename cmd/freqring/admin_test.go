@@ -96,6 +96,27 @@ func TestAdminEndpoints(t *testing.T) {
 	if code, body := get(c, url+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
 		t.Fatalf("/debug/pprof/ with --admin-pprof: %d", code)
 	}
+	if code, body := get(c, url+"/?recipient=%2B8613800000000&content=hi"); code != 200 || !strings.Contains(body, `denied by <span id="denied-by">content-59s</span>`) {
+		t.Fatalf("the console's recipient page: %d %.300s", code, body)
+	}
+}
+
+// TestAdminConsoleOff: --admin-console off removes the console and keeps
+// the rest of the admin listener.
+func TestAdminConsoleOff(t *testing.T) {
+	addr, admin := freePort(t), freePort(t)
+	startServe(t, "--listen", addr, "--admin-listen", admin, "--admin-console", "off")
+	url := "http://" + admin
+	c := &http.Client{Timeout: 5 * time.Second}
+	waitReady(t, c, url)
+	for _, p := range []string{"/", "/live", "/cluster"} {
+		if code, _ := get(c, url+p); code != http.StatusNotFound {
+			t.Errorf("%s with --admin-console off: %d, want 404", p, code)
+		}
+	}
+	if code, _ := get(c, url+"/metrics"); code != 200 {
+		t.Errorf("/metrics with --admin-console off: %d", code)
+	}
 }
 
 // TestAdminWithoutPprofAndOverTLS: without --admin-pprof there is no
@@ -135,6 +156,7 @@ func TestAdminUsageErrors(t *testing.T) {
 		{[]string{"--admin-listen", "9090"}, 2, `--admin-listen "9090"`},
 		{[]string{"--admin-listen", "127.0.0.1:http"}, 2, `--admin-listen "127.0.0.1:http": port "http"`},
 		{[]string{"--admin-tls"}, 2, "--admin-tls needs --tls-cert"},
+		{[]string{"--admin-console", "maybe"}, 2, `--admin-console "maybe" is not one of on, off`},
 		{[]string{"--admin-tls", "--tls-cert", missing, "--tls-key", key}, 1, "--tls-cert " + missing},
 	} {
 		code, _, errOut := runCmd(context.Background(), append(append([]string{"serve"}, listen...), tc.args...)...)
