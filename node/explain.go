@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -180,4 +181,27 @@ func CallerOf(ctx context.Context) string {
 		return v[0] + " via " + addr
 	}
 	return addr
+}
+
+// setterOf returns who sets an admin override in a call, the same on every
+// member that one change reaches: the name WithCaller or the CallerHeader
+// gives, else the verified member, else the client's host (without its
+// port, which differs per connection), else "in-process".
+func setterOf(ctx context.Context) string {
+	if who, ok := ctx.Value(whoKey{}).(string); ok {
+		return who
+	}
+	if v := metadata.ValueFromIncomingContext(ctx, CallerHeader); len(v) > 0 {
+		return v[0]
+	}
+	if name := callerOf(ctx); name != "" {
+		return "member " + name
+	}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+			return host
+		}
+		return p.Addr.String()
+	}
+	return "in-process"
 }

@@ -193,7 +193,7 @@ func (n *Node) SetOverride(ctx context.Context, req *pb.OverrideSetRequest) (*pb
 		return nil, status.Error(codes.InvalidArgument, "override: missing")
 	}
 	o := overrideOf(req.Override)
-	o.SetBy = CallerOf(ctx) // the node says who, not the caller
+	o.SetBy = setterOf(ctx) // the node says who, not the override
 	if o.Version == 0 {
 		o.Version = n.nowMs()
 	}

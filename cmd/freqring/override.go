@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,9 +15,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
+	"github.com/freqring/freqring/node"
 	"github.com/freqring/freqring/window"
 )
 
@@ -151,12 +154,24 @@ func (r *memberReport) line(m *pb.Member, err error, format string, a ...any) {
 func (f *overrideFlags) set(ctx context.Context, members []*pb.Member, dial []grpc.DialOption, name string, r *memberReport) {
 	o := &pb.Override{Name: name, Domain: f.domain, Recipients: splitList(f.recipients), Prefixes: splitList(f.prefixes),
 		Limits: f.limits, Exempt: f.exempt, Version: time.Now().UnixMilli()} // one version on every member
+	ctx = metadata.AppendToOutgoingContext(ctx, node.CallerHeader, operatorName())
 	for _, m := range members {
 		resp, err := withAdmin(ctx, m.Addr, dial, f.timeout, func(ctx context.Context, c pb.AdminClient) (*pb.OverrideSetResponse, error) {
 			return c.SetOverride(ctx, &pb.OverrideSetRequest{Override: o})
 		})
 		r.line(m, err, "set %q, version %d", resp.GetOverride().GetName(), resp.GetOverride().GetVersion())
 	}
+}
+
+// operatorName names the user of freqring override for the overrides it
+// sets (their set_by): "freqring override USER@HOST".
+func operatorName() string {
+	host, _ := os.Hostname()
+	user := os.Getenv("USER")
+	if user == "" {
+		user = "?"
+	}
+	return "freqring override " + user + "@" + host
 }
 
 // delete lifts override name on every member, with one version.
@@ -208,7 +223,9 @@ func printOverrides(w io.Writer, members []*pb.Member, lists map[string][]*pb.Ov
 				all[key] = s
 				names = append(names, key)
 			}
-			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(o)
+			c := proto.Clone(o).(*pb.Override)
+			c.SetBy = "" // who set it is not what is in force
+			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(c)
 			s.byNode[m.Name] = string(b)
 		}
 	}
