@@ -54,24 +54,46 @@ func answer(req *pb.CheckRequest, deny bool, code codes.Code) *pb.CheckResponse 
 
 // openAPI is the part of gateway/openapi.yaml this test reads.
 type openAPI struct {
-	Paths map[string]map[string]struct {
-		RequestBody struct {
-			Content map[string]struct {
-				Examples map[string]struct {
-					Value any `yaml:"value"`
-				} `yaml:"examples"`
-			} `yaml:"content"`
-		} `yaml:"requestBody"`
-		Responses map[string]struct {
-			Headers map[string]any `yaml:"headers"`
-			Content map[string]any `yaml:"content"`
-		} `yaml:"responses"`
-	} `yaml:"paths"`
+	Paths      map[string]map[string]operation `yaml:"paths"`
 	Components struct {
 		Schemas map[string]struct {
 			Properties map[string]any `yaml:"properties"`
 		} `yaml:"schemas"`
 	} `yaml:"components"`
+}
+
+// readOpenAPI reads openapi.yaml and returns it with its operation of
+// method on path, failing the test if it has none.
+func readOpenAPI(t *testing.T, path, method string) (openAPI, operation) {
+	t.Helper()
+	raw, err := os.ReadFile("openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc openAPI
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	op, ok := doc.Paths[path][method]
+	if !ok {
+		t.Fatalf("openapi.yaml has no %s of %s", method, path)
+	}
+	return doc, op
+}
+
+// operation is one method of a path of openapi.yaml.
+type operation struct {
+	RequestBody struct {
+		Content map[string]struct {
+			Examples map[string]struct {
+				Value any `yaml:"value"`
+			} `yaml:"examples"`
+		} `yaml:"content"`
+	} `yaml:"requestBody"`
+	Responses map[string]struct {
+		Headers map[string]any `yaml:"headers"`
+		Content map[string]any `yaml:"content"`
+	} `yaml:"responses"`
 }
 
 // TestOpenAPIMatchesHandler drives the handler into every status it can
@@ -81,18 +103,7 @@ type openAPI struct {
 // every example request decodes; and that the Item schema's properties are
 // the fields the decoder accepts.
 func TestOpenAPIMatchesHandler(t *testing.T) {
-	raw, err := os.ReadFile("openapi.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc openAPI
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		t.Fatal(err)
-	}
-	op, ok := doc.Paths[gateway.CheckPath]["post"]
-	if !ok {
-		t.Fatalf("openapi.yaml has no post of %s", gateway.CheckPath)
-	}
+	doc, op := readOpenAPI(t, gateway.CheckPath, "post")
 
 	type scenario struct {
 		name, method, path, ct, body string
@@ -215,18 +226,7 @@ func (f explainFunc) Explain(_ context.Context, req *pb.ExplainRequest) (*pb.Exp
 // handler sends is documented with its content type and headers, and
 // every documented status is sent.
 func TestOpenAPIExplainMatchesHandler(t *testing.T) {
-	raw, err := os.ReadFile("openapi.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc openAPI
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		t.Fatal(err)
-	}
-	op, ok := doc.Paths[gateway.ExplainPath]["get"]
-	if !ok {
-		t.Fatalf("openapi.yaml has no get of %s", gateway.ExplainPath)
-	}
+	_, op := readOpenAPI(t, gateway.ExplainPath, "get")
 	ok200 := explainFunc(func(r *pb.ExplainRequest) (*pb.ExplainResponse, error) {
 		return &pb.ExplainResponse{Recipient: r.Recipient, Domain: "default", NowMs: t0, Admitted: true, NextAdmittedMs: t0,
 			Rules: []*pb.ExplainRule{{Name: "r", Scope: "recipient", Algorithm: "sliding-log", Limit: 2, WindowMs: 60_000, Judged: true, Used: 1, Remaining: 1,
