@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/freqring/freqring/store"
 	"github.com/freqring/freqring/wal"
 )
 
@@ -21,7 +22,15 @@ type recovery struct {
 	removed removedDomains // history of domains the rules lack
 	resnap  bool           // write a snapshot once recovered
 	rs      RecoveryStats
+	// pending are the sends replay inserts next, in one store.InsertBatch
+	// (flush).
+	pending []store.InsertItem
 }
+
+// replayBatch is how many sends replay hands the store at once: enough for
+// its prefetching to keep many cache misses in flight over a store too
+// large for the caches.
+const replayBatch = 4096
 
 // recover locks the data directory, loads the newest intact snapshot, opens
 // the WAL, replays it and settles the history of removed domains. On error
@@ -160,7 +169,8 @@ func (r *recovery) openWAL() (*wal.Log, error) {
 }
 
 // replay applies the WAL's records from the snapshot's replay start: sends
-// and their marks, and partition images merged again.
+// and their marks, and partition images merged again. Sends are inserted
+// in batches (flush); a mark or an image waits for the sends before it.
 func (r *recovery) replay(ctx context.Context, log *wal.Log) error {
 	from := wal.Position{}
 	if r.ss != nil {
@@ -168,16 +178,38 @@ func (r *recovery) replay(ctx context.Context, log *wal.Log) error {
 	}
 	t := time.Now()
 	defer func() { r.rs.ReplayTime = time.Since(t) }()
-	return log.Replay(from, func(_ wal.Position, p []byte) error {
+	err := log.Replay(from, func(_ wal.Position, p []byte) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		r.rs.ReplayBytes += int64(len(p))
 		if len(p) > 0 && p[0] == walImages {
+			if err := r.flush(); err != nil {
+				return err
+			}
 			return decodeImages(p, r.mergeImage)
 		}
 		return decodeWAL(p, r.replaySend)
 	})
+	if err != nil {
+		return err
+	}
+	return r.flush()
+}
+
+// flush inserts the pending sends.
+func (r *recovery) flush() error {
+	if len(r.pending) == 0 {
+		return nil
+	}
+	r.n.store.InsertBatch(r.now, r.pending)
+	for _, x := range r.pending {
+		if x.Err != nil {
+			return x.Err
+		}
+	}
+	r.pending = r.pending[:0]
+	return nil
 }
 
 // mergeImage merges a partition image from the WAL into the store again.
@@ -190,15 +222,19 @@ func (r *recovery) mergeImage(img []byte) error {
 
 // replaySend applies one WAL send: a mark, a removed domain's send (counted
 // for settleRemovedDomains), one the snapshot covers or one expired (passed
-// over), a refund, or an insert.
+// over), or a refund or an insert (batched: flush).
 func (r *recovery) replaySend(s walSend) error {
 	n := r.n
 	dv := r.v.domains[s.domain]
 	part := n.store.PartitionOf(s.key)
 	if s.unconfirmed {
 		// Not covered by a snapshot taken between the send and the mark:
-		// marking an id the store lacks does nothing.
+		// marking an id the store lacks does nothing. The send it marks
+		// may be pending.
 		if dv != nil {
+			if err := r.flush(); err != nil {
+				return err
+			}
 			n.store.Unconfirmed(part, dv.ref, s.key, s.id)
 		}
 		return nil
@@ -219,11 +255,12 @@ func (r *recovery) replaySend(s walSend) error {
 		return nil
 	}
 	r.rs.Replayed++
-	if s.refund {
-		_, _, err := n.store.Unrecord(part, dv.ref, s.key, s.tag, s.at, windowItem(s), s.id, s.seq, r.now)
-		return err
+	r.pending = append(r.pending, store.InsertItem{Part: part, Ref: dv.ref, Key: s.key, Tag: s.tag, At: s.at, Item: windowItem(s),
+		Seq: s.seq, ID: s.id, Refund: s.refund})
+	if len(r.pending) >= replayBatch {
+		return r.flush()
 	}
-	return n.store.Insert(part, dv.ref, s.key, s.tag, s.at, windowItem(s), s.seq, s.id, r.now)
+	return nil
 }
 
 // settleRemovedDomains refuses to start over the history of domains the

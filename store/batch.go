@@ -310,3 +310,49 @@ func (s *Store) prefetchRecords(sc *batchScratch, g batchGroup) {
 		}
 	}
 }
+
+// InsertItem is one send of InsertBatch: the arguments of one Insert, or
+// with Refund of one Unrecord, and after InsertBatch its error.
+type InsertItem struct {
+	Part int    // partition of Key
+	Ref  Ref    // domain
+	Key  uint64 // recipient's key hash
+	Tag  uint16 // recipient's verifier tag
+	At   int64  // the send's time, unix ms
+	Item window.Item
+	Seq  uint64 // the send's sequence number in its partition
+	ID   uint64 // request id, 0 for none
+	// Refund makes the item an Unrecord of the send at At instead of an
+	// Insert.
+	Refund bool
+
+	Err error // as Insert (or Unrecord) returns err
+}
+
+// InsertBatch inserts items, for replaying a write-ahead log: the outcome
+// is that of calling Insert (Unrecord for a refund) on the items one by one
+// in slice order, with each partition's lock held once, in ascending
+// partition order and slice order within one, and the index entries and
+// records of later partitions prefetched while it inserts into the current
+// one, as ApplyBatch does: replay walks records spread over the whole
+// store, and waits on memory more than on anything else. Safe for
+// concurrent use.
+func (s *Store) InsertBatch(now int64, items []InsertItem) {
+	if len(items) == 0 {
+		return
+	}
+	sc := batchScratches.Get().(*batchScratch)
+	defer batchScratches.Put(sc)
+	sc.plan(len(items), func(i int) (int, Ref, uint64, uint64) { return items[i].Part, items[i].Ref, items[i].Key, items[i].ID })
+	for gr := range s.lockedGroups(sc) {
+		pt := &s.parts[gr.part]
+		for _, o := range sc.order[gr.start:gr.end] {
+			x := &items[uint32(o)]
+			if x.Refund {
+				_, _, x.Err = s.unrecordLocked(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, x.Seq, now)
+				continue
+			}
+			x.Err = s.insertLocked(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.Seq, x.ID, now)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -515,6 +516,85 @@ func TestRecordBatchReplaceFollowsOwner(t *testing.T) {
 		// send) replaces nothing.
 		if again := send(t0 + 8000); again.Replaced != 0 || !again.Dup {
 			t.Fatalf("replace %v: the same send again: %+v", replace, again)
+		}
+	}
+}
+
+// TestInsertBatchMatchesInsert replays one random WAL (sends of several
+// recipients, contents and costs, with request ids and refunds of earlier
+// sends) into two stores, one send at a time (Insert, Unrecord) and in
+// batches of random sizes (InsertBatch): every record, every partition's
+// sequence number and every recipient's decision must agree.
+func TestInsertBatchMatchesInsert(t *testing.T) {
+	def, _ := window.NewDomain("default", window.DefaultRules())
+	const parts = 7
+	one, _ := New(Config{Partitions: parts})
+	batch, _ := New(Config{Partitions: parts})
+	refOne, refBatch := one.Bind(def), batch.Bind(def)
+	rng := rand.New(rand.NewPCG(11, 12))
+	now := t0
+	var wal []InsertItem
+	seq := map[int]uint64{}
+	for range 3000 {
+		now += int64(rng.IntN(3000))
+		key, tag := keyOf(fmt.Sprintf("+86%09d", rng.IntN(200)))
+		p := int(key % parts)
+		seq[p]++
+		x := InsertItem{Part: p, Key: key, Tag: tag, At: now, Item: window.Item{Content: uint64(1 + rng.IntN(3)), Cost: 1 + rng.IntN(2)}, Seq: seq[p]}
+		if rng.IntN(3) == 0 {
+			x.ID = uint64(1 + rng.IntN(1_000_000))
+		}
+		if len(wal) > 0 && rng.IntN(10) == 0 { // a refund of an earlier send
+			y := wal[rng.IntN(len(wal))]
+			if !y.Refund {
+				seq[y.Part]++
+				x = y
+				x.Refund, x.Seq = true, seq[y.Part]
+			}
+		}
+		wal = append(wal, x)
+	}
+	for _, x := range wal {
+		var err error
+		if x.Refund {
+			_, _, err = one.Unrecord(x.Part, refOne, x.Key, x.Tag, x.At, x.Item, x.ID, x.Seq, now)
+		} else {
+			err = one.Insert(x.Part, refOne, x.Key, x.Tag, x.At, x.Item, x.Seq, x.ID, now)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < len(wal); {
+		n := min(len(wal)-i, 1+rng.IntN(300))
+		chunk := slices.Clone(wal[i : i+n])
+		for j := range chunk {
+			chunk[j].Ref = refBatch
+		}
+		batch.InsertBatch(now, chunk)
+		for _, x := range chunk {
+			if x.Err != nil {
+				t.Fatal(x.Err)
+			}
+		}
+		i += n
+	}
+	for p := range parts {
+		if one.Seq(p) != batch.Seq(p) {
+			t.Fatalf("partition %d: seq %d one by one, %d in batches", p, one.Seq(p), batch.Seq(p))
+		}
+		recs := map[uint64]string{}
+		one.ForEach(p, func(_ string, key uint64, rec []byte) bool { recs[key] = string(rec); return true })
+		n := 0
+		batch.ForEach(p, func(_ string, key uint64, rec []byte) bool {
+			n++
+			if recs[key] != string(rec) {
+				t.Errorf("partition %d key %x: records differ", p, key)
+			}
+			return true
+		})
+		if n != len(recs) {
+			t.Fatalf("partition %d: %d records one by one, %d in batches", p, len(recs), n)
 		}
 	}
 }

@@ -429,17 +429,23 @@ func (s *Store) idElsewhere(pt *partition, dom int, k uint64, now int64) (string
 // sequence number to seq if it is below. A nonzero id is remembered as of
 // now (unix ms).
 func (s *Store) Insert(p int, r Ref, key uint64, tag uint16, at int64, it window.Item, seq, id uint64, now int64) error {
-	key = storedKey(key)
 	pt := &s.parts[p]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	return s.insertLocked(pt, &pt.scratch, r, key, tag, at, it, seq, id, now)
+}
+
+// insertLocked is Insert with partition pt's lock held, the engine working
+// in ws.
+func (s *Store) insertLocked(pt *partition, ws *window.Scratch, r Ref, key uint64, tag uint16, at int64, it window.Item, seq, id uint64, now int64) error {
+	key = storedKey(key)
 	pt.seq = max(pt.seq, seq)
 	sp := pt.space(r.id, true)
 	if id != 0 && now-at < s.idHorizon {
 		sp.ids.put(idKey(id, key), at, printOf(it, false), now, s.idHorizon, s.idCap)
 	}
 	pos, rec, other := sp.lookup(key, tag)
-	out, err := r.rules.Insert(&pt.scratch, rec, tag, at, it)
+	out, err := r.rules.Insert(ws, rec, tag, at, it)
 	if err != nil || out == nil {
 		return err
 	}
