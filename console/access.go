@@ -121,8 +121,7 @@ func (h *Handler) deleteOverride(w http.ResponseWriter, r *http.Request) {
 // refuse answers a change it does not make.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, code int, why string) {
 	h.cfg.Log.Warn("console: change refused", "path", r.URL.Path, "by", who(r), "why", why)
-	w.WriteHeader(code)
-	h.render(w, r, "done", "Refused", doneView{What: "Nothing changed", Recipient: r.PostFormValue("recipient")}, fmt.Errorf("refused: %s", why))
+	h.render(w, r, code, "done", "Refused", doneView{What: "Nothing changed", Recipient: r.PostFormValue("recipient")}, fmt.Errorf("refused: %s", why))
 }
 
 // done answers a change with each member's outcome.
@@ -133,8 +132,9 @@ func (h *Handler) done(w http.ResponseWriter, r *http.Request, what string, res 
 			v.Failed++
 		}
 	}
+	code := http.StatusOK
 	if v.Failed > 0 {
-		w.WriteHeader(http.StatusBadGateway)
+		code = http.StatusBadGateway
 	}
-	h.render(w, r, "done", what, v, nil)
+	h.render(w, r, code, "done", what, v, nil)
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/freqring/freqring/api/freqringv1"
@@ -161,14 +162,16 @@ type page struct {
 	Data       any
 }
 
-// render writes page name with data, and a CSRF cookie for its forms.
-func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any, pageErr error) {
+// render answers with status code and page name with data, and a CSRF
+// cookie for its forms.
+func (h *Handler) render(w http.ResponseWriter, r *http.Request, code int, name, title string, data any, pageErr error) {
 	p := page{Title: title, Nav: name, Node: h.cfg.Node, CSRF: csrfToken(w, r), Data: data}
 	if pageErr != nil {
 		p.Error = pageErr.Error()
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
 	if err := h.pages[name].Execute(w, p); err != nil {
 		h.cfg.Log.Error("console: rendering a page failed", "page", name, "err", err)
 	}
@@ -208,7 +211,7 @@ func (h *Handler) recipient(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if v.Query.Recipient == "" {
-		h.render(w, r, "recipient", "Recipient", v, nil)
+		h.render(w, r, http.StatusOK, "recipient", "Recipient", v, nil)
 		return
 	}
 	req := &pb.ExplainRequest{Recipient: v.Query.Recipient, Domain: v.Query.Domain}
@@ -217,8 +220,11 @@ func (h *Handler) recipient(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := h.cfg.Backend.Explain(ctx, who(r), req)
 	if err != nil {
-		w.WriteHeader(http.StatusBadRequest)
-		h.render(w, r, "recipient", "Recipient", v, fmt.Errorf("explain %s: %v", v.Query.Recipient, statusMessage(err)))
+		code := http.StatusServiceUnavailable // moving, unreachable: try again
+		if status.Code(err) == codes.InvalidArgument {
+			code = http.StatusBadRequest
+		}
+		h.render(w, r, code, "recipient", "Recipient", v, fmt.Errorf("explain %s: %v", v.Query.Recipient, statusMessage(err)))
 		return
 	}
 	v.Ex = wire.ExplanationOf(resp)
@@ -233,7 +239,7 @@ func (h *Handler) recipient(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	h.render(w, r, "recipient", "Recipient "+v.Query.Recipient, v, nil)
+	h.render(w, r, http.StatusOK, "recipient", "Recipient "+v.Query.Recipient, v, nil)
 }
 
 // clusterRow is one member on the Cluster page.
@@ -250,7 +256,7 @@ func (h *Handler) cluster(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	rr, err := h.cfg.Backend.Ring(ctx)
 	if err != nil {
-		h.render(w, r, "cluster", "Cluster", nil, fmt.Errorf("ring: %v", statusMessage(err)))
+		h.render(w, r, http.StatusServiceUnavailable, "cluster", "Cluster", nil, fmt.Errorf("ring: %v", statusMessage(err)))
 		return
 	}
 	inRing := map[string]bool{}
@@ -274,7 +280,7 @@ func (h *Handler) cluster(w http.ResponseWriter, r *http.Request) {
 	for range rr.Known {
 		<-done
 	}
-	h.render(w, r, "cluster", "Cluster", struct {
+	h.render(w, r, http.StatusOK, "cluster", "Cluster", struct {
 		Ring *pb.RingResponse
 		Rows []clusterRow
 	}{rr, rows}, nil)
@@ -318,7 +324,7 @@ func (h *Handler) rules(w http.ResponseWriter, r *http.Request) {
 	if len(errs) > 0 {
 		pageErr = errors.New(strings.Join(errs, "; "))
 	}
-	h.render(w, r, "rules", "Rules", v, pageErr)
+	h.render(w, r, http.StatusOK, "rules", "Rules", v, pageErr)
 }
 
 // usageView is the Usage page's data: the table, and a bar chart of the
@@ -367,7 +373,7 @@ func (h *Handler) usage(w http.ResponseWriter, r *http.Request) {
 		}
 		v.Bars = append(v.Bars, b)
 	}
-	h.render(w, r, "usage", "Usage", v, err)
+	h.render(w, r, http.StatusOK, "usage", "Usage", v, err)
 }
 
 // statusMessage is an error's gRPC message, or its text.

@@ -174,7 +174,7 @@ func (s *sampler) rates() liveData {
 
 func (h *Handler) livePage(w http.ResponseWriter, r *http.Request) {
 	h.live.ask()
-	h.render(w, r, "live", "Live", nil, nil)
+	h.render(w, r, http.StatusOK, "live", "Live", nil, nil)
 }
 
 func (h *Handler) liveJSON(w http.ResponseWriter, r *http.Request) {
