@@ -41,20 +41,31 @@ func addAdminFlags(fs *flag.FlagSet, perNode bool) *adminFlags {
 	return &adminFlags{
 		listen:  fs.String("admin-listen", DefaultAdminListen, listenHelp),
 		pprof:   fs.Bool("admin-pprof", false, "also serve /debug/pprof/ on the admin listener (CPU and heap profiles: keep the listener on a trusted network)"),
-		console: fs.String("admin-console", "on", "serve the web console at / on the admin listener (docs/console.md): on, or off to remove it; changing overrides from it needs an admin token (--admin-token-file)"),
+		console: fs.String("admin-console", "auto", "serve the web console at / on the admin listener (docs/console.md): auto (when --admin-listen is a loopback address: its pages show recipients' sends to whoever reaches them), on, or off; changing overrides from it needs an admin token (--admin-token-file)"),
 		tls:     fs.Bool("admin-tls", false, "serve the admin listener over TLS with the gRPC listener's --tls-cert and --tls-key (reloaded as they change); no client certificate is asked for"),
 	}
 }
 
-// consoleOn reports whether --admin-console asks for the console.
-func (f *adminFlags) consoleOn() (bool, error) {
+// consoleOn reports whether --admin-console asks for the console on an
+// admin listener at addr: auto serves it on a loopback address only.
+func (f *adminFlags) consoleOn(addr string) (bool, error) {
 	switch *f.console {
 	case "on":
 		return true, nil
 	case "off":
 		return false, nil
+	case "auto":
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return false, nil // addr's own check reports it
+		}
+		if host == "localhost" {
+			return true, nil
+		}
+		ip := net.ParseIP(host)
+		return ip != nil && ip.IsLoopback(), nil
 	}
-	return false, usagef("--admin-console %q is not one of on, off", *f.console)
+	return false, usagef("--admin-console %q is not one of auto, on, off", *f.console)
 }
 
 // enabled reports whether an admin listener is wanted.

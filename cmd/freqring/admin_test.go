@@ -101,6 +101,21 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 }
 
+// TestAdminConsoleAuto: --admin-console auto serves the console on a
+// loopback admin address only.
+func TestAdminConsoleAuto(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:9090": true, "[::1]:9090": true, "localhost:9090": true, "127.0.0.2:9090": true,
+		"0.0.0.0:9090": false, "10.0.0.7:9090": false, ":9090": false, "[::]:9090": false,
+	} {
+		auto := "auto"
+		f := adminFlags{console: &auto}
+		if got, err := f.consoleOn(addr); err != nil || got != want {
+			t.Errorf("consoleOn(%q) = %v, %v; want %v", addr, got, err, want)
+		}
+	}
+}
+
 // TestAdminConsoleOff: --admin-console off removes the console and keeps
 // the rest of the admin listener.
 func TestAdminConsoleOff(t *testing.T) {
@@ -156,7 +171,7 @@ func TestAdminUsageErrors(t *testing.T) {
 		{[]string{"--admin-listen", "9090"}, 2, `--admin-listen "9090"`},
 		{[]string{"--admin-listen", "127.0.0.1:http"}, 2, `--admin-listen "127.0.0.1:http": port "http"`},
 		{[]string{"--admin-tls"}, 2, "--admin-tls needs --tls-cert"},
-		{[]string{"--admin-console", "maybe"}, 2, `--admin-console "maybe" is not one of on, off`},
+		{[]string{"--admin-console", "maybe"}, 2, `--admin-console "maybe" is not one of auto, on, off`},
 		{[]string{"--admin-tls", "--tls-cert", missing, "--tls-key", key}, 1, "--tls-cert " + missing},
 	} {
 		code, _, errOut := runCmd(context.Background(), append(append([]string{"serve"}, listen...), tc.args...)...)

@@ -126,8 +126,10 @@ func (f *clusterFlags) clusterNodes(logger *slog.Logger) (*clusterNodes, error) 
 	}
 	cn := &clusterNodes{nt: nt, insecureAdmin: *f.auth.insecureAdmin, logger: logger, pprof: *f.admin.pprof,
 		observers: map[string]*metrics.Observer{}}
-	if cn.console, err = f.admin.consoleOn(); err != nil {
-		return nil, err
+	if f.admin.enabled() {
+		if cn.console, err = f.admin.consoleOn(*f.admin.listen); err != nil {
+			return nil, err
+		}
 	}
 	if cn.adminTLS, err = f.admin.serverTLS(f.tls, logger); err != nil {
 		return nil, err

@@ -228,7 +228,7 @@ func (f *serveFlags) setup(stderr io.Writer) (*serveSetup, error) {
 			return nil, err
 		}
 	}
-	if _, err := f.admin.consoleOn(); err != nil {
+	if _, err := f.admin.consoleOn(p.adminAddr); err != nil {
 		return nil, err
 	}
 	if *f.http.rls {
@@ -405,7 +405,11 @@ func (f *serveFlags) startListeners(n *node.Node, p *serveSetup) (stop func(), e
 	}
 	if p.adminAddr != "" {
 		var con http.Handler
-		if on, _ := f.admin.consoleOn(); on { // checked in setup
+		on, _ := f.admin.consoleOn(p.adminAddr) // checked in setup
+		if !on && *f.admin.console == "auto" {
+			p.logger.Info("console off: the admin listener is not on a loopback address (--admin-console on serves it there too)", "addr", p.adminAddr)
+		}
+		if on {
 			h, closeConsole, err := newConsole(n, n.Name(), p.sec.dial, p.logger)
 			if err != nil {
 				return stop, err
