@@ -475,8 +475,15 @@ func TestSnapshotWaitsForTheWALRatio(t *testing.T) {
 				if err := a.snapshot(); err != nil {
 					t.Fatal(err)
 				}
+				// The durable loop writes these under the lock.
+				a.dur.mu.Lock()
 				size, taken := a.dur.snapSize, a.snapshots.Load()
-				grown := func() int64 { return a.dur.log.Stats().Bytes - a.dur.snapBytes }
+				a.dur.mu.Unlock()
+				grown := func() int64 {
+					a.dur.mu.Lock()
+					defer a.dur.mu.Unlock()
+					return a.dur.log.Stats().Bytes - a.dur.snapBytes
+				}
 				for grown() < size/6 {
 					send(10)
 				}
