@@ -96,6 +96,35 @@ type operation struct {
 	} `yaml:"responses"`
 }
 
+// checkDocumented checks that op documents the status rec answered
+// scenario name with, its content type and every header sent with it,
+// and notes the status in sent.
+func checkDocumented(t *testing.T, name string, op operation, rec *httptest.ResponseRecorder, sent map[string]bool) {
+	t.Helper()
+	code := strconv.Itoa(rec.Code)
+	sent[code] = true
+	resp, ok := op.Responses[code]
+	if !ok {
+		t.Errorf("%s: status %s is not in openapi.yaml", name, code)
+		return
+	}
+	if ct := rec.Header().Get("Content-Type"); resp.Content[ct] == nil {
+		t.Errorf("%s: status %s with Content-Type %s, documented %v", name, code, ct, slices.Sorted(maps.Keys(resp.Content)))
+	}
+	documented := map[string]bool{} // header names are case-insensitive
+	for h := range resp.Headers {
+		documented[http.CanonicalHeaderKey(h)] = true
+	}
+	for h := range rec.Header() {
+		if !documented[h] && h != "Content-Type" && h != "Content-Length" {
+			t.Errorf("%s: status %s sends header %s, not documented", name, code, h)
+		}
+	}
+	if !json.Valid(rec.Body.Bytes()) {
+		t.Errorf("%s: body is not JSON: %s", name, rec.Body)
+	}
+}
+
 // TestOpenAPIMatchesHandler drives the handler into every status it can
 // send (with a Checker answering each outcome) and checks that
 // openapi.yaml documents that status, its content type and every header
@@ -156,32 +185,7 @@ func TestOpenAPIMatchesHandler(t *testing.T) {
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
-		code := strconv.Itoa(rec.Code)
-		sent[code] = true
-		resp, ok := op.Responses[code]
-		if !ok {
-			t.Errorf("%s: status %s is not in openapi.yaml", sc.name, code)
-			continue
-		}
-		ct := rec.Header().Get("Content-Type")
-		if _, ok := resp.Content[ct]; !ok {
-			t.Errorf("%s: status %s with Content-Type %s, documented %v", sc.name, code, ct, slices.Sorted(maps.Keys(resp.Content)))
-		}
-		documented := map[string]bool{} // header names are case-insensitive
-		for name := range resp.Headers {
-			documented[http.CanonicalHeaderKey(name)] = true
-		}
-		for name := range rec.Header() {
-			if name == "Content-Type" || name == "Content-Length" {
-				continue
-			}
-			if !documented[name] {
-				t.Errorf("%s: status %s sends header %s, not documented", sc.name, code, name)
-			}
-		}
-		if !json.Valid(rec.Body.Bytes()) {
-			t.Errorf("%s: body is not JSON: %s", sc.name, rec.Body)
-		}
+		checkDocumented(t, sc.name, op, rec, sent)
 	}
 	for code := range op.Responses {
 		if !sent[code] {
@@ -256,24 +260,7 @@ func TestOpenAPIExplainMatchesHandler(t *testing.T) {
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(sc.method, gateway.ExplainPath+"?"+sc.query, nil))
-		code := strconv.Itoa(rec.Code)
-		sent[code] = true
-		resp, ok := op.Responses[code]
-		if !ok {
-			t.Errorf("%s: status %s is not in openapi.yaml", sc.name, code)
-			continue
-		}
-		if ct := rec.Header().Get("Content-Type"); resp.Content[ct] == nil {
-			t.Errorf("%s: status %s with Content-Type %s, documented %v", sc.name, code, ct, slices.Sorted(maps.Keys(resp.Content)))
-		}
-		for name := range rec.Header() {
-			if _, ok := resp.Headers[name]; !ok && name != "Content-Type" && name != "Content-Length" {
-				t.Errorf("%s: status %s sends header %s, not documented", sc.name, code, name)
-			}
-		}
-		if !json.Valid(rec.Body.Bytes()) {
-			t.Errorf("%s: body is not JSON: %s", sc.name, rec.Body)
-		}
+		checkDocumented(t, sc.name, op, rec, sent)
 	}
 	for code := range op.Responses {
 		if !sent[code] {

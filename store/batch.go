@@ -219,28 +219,41 @@ type RecordItem struct {
 // records of later partitions prefetched while it records the current
 // one, as ApplyBatch does. Safe for concurrent use.
 func (s *Store) RecordBatch(now int64, items []RecordItem) {
-	if len(items) == 0 {
+	s.inOrder(len(items), func(i int) (int, Ref, uint64, uint64) { return items[i].Part, items[i].Ref, items[i].Key, items[i].ID },
+		func(pt *partition, ws *window.Scratch, i int) {
+			x := &items[i]
+			if x.Refund {
+				var applied bool
+				x.Seq, applied, x.Err = s.unrecordLocked(pt, ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, 0, now)
+				x.Dup = !applied
+				return
+			}
+			if x.Replace {
+				if x.Replaced, x.ReplacedSeq, x.Err = s.replaceHeld(pt, ws, x, now); x.Err != nil {
+					return
+				}
+			}
+			x.Seq, x.Dup, x.Err = s.record(pt, ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, now)
+		})
+}
+
+// inOrder calls do for each of n items, item i being where(i)'s (its
+// partition, domain, key hash and request id), grouped by partition:
+// partitions in ascending order, items in slice order within one, each
+// partition's lock held across its items, and later partitions' index
+// entries and records prefetched meanwhile (lockedGroups). do works in ws,
+// the batch's engine scratch.
+func (s *Store) inOrder(n int, where func(i int) (int, Ref, uint64, uint64), do func(pt *partition, ws *window.Scratch, i int)) {
+	if n == 0 {
 		return
 	}
 	sc := batchScratches.Get().(*batchScratch)
 	defer batchScratches.Put(sc)
-	sc.plan(len(items), func(i int) (int, Ref, uint64, uint64) { return items[i].Part, items[i].Ref, items[i].Key, items[i].ID })
+	sc.plan(n, where)
 	for gr := range s.lockedGroups(sc) {
 		pt := &s.parts[gr.part]
 		for _, o := range sc.order[gr.start:gr.end] {
-			x := &items[uint32(o)]
-			if x.Refund {
-				var applied bool
-				x.Seq, applied, x.Err = s.unrecordLocked(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, 0, now)
-				x.Dup = !applied
-				continue
-			}
-			if x.Replace {
-				if x.Replaced, x.ReplacedSeq, x.Err = s.replaceHeld(pt, &sc.ws, x, now); x.Err != nil {
-					continue
-				}
-			}
-			x.Seq, x.Dup, x.Err = s.record(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, now)
+			do(pt, &sc.ws, int(uint32(o)))
 		}
 	}
 }
@@ -338,21 +351,13 @@ type InsertItem struct {
 // store, and waits on memory more than on anything else. Safe for
 // concurrent use.
 func (s *Store) InsertBatch(now int64, items []InsertItem) {
-	if len(items) == 0 {
-		return
-	}
-	sc := batchScratches.Get().(*batchScratch)
-	defer batchScratches.Put(sc)
-	sc.plan(len(items), func(i int) (int, Ref, uint64, uint64) { return items[i].Part, items[i].Ref, items[i].Key, items[i].ID })
-	for gr := range s.lockedGroups(sc) {
-		pt := &s.parts[gr.part]
-		for _, o := range sc.order[gr.start:gr.end] {
-			x := &items[uint32(o)]
+	s.inOrder(len(items), func(i int) (int, Ref, uint64, uint64) { return items[i].Part, items[i].Ref, items[i].Key, items[i].ID },
+		func(pt *partition, ws *window.Scratch, i int) {
+			x := &items[i]
 			if x.Refund {
-				_, _, x.Err = s.unrecordLocked(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, x.Seq, now)
-				continue
+				_, _, x.Err = s.unrecordLocked(pt, ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.ID, x.Seq, now)
+				return
 			}
-			x.Err = s.insertLocked(pt, &sc.ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.Seq, x.ID, now)
-		}
-	}
+			x.Err = s.insertLocked(pt, ws, x.Ref, x.Key, x.Tag, x.At, x.Item, x.Seq, x.ID, now)
+		})
 }
