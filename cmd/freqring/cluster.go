@@ -198,12 +198,7 @@ func (cn *clusterNodes) startAdmins(lc *nodetest.Cluster, stdout io.Writer) (sto
 					return stop, err
 				}
 				con = h
-				defer func() {
-					if err != nil {
-						closeConsole()
-					}
-				}()
-				consoles = append(consoles, closeConsole)
+				consoles = append(consoles, closeConsole) // stop closes it, also after an error
 			}
 			a, err := startAdmin(cn.adminAddrs[i], adminHandler(metrics.NewRegistry(m.Node, cn.observer(m.Name)), m.Node.Serving, cn.pprof, con), cn.adminTLS, cn.logger)
 			if err != nil {
