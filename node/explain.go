@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -162,46 +163,56 @@ func WithCaller(ctx context.Context, who string) context.Context {
 // reports it beside the call's own address.
 const CallerHeader = "freqring-caller"
 
-// CallerOf returns who makes a call: the name WithCaller gave ctx, else the
-// verified member a peer call's signature names, else the gRPC peer's
-// address (after the CallerHeader's name, if the call carries one), else
-// "in-process".
+// CallerOf returns who makes a call, for logs: the name the call carries
+// (namedCaller), after the CallerHeader's name the gRPC peer's address
+// too, or that address alone ("in-process" for none).
 func CallerOf(ctx context.Context) string {
-	if who, ok := ctx.Value(whoKey{}).(string); ok {
-		return who
+	name, viaHeader := namedCaller(ctx)
+	addr := cmp.Or(peerAddr(ctx), "in-process")
+	switch {
+	case name == "":
+		return addr
+	case viaHeader:
+		return name + " via " + addr
 	}
-	if name := callerOf(ctx); name != "" {
-		return "member " + name
-	}
-	addr := "in-process"
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		addr = p.Addr.String()
-	}
-	if v := metadata.ValueFromIncomingContext(ctx, CallerHeader); len(v) > 0 {
-		return v[0] + " via " + addr
-	}
-	return addr
+	return name
 }
 
 // setterOf returns who sets an admin override in a call, the same on every
-// member that one change reaches: the name WithCaller or the CallerHeader
-// gives, else the verified member, else the client's host (without its
-// port, which differs per connection), else "in-process".
+// member that one change reaches: the name the call carries
+// (namedCaller), else the client's host without its port (which differs
+// per connection), else "in-process".
 func setterOf(ctx context.Context) string {
+	if name, _ := namedCaller(ctx); name != "" {
+		return name
+	}
+	addr := peerAddr(ctx)
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return cmp.Or(addr, "in-process")
+}
+
+// namedCaller returns the name a call carries for its caller: WithCaller's,
+// the CallerHeader's (viaHeader: the client's own claim), or "member NAME"
+// for a call a member signed; "" for none.
+func namedCaller(ctx context.Context) (name string, viaHeader bool) {
 	if who, ok := ctx.Value(whoKey{}).(string); ok {
-		return who
+		return who, false
 	}
 	if v := metadata.ValueFromIncomingContext(ctx, CallerHeader); len(v) > 0 {
-		return v[0]
+		return v[0], true
 	}
-	if name := callerOf(ctx); name != "" {
-		return "member " + name
+	if member := callerOf(ctx); member != "" {
+		return "member " + member, false
 	}
+	return "", false
+}
+
+// peerAddr returns the gRPC peer's address of a call, "" for none.
+func peerAddr(ctx context.Context) string {
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
-			return host
-		}
 		return p.Addr.String()
 	}
-	return "in-process"
+	return ""
 }
