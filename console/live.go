@@ -86,7 +86,7 @@ func (s *sampler) take() {
 	}
 	s.err = ""
 	if len(u.Missing) > 0 {
-		s.err = "members missing from the sums: " + joinStrings(u.Missing)
+		s.err = "members missing from the sums: " + strings.Join(u.Missing, "; ")
 	}
 	now := s.now()
 	today := now.UTC().Format(time.DateOnly)
@@ -192,5 +192,3 @@ func cutNul(k string) (domain, rule string, ok bool) {
 	}
 	return k, "", false
 }
-
-func joinStrings(s []string) string { return strings.Join(s, "; ") }
