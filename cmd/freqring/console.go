@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -16,7 +14,6 @@ import (
 	pb "github.com/freqring/freqring/api/freqringv1"
 	"github.com/freqring/freqring/console"
 	"github.com/freqring/freqring/node"
-	statsusage "github.com/freqring/freqring/usage"
 )
 
 // consoleBackend is the console's way to its node (in process) and to the
@@ -121,47 +118,21 @@ func (b *consoleBackend) Usage(ctx context.Context, days int) (console.Usage, er
 		return console.Usage{}, err
 	}
 	req := &pb.UsageRequest{Days: uint32(days)}
-	var (
-		u   console.Usage
-		sum []statsusage.DomainDay
-		mu  sync.Mutex
-		wg  sync.WaitGroup
-	)
-	for _, m := range members {
-		wg.Go(func() {
-			var resp *pb.UsageResponse
-			var err error
-			if b.self(m) {
-				resp, err = b.n.Usage(ctx, req)
-			} else if c, cerr := b.conn(m.Addr); cerr != nil {
-				err = cerr
-			} else {
-				resp, err = pb.NewLimiterClient(c).Usage(ctx, req)
-			}
-			var dd []statsusage.DomainDay
-			if err == nil {
-				dd, err = node.DecodeUsage(resp)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				u.Missing = append(u.Missing, fmt.Sprintf("%s (%s): %v", m.Name, m.Addr, err))
-				return
-			}
-			sum = statsusage.Merge(sum, dd)
-		})
-	}
-	wg.Wait()
-	for i := range sum {
-		d := &sum[i]
-		ud := console.UsageDay{Date: d.Date.String(), Domain: d.Domain, Admitted: d.Admitted, Denied: d.Denied,
-			DeniedBy: map[string]int64{}, Recipients: int64(math.Round(d.Recipients.Estimate()))}
-		for _, rc := range d.Rules {
-			if rc.Denied > 0 {
-				ud.DeniedBy[rc.Rule] = rc.Denied
-			}
+	sum, _, missing := usageOf(members, func(m *pb.Member) (*pb.UsageResponse, error) {
+		if b.self(m) {
+			return b.n.Usage(ctx, req)
 		}
-		u.Days = append(u.Days, ud)
+		c, err := b.conn(m.Addr)
+		if err != nil {
+			return nil, err
+		}
+		return pb.NewLimiterClient(c).Usage(ctx, req)
+	})
+	u := console.Usage{Missing: missing}
+	for i := range sum {
+		r := statsRowOf(&sum[i], len(members)-len(missing))
+		u.Days = append(u.Days, console.UsageDay{Date: r.Date, Domain: r.Domain, Admitted: r.Admitted, Denied: r.Denied,
+			DeniedBy: r.DeniedBy, Recipients: r.Recipients})
 	}
 	return u, nil
 }

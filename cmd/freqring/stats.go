@@ -11,6 +11,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -81,30 +82,12 @@ func stats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%s: %w", *addr, err)
 	}
 	req := &pb.UsageRequest{Days: uint32(*days), Domain: *domain, Zone: z}
-	var (
-		sum       []statsusage.DomainDay
-		missing   []string
-		zoneNames []string
-		answered  int
-	)
-	for _, m := range rr.Members {
-		resp, err := withLimiter(ctx, m.Addr, dial, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.UsageResponse, error) {
+	sum, zoneNames, missing := usageOf(rr.Members, func(m *pb.Member) (*pb.UsageResponse, error) {
+		return withLimiter(ctx, m.Addr, dial, *timeout, func(ctx context.Context, c pb.LimiterClient) (*pb.UsageResponse, error) {
 			return c.Usage(ctx, req)
 		})
-		var dd []statsusage.DomainDay
-		if err == nil {
-			dd, err = node.DecodeUsage(resp)
-		}
-		if err != nil {
-			missing = append(missing, fmt.Sprintf("%s (%s): %v", m.Name, m.Addr, err))
-			continue
-		}
-		answered++
-		if !slices.Contains(zoneNames, resp.Zone) {
-			zoneNames = append(zoneNames, resp.Zone)
-		}
-		sum = statsusage.Merge(sum, dd)
-	}
+	})
+	answered := len(rr.Members) - len(missing)
 	if *asJSON {
 		err = statsJSON(stdout, sum, answered)
 	} else {
@@ -125,6 +108,42 @@ func stats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// usageOf asks every member for its usage statistics (ask, all at once) and
+// sums them in member order, as freqring stats and the console show them:
+// the sums, the zones the members keep days in, and the members that did
+// not answer, with why.
+func usageOf(members []*pb.Member, ask func(*pb.Member) (*pb.UsageResponse, error)) (sum []statsusage.DomainDay, zones, missing []string) {
+	type answer struct {
+		days []statsusage.DomainDay
+		zone string
+		err  error
+	}
+	answers := make([]answer, len(members))
+	var wg sync.WaitGroup
+	for i, m := range members {
+		wg.Go(func() {
+			resp, err := ask(m)
+			if err == nil {
+				answers[i].zone = resp.Zone
+				answers[i].days, err = node.DecodeUsage(resp)
+			}
+			answers[i].err = err
+		})
+	}
+	wg.Wait()
+	for i, a := range answers {
+		if a.err != nil {
+			missing = append(missing, fmt.Sprintf("%s (%s): %v", members[i].Name, members[i].Addr, a.err))
+			continue
+		}
+		if !slices.Contains(zones, a.zone) {
+			zones = append(zones, a.zone)
+		}
+		sum = statsusage.Merge(sum, a.days)
+	}
+	return sum, zones, missing
 }
 
 // statsRowOf is a merged day as printed.
