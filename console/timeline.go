@@ -18,7 +18,6 @@ type timeline struct {
 	wire.ExplainRule
 	Marks   []mark
 	Binding bool // the rule that denies the next message
-	Full    bool // used has reached the limit
 	Start   time.Time
 	States  []stateRow // a counting rule's state, as shown
 }
@@ -39,7 +38,7 @@ type mark struct {
 func timelines(ex *wire.Explanation) []timeline {
 	out := make([]timeline, len(ex.Rules))
 	for i, r := range ex.Rules {
-		t := timeline{ExplainRule: r, Binding: r.Name == ex.DeniedBy, Full: r.Judged && r.Remaining == 0,
+		t := timeline{ExplainRule: r, Binding: r.Name == ex.DeniedBy,
 			Start: ex.Now.Add(-time.Duration(r.WindowMs) * time.Millisecond)}
 		for _, s := range r.Sends {
 			x := timelineWidth * float64(s.AtMs-(ex.NowMs-r.WindowMs)) / float64(max(r.WindowMs, 1))
